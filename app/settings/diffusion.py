@@ -1,0 +1,16 @@
+"""Settings of diffusion jobs (``diffusion:`` in configs/default.yaml)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class DiffusionSettings(BaseModel):
+    """Checkpointing and preemption granularity of diffusion jobs."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    checkpoint_every: int = Field(default=1, ge=1, le=1000)
+    """Write the durable checkpoint to Redis every this many steps (always on preemption)."""
+    block_groups: int = Field(default=2, ge=1, le=64)
+    """Split each denoising step into this many groups of transformer blocks."""

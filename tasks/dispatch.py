@@ -1,0 +1,59 @@
+"""Putting chunks on queues: release a job, hop to its next chunk, requeue with a new epoch.
+
+Every publish uses a fresh task id (a revoked id would be silently dropped if reused) and carries
+only references — job id, chunk index, epoch — never tensors.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+
+from app.celery import CHUNK_TASK, app
+from app.store import JobStore
+from scheduler.lifecycle import JobState
+
+log = logging.getLogger(__name__)
+
+
+def publish_chunk(store: JobStore, job_id: str, *, chunk: int, epoch: int, queue: str) -> str:
+    """Send one chunk message; the task id names the job and chunk so Flower shows them."""
+    fields = store.fields(job_id)
+    names = fields.get("chunk_names", "")
+    chunk_names = names.split(",") if names else []
+    chunk_name = chunk_names[chunk] if chunk < len(chunk_names) else f"chunk[{chunk}]"
+    task_id = f"{job_id}.{chunk}.{epoch}.{uuid.uuid4().hex[:6]}"
+    app.send_task(
+        CHUNK_TASK,
+        args=[job_id, chunk, epoch],
+        kwargs={"chunk_name": chunk_name, "slo": fields["slo"], "kind": fields["kind"]},
+        queue=queue,
+        task_id=task_id,
+    )
+    store.set_fields(job_id, published=str(chunk), last_task_id=task_id)
+    return task_id
+
+
+def release(
+    store: JobStore, job_id: str, *, queue: str, by: str, reason: str, bump_epoch: bool = False
+) -> bool:
+    """Move a waiting job to QUEUED on ``queue`` and publish its next chunk.
+
+    ``bump_epoch`` fences any message of the job already on a queue (a requeue); returns False
+    if the job moved meanwhile.
+    """
+    fields = store.fields(job_id)
+    epoch = int(fields["epoch"]) + (1 if bump_epoch else 0)
+    moved = store.try_transition(
+        job_id, JobState.QUEUED, by=by, reason=reason,
+        expect={"state": fields["state"], "epoch": fields["epoch"]},
+        updates={"queue": queue, "epoch": str(epoch), "preempt": "0",
+                 "queued_at": repr(time.time())},
+    )
+    if moved:
+        publish_chunk(store, job_id, chunk=int(fields["next_chunk"]), epoch=epoch, queue=queue)
+        if bump_epoch and fields.get("last_task_id"):
+            app.control.revoke(fields["last_task_id"])  # hygiene only: the epoch already fences
+    return moved
+

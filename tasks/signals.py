@@ -1,0 +1,30 @@
+"""Worker lifecycle hooks: advertise the worker once ready, withdraw it on shutdown."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery.signals import worker_ready, worker_shutdown
+
+from tasks.context import worker_context
+
+log = logging.getLogger(__name__)
+
+
+@worker_ready.connect
+def _advertise(sender: Any = None, **_: Any) -> None:
+    ctx = worker_context()
+    ctx.name = sender.hostname
+    try:
+        ctx.queues = tuple(q.name for q in sender.task_consumer.queues)
+    except AttributeError:
+        ctx.queues = ()
+    ctx.heartbeat_once()
+    ctx.start_heartbeat()
+    log.info("worker %s ready on %s", ctx.name, ",".join(ctx.queues))
+
+
+@worker_shutdown.connect
+def _withdraw(**_: Any) -> None:
+    worker_context().stop()

@@ -1,0 +1,151 @@
+"""Shared fixtures: a private redis-server per test session, real Celery worker processes.
+
+Nothing here talks to a Redis the machine may already run: each session starts its own on a
+unix socket in a temporary directory.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from app.embedded_redis import EmbeddedRedis
+from app.runtime import current_settings
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
+    server = EmbeddedRedis(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture()
+def redis_client(redis_server: EmbeddedRedis) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    yield client
+    client.close()
+
+
+@pytest.fixture()
+def stack_env(
+    redis_server: EmbeddedRedis, redis_client: redis.Redis, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> dict[str, str]:
+    """Environment for this process and its worker children: one Redis, fast failure detection."""
+    env = {
+        "REDIS_URL": redis_server.url,
+        "STEPLINE_RUN_DIR": str(tmp_path / "run"),
+        "STEPLINE_BROKER__VISIBILITY_TIMEOUT": "4",
+        "STEPLINE_BROKER__UNACKED_RESTORE_INTERVAL": "1",
+        "STEPLINE_BROKER__CHUNK_LEASE": "1.5",
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    current_settings.cache_clear()
+    _reset_celery_app()
+    yield env
+    current_settings.cache_clear()
+
+
+def _reset_celery_app() -> None:
+    """The in-process Celery app (used to publish) must see this test's broker."""
+    from app.celery import app, celery_config
+
+    config = celery_config(current_settings())
+    if app.conf.broker_url != config["broker_url"]:  # once per session: one redis-server
+        app.conf.update(config)
+
+
+class Processes:
+    """Real worker processes started by a test, all stopped at its end."""
+
+    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
+        self.env = {**os.environ, **env, "PYTHONPATH": str(ROOT)}
+        self.log_dir = log_dir
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        log_dir.mkdir(parents=True, exist_ok=True)
+
+    def start(self, name: str, command: list[str], extra_env: dict[str, str] | None = None) -> (
+        subprocess.Popen[bytes]
+    ):
+        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115
+        proc = subprocess.Popen(command, cwd=ROOT, env={**self.env, **(extra_env or {})},
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        self.procs[name] = proc
+        return proc
+
+    def worker(self, name: str, queues: tuple[str, ...] = ("realtime", "interactive", "batch",
+                                                           "standby")) -> subprocess.Popen[bytes]:
+        from app.stack import worker_command
+
+        return self.start(name, worker_command(f"{name}@test", queues))
+
+    def scheduler(self) -> None:
+        """A control-queue worker and beat: the tick runs every 100 ms."""
+        from app.stack import beat_command, worker_command
+
+        self.start("scheduler", worker_command("scheduler@test", ("control",)))
+        self.start("beat", beat_command(self.log_dir))
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs.pop(name)
+        os.killpg(proc.pid, sig)
+        proc.wait(timeout=30)
+
+    def log(self, name: str) -> str:
+        return (self.log_dir / f"{name}.log").read_text(errors="replace")
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self.procs.clear()
+
+
+@pytest.fixture()
+def processes(stack_env: dict[str, str], tmp_path: Path) -> Iterator[Processes]:
+    procs = Processes(stack_env, tmp_path / "logs")
+    yield procs
+    procs.stop_all()
+
+
+def wait_for(predicate: Callable[[], object], timeout_s: float, what: str) -> object:
+    """Poll until ``predicate()`` is truthy; fail the test saying what never happened."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def wait_for_workers(client: redis.Redis, names: list[str], timeout_s: float = 60) -> None:
+    """Workers advertise themselves once ready (their heartbeat key)."""
+    from tasks.context import WORKER_KEY
+
+    wait_for(lambda: all(client.exists(WORKER_KEY + f"{n}@test") for n in names), timeout_s,
+             f"workers {names} to start")
+
+
+PY = sys.executable

@@ -1,0 +1,77 @@
+"""The contract between the chunk task and the code that runs a job kind on a device.
+
+A runner knows one job kind (simulated, image, video, text). The task layer fences the message,
+loads the checkpoint and calls :meth:`JobRunner.run_chunk`; it never looks inside the state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from workers.checkpoint import Checkpoint
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkPlan:
+    """How a job splits into chunks: one name per chunk and a relative cost per chunk."""
+
+    names: tuple[str, ...]
+    cost_units: tuple[float, ...]
+    cost_key: str  # (model, shape bucket) for the cost model, e.g. "dit-image:256x256"
+
+    def __post_init__(self) -> None:
+        if len(self.names) != len(self.cost_units) or not self.names:
+            raise ValueError("a chunk plan needs one cost per chunk and at least one chunk")
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.names)
+
+
+@dataclass(frozen=True, slots=True)
+class Artifact:
+    """The output of a finished job: bytes plus how to store and serve them."""
+
+    data: bytes
+    media_type: str  # "image/png", "video/mp4", "image/gif", "application/json"
+    extension: str  # "png", "mp4", "gif", "json"
+
+
+@dataclass(slots=True)
+class ChunkResult:
+    """What one call of :meth:`JobRunner.run_chunk` produced.
+
+    ``complete`` is False when the runner stopped inside the chunk (a block-group boundary)
+    because ``should_yield`` said so; ``state`` then holds the partial state and the same chunk
+    index is run again later, continuing from it.
+    """
+
+    state: Checkpoint
+    complete: bool = True
+    artifact: Artifact | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+ShouldYield = Callable[[], bool]
+
+
+class JobRunner(Protocol):
+    """Runs the chunks of one job kind. Implementations live in ``workers/``."""
+
+    kind: str
+
+    def plan(self, params: Mapping[str, Any]) -> ChunkPlan:
+        """The chunk plan for a job with these (already validated) parameters."""
+        ...
+
+    def run_chunk(
+        self,
+        params: Mapping[str, Any],
+        index: int,
+        state: Checkpoint | None,
+        should_yield: ShouldYield,
+    ) -> ChunkResult:
+        """Run chunk ``index`` from ``state`` (None only for chunk 0 with no partial state)."""
+        ...
