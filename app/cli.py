@@ -163,6 +163,18 @@ def _watch(job_id: str) -> int:
 
 
 @cli.command()
+def demo(
+    workers: Annotated[int, typer.Option(min=1, max=16, help="Worker processes.")] = 2,
+    run_dir: RunDir = None,
+) -> None:
+    """Start the embedded stack, run a mixed workload, and report each job against its SLO."""
+    _setup(run_dir or Path(".stepline-demo"), None)
+    from app.demo import run_demo
+
+    raise typer.Exit(run_demo(Path(os.environ["STEPLINE_RUN_DIR"]), workers=workers))
+
+
+@cli.command()
 def watch(job_id: str, run_dir: RunDir = None) -> None:
     """Follow a job with a progress bar until it ends."""
     _setup(run_dir, None)
