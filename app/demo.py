@@ -32,7 +32,9 @@ def _table(records: list[JobRecord]) -> Table:
     for r in records:
         filled = int(20 * r.progress / max(r.total, 1))
         latency = f"{r.latency_s:.2f}s" if r.latency_s is not None else ""
-        met = "" if r.finished_at is None else ("met" if r.finished_at <= r.deadline_at else "MISSED")
+        met = ""
+        if r.finished_at is not None:
+            met = "met" if r.finished_at <= r.deadline_at else "MISSED"
         table.add_row(r.id, r.slo.value, r.state.value,
                       "█" * filled + "░" * (20 - filled) + f" {r.progress}/{r.total}", latency, met)
     return table

@@ -14,3 +14,5 @@ class DiffusionSettings(BaseModel):
     """Write the durable checkpoint to Redis every this many steps (always on preemption)."""
     block_groups: int = Field(default=2, ge=1, le=64)
     """Split each denoising step into this many groups of transformer blocks."""
+    video_fps: int = Field(default=8, ge=1, le=60)
+    """Frame rate written into video artifacts (MP4, GIF, WebP)."""
