@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -12,12 +13,15 @@ from app.errors import InvalidJob
 from app.schemas import JobSpec, SimulatedParams
 from app.settings import Settings
 from app.store import JobStore
-from scheduler.lifecycle import JobState
+from scheduler.lifecycle import JobState, SloClass
 from tasks.routing import CLASS_QUEUE, FIFO_QUEUE
 from workers.errors import ParamsError
 from workers.kinds import get_runner
 
 log = logging.getLogger(__name__)
+
+TEXT_CHUNK_TOKENS = {SloClass.REALTIME: 4, SloClass.INTERACTIVE: 8, SloClass.BATCH: 32}
+"""Tokens per MoE decode chunk: a realtime job yields often, a batch job hops rarely."""
 
 
 def validate_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -32,7 +36,7 @@ def validate_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
         if kind == "text":
             from workers.moe import validate_params as validate_text
 
-            return dict(validate_text(params))
+            return dataclasses.asdict(validate_text(params))
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc']) or 'params'}: {e['msg']}" for e in exc.errors()
@@ -54,10 +58,13 @@ class JobService:
         self, spec: JobSpec, *, tenant: str = "default", tier: str = "standard"
     ) -> tuple[str, bool]:
         """Store and release a job; returns (job id, created). Raises :class:`InvalidJob`."""
-        params = validate_params(spec.kind, spec.params)
+        raw = dict(spec.params)
+        if spec.kind == "text":  # decode chunk length adapts to the class: short for realtime
+            raw.setdefault("chunk_tokens", TEXT_CHUNK_TOKENS[spec.slo])
+        params = validate_params(spec.kind, raw)
         spec = spec.model_copy(update={"params": params})
         plan = get_runner(spec.kind).plan(params)
-        policy = self.settings.scheduler.policy
+        policy = self.store.active_policy(self.settings.scheduler.policy)
         target_s = self.settings.scheduler.slo_classes[spec.slo.value].target_s
         for dep in spec.depends_on:
             self.store.state(dep)  # raises JobNotFound for an unknown dependency

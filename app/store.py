@@ -28,6 +28,9 @@ PREFIX = "sl:"
 ACTIVE_KEY = PREFIX + "jobs:active"
 INDEX_KEY = PREFIX + "jobs:index"
 TIMINGS_KEY = PREFIX + "timings"
+POLICY_KEY = PREFIX + "policy"
+DONE_KEY = PREFIX + "done"
+"""A stream of (job id, final state): clients block on it instead of polling every job."""
 EVENTS_MAXLEN = 512
 
 _EVENT = """
@@ -37,7 +40,7 @@ local function event(stream, kind, from_state, to_state, by, reason, now)
 end
 """
 
-# KEYS: job, events, active. ARGV: target, now, by, reason, nsrc, src..., nexp, (f, v)...,
+# KEYS: job, events, active, done. ARGV: target, now, by, reason, nsrc, src..., nexp, (f, v)...,
 # nset, (f, v)...
 _TRANSITION = _EVENT + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing', ''} end
@@ -58,8 +61,10 @@ for j = 1, nset do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]); i = i + 2 
 redis.call('HSET', KEYS[1], 'state', ARGV[1], 'updated_at', ARGV[2])
 if ARGV[1] == 'DONE' or ARGV[1] == 'FAILED' or ARGV[1] == 'CANCELLED' or ARGV[1] == 'EXPIRED'
 then
-  redis.call('SREM', KEYS[3], redis.call('HGET', KEYS[1], 'id'))
+  local id = redis.call('HGET', KEYS[1], 'id')
+  redis.call('SREM', KEYS[3], id)
   redis.call('HSET', KEYS[1], 'finished_at', ARGV[2])
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', 100000, '*', 'id', id, 'state', ARGV[1])
 end
 event(KEYS[2], 'state', cur, ARGV[1], ARGV[3], ARGV[4], ARGV[2])
 return {'ok', cur}
@@ -228,6 +233,18 @@ class JobStore:
         raw = self.redis.get(PREFIX + "origin")
         return None if raw is None else _text(raw)
 
+    def active_policy(self, default: str) -> str:
+        """The policy in force: one set at run time (``set_policy``) outranks the settings."""
+        raw = self.redis.get(POLICY_KEY)
+        return default if raw is None else _text(raw)
+
+    def set_policy(self, policy: str | None) -> None:
+        """Switch every submitter and the tick to another policy (None: back to the settings)."""
+        if policy is None:
+            self.redis.delete(POLICY_KEY)
+        else:
+            self.redis.set(POLICY_KEY, policy)
+
     def active_ids(self) -> list[str]:
         return sorted(_text(x) for x in cast(set[bytes], self.redis.smembers(ACTIVE_KEY)))
 
@@ -269,7 +286,7 @@ class JobStore:
         args += [len(expect), *[x for pair in expect.items() for x in pair]]
         args += [len(updates), *[x for pair in updates.items() for x in pair]]
         status, current = self._transition(
-            keys=[self.job_key(job_id), self.events_key(job_id), ACTIVE_KEY], args=args
+            keys=[self.job_key(job_id), self.events_key(job_id), ACTIVE_KEY, DONE_KEY], args=args
         )
         status = _text(status)
         if status == "missing":

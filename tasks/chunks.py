@@ -21,7 +21,6 @@ from tasks.context import WorkerContext, worker_context
 from tasks.dispatch import publish_chunk
 from workers.checkpoint import Checkpoint
 from workers.errors import CheckpointError
-from workers.kinds import get_runner
 from workers.runner import ChunkResult, JobRunner
 
 log = logging.getLogger(__name__)
@@ -74,7 +73,7 @@ def _run_claimed(
         return _stop(store, job_id, JobState.CANCELLED, ctx.name, "cancelled by client")
     if fields.get("preempt") == "1":
         return _yield(store, job_id, ctx.name)
-    runner = get_runner(fields["kind"])
+    runner = ctx.runner(fields["kind"])
     params = json.loads(fields["params"])
     state = _load_state(ctx, job_id, claim, chunk, runner, params)
     seq, num_chunks = claim.seq, int(fields["num_chunks"])

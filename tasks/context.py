@@ -17,7 +17,9 @@ from app.artifacts import ArtifactStore
 from app.runtime import connect, current_settings, redis_url
 from app.settings import Settings
 from app.store import PREFIX, JobStore
+from workers.kinds import RunnerOptions, get_runner, limit_threads
 from workers.local_cache import LocalCheckpointCache
+from workers.runner import JobRunner
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +40,19 @@ class WorkerContext:
     chunks_run: int = 0
     _beat: threading.Thread | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
+
+    def runner(self, kind: str) -> JobRunner:
+        """The runner for ``kind``, built with this worker's device settings."""
+        s = self.settings
+        if kind == "text":
+            from workers import moe
+
+            limit_threads(s.torch_threads)
+            return moe.get_runner(s.moe, device=s.device)
+        return get_runner(kind, RunnerOptions(
+            device=s.device, block_groups=s.diffusion.block_groups,
+            video_fps=s.diffusion.video_fps, torch_threads=s.torch_threads,
+        ))
 
     def start_heartbeat(self) -> None:
         if self._beat is None:

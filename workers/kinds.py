@@ -2,25 +2,49 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cache
 
 from workers.errors import WorkerError
 from workers.runner import JobRunner
 
 
+@dataclass(frozen=True, slots=True)
+class RunnerOptions:
+    """Device-side knobs a runner is built with (the app fills them from its settings)."""
+
+    device: str = "cpu"
+    block_groups: int = 2
+    video_fps: int = 8
+    torch_threads: int = 1
+
+
 @cache
-def get_runner(kind: str) -> JobRunner:
+def get_runner(kind: str, options: RunnerOptions = RunnerOptions()) -> JobRunner:
     """The process-wide runner for a job kind (models inside are built once per process)."""
     if kind == "simulated":
         from workers.simulated import SimulatedRunner
 
         return SimulatedRunner()
+    if kind in ("image", "video", "text"):
+        limit_threads(options.torch_threads)
     if kind in ("image", "video"):
         from workers import diffusion
 
-        return diffusion.get_runner(kind)
+        return diffusion.get_runner(kind, block_groups=options.block_groups,
+                                    device=options.device, video_fps=options.video_fps)
     if kind == "text":
         from workers import moe
 
         return moe.get_runner()
     raise WorkerError(f"unknown job kind {kind!r}; use simulated, image, video or text")
+
+
+def limit_threads(threads: int) -> None:
+    """Cap torch's intra-op threads of this process (0 keeps torch's default)."""
+    # One worker process per device: on a shared CPU, torch's default thread pool oversubscribes
+    # the cores (measured: a tiny DiT step went from ~4 ms to ~120 ms with 2 threads on 2 cores).
+    import torch
+
+    if threads > 0 and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)

@@ -36,14 +36,15 @@ class SimulatedRunner:
         state: Checkpoint | None,
         should_yield: ShouldYield,
     ) -> ChunkResult:
-        meta = dict(state.meta) if state is not None else {"applied": [], "group": 0}
+        fresh: dict[str, Any] = {"applied": [], "group": 0}
+        meta = dict(state.meta) if state is not None else fresh
         if params.get("fail_at") is not None and int(params["fail_at"]) == index:
             raise WorkerError(f"simulated failure at chunk {index} (fail_at={index})")
         groups = int(params.get("block_groups", 1))
         slice_s = float(params["step_ms"]) / 1000.0 / groups
-        group = int(meta.get("group", 0))
+        first_group = group = int(meta.get("group", 0))
         while group < groups:
-            if group > int(meta.get("group", 0)) and should_yield():
+            if group > first_group and should_yield():
                 meta["group"] = group
                 return ChunkResult(state=Checkpoint(meta=meta), complete=False)
             time.sleep(slice_s)

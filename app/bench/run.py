@@ -1,0 +1,169 @@
+"""``stepline bench``: one trace, each policy in turn, on the same real workers; JSON + plots."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from app.bench.driver import Outcome, replay
+from app.bench.report import RunData, plot, ratios_against, run_figures
+from app.bench.workload import (
+    Arrival,
+    Workload,
+    generate_trace,
+    load_workload,
+    read_trace,
+    write_trace,
+)
+from app.jobs import JobService
+from app.schemas import JobSpec
+from app.store import JobStore
+from scheduler.lifecycle import SloClass
+from tasks.tick import STATS_KEY
+
+log = logging.getLogger(__name__)
+
+PROBE_CHUNKS = 40
+PROBE_STEP_MS = 5.0
+
+
+def wait_idle(store: JobStore, timeout_s: float = 30.0) -> None:
+    """Cancel what a previous run left behind and wait for the workers to drain it."""
+    for job_id in store.active_ids():
+        store.request_cancel(job_id)
+    deadline = time.monotonic() + timeout_s
+    while store.active_ids() and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def probe_hop_overhead(service: JobService) -> float:
+    """Dispatch overhead per chunk hop on an idle system: (latency − work) ÷ chunks, in ms."""
+    spec = JobSpec(kind="simulated", slo=SloClass.INTERACTIVE, deadline_s=60,
+                   params={"steps": PROBE_CHUNKS, "step_ms": PROBE_STEP_MS})
+    job_id, _ = service.submit(spec)
+    deadline = time.monotonic() + 60
+    while not service.store.state(job_id).is_terminal and time.monotonic() < deadline:
+        time.sleep(0.02)
+    f = service.store.fields(job_id)
+    wall_s = float(f["finished_at"]) - float(f["started_at"])
+    return max(0.0, (wall_s - PROBE_CHUNKS * PROBE_STEP_MS / 1e3) / PROBE_CHUNKS * 1e3)
+
+
+def tick_figures(store: JobStore, since_s: float) -> tuple[list[float], list[float]]:
+    entries = store.redis.xrange(STATS_KEY, min=f"{int(since_s * 1000)}-0", max="+")
+    durations = [float(f[b"duration_ms"]) for _, f in entries]
+    starts = [float(f[b"ts"]) for _, f in entries]
+    intervals = [(b - a) * 1e3 for a, b in itertools.pairwise(starts)]
+    return durations, intervals
+
+
+def run_policy(
+    service: JobService, policy: str, trace: list[Arrival], workers: int, drain_timeout_s: float,
+    on_progress: Callable[[list[Outcome]], None] | None = None,
+) -> RunData:
+    store = service.store
+    store.set_policy(policy)
+    wait_idle(store)
+    overhead_ms = probe_hop_overhead(service)
+    started = time.time()
+    outcomes = replay(service, trace, drain_timeout_s=drain_timeout_s, on_progress=on_progress)
+    ids = [o.job_id for o in outcomes if o.job_id]
+    records = {f["id"]: f for f in store.many_fields(ids)}
+    events = {job_id: store.events(job_id) for job_id in ids}
+    tick_ms, intervals = tick_figures(store, started)
+    return RunData(policy=policy, outcomes=outcomes, records=records, events=events,
+                   workers=workers, overhead_ms_per_hop=overhead_ms,
+                   step_ms_of_probe=PROBE_STEP_MS, tick_ms=tick_ms, tick_intervals_ms=intervals)
+
+
+def build_trace(
+    workload: Workload, workers: int, load: float | None, duration_s: float | None,
+    trace_file: Path | None,
+) -> list[Arrival]:
+    if trace_file is not None:
+        return read_trace(trace_file)
+    return generate_trace(workload, workers=workers, load=load, duration_s=duration_s)
+
+
+def write_report(
+    runs: list[RunData], workload: Workload, load: float, trace: list[Arrival], out_dir: Path,
+) -> dict[str, Any]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    policies = {run.policy: run_figures(run) for run in runs}
+    simulated = all(a.kind == "simulated" for a in trace)
+    report: dict[str, Any] = {
+        "workload": workload.name, "load": load, "jobs": len(trace),
+        "workers": runs[0].workers if runs else 0,
+        "device": "simulated (steps sleep calibrated step times)" if simulated else "cpu",
+        "policies": policies,
+    }
+    if "fifo" in policies:
+        report["ratios_vs_fifo"] = {name: ratios_against(policies["fifo"], figures)
+                                    for name, figures in policies.items() if name != "fifo"}
+    write_trace(trace, out_dir / "trace.jsonl")
+    report["plots"] = plot(runs, out_dir)
+    (out_dir / "report.json").write_text(json.dumps(report, indent=2))
+    return report
+
+
+def summary_table(report: dict[str, Any]) -> Any:
+    """A rich table: per policy and class, SLO attainment and p95; short-job p95 and its ratio."""
+    from rich.table import Table
+
+    table = Table("policy", "class", "jobs", "SLO met", "p50 s", "p95 s", "p99 s",
+                  title=f"{report['workload']} at load {report['load']} on {report['workers']} "
+                        f"workers ({report['device']})")
+    for name, figures in report["policies"].items():
+        for slo, c in figures["classes"].items():
+            att = "-" if c["slo_attainment"] is None else f"{100 * c['slo_attainment']:.1f}%"
+            table.add_row(name, slo, str(c["count"]), att, *(_s(c[k]) for k in
+                                                              ("p50_s", "p95_s", "p99_s")))
+        short = figures["short_jobs_p95_s"]
+        ratio = report.get("ratios_vs_fifo", {}).get(name, {}).get("short_jobs_p95")
+        extra = f" ({ratio:.2f}× fifo)" if ratio is not None else ""
+        table.add_row(name, "short jobs", "", "", "", _s(short) + extra, "", end_section=True)
+    return table
+
+
+def _s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def run_bench(
+    *, policies: list[str], workload_name: str, load: float | None, workers: int, out_dir: Path,
+    duration_s: float | None = None, trace_file: Path | None = None, run_dir: Path,
+) -> dict[str, Any]:
+    """Start the embedded stack, replay the same trace under each policy, write the report."""
+    from app.runtime import connect, current_settings, redis_url
+    from app.stack import Stack
+
+    settings = current_settings()
+    workload = load_workload(workload_name)
+    trace = build_trace(workload, workers, load, duration_s, trace_file)
+    drain_s = max(60.0, 2 * (duration_s or workload.duration_s))
+    with Stack(settings=settings, run_dir=run_dir, workers=workers):
+        service = JobService(JobStore(connect(redis_url(settings))), settings)
+        wait_for_workers(service.store, workers)
+        runs = []
+        for policy in policies:
+            log.warning("bench: policy %s, %d jobs", policy, len(trace))
+            runs.append(run_policy(service, policy, trace, workers, drain_s))
+        service.store.set_policy(None)
+    return write_report(runs, workload, load if load is not None else workload.load, trace,
+                        out_dir)
+
+
+def wait_for_workers(store: JobStore, count: int, timeout_s: float = 90) -> None:
+    from tasks.context import WORKER_KEY
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if len(list(store.redis.scan_iter(WORKER_KEY + "w*"))) >= count:
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"{count} workers did not start in {timeout_s}s; see the run dir's logs")

@@ -1,0 +1,129 @@
+"""Benchmark: per-step overhead of chunked diffusion (checkpoint encode/decode every step)
+against the same diffusers pipeline run directly, plus checkpoint size and save/load time.
+
+Usage: python -m tests.bench.bench_diffusion [--runs 3] [--steps 6] [--out bench-out/diffusion.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from diffusers import DiTPipeline, PixArtSigmaPipeline, WanPipeline
+
+from workers.checkpoint import Checkpoint
+from workers.diffusion import get_runner, validate_params
+from workers.diffusion.components import DiffusionComponents
+
+JOBS: dict[str, tuple[str, dict[str, Any]]] = {
+    "dit-tiny": ("image", {"class_label": 1}),
+    "pixart-tiny": ("image", {"prompt": "a red fox in snow"}),
+    "wan-tiny": ("video", {"prompt": "waves at dusk"}),
+}
+
+
+def _quiet(pipe: Any) -> Any:
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def _pipeline_s(c: DiffusionComponents, p: dict[str, Any]) -> float:
+    """Seconds of the library's pipeline, prompt to latents (decode excluded on both sides)."""
+    common = {"num_inference_steps": p["num_inference_steps"], "generator":
+              torch.Generator().manual_seed(p["seed"]), "guidance_scale": p["guidance_scale"]}
+    sched = c.scheduler(p["scheduler"])
+    start_s = time.perf_counter()
+    if c.recipe.family == "dit":  # DiTPipeline has no latent output: it always decodes
+        _quiet(DiTPipeline(transformer=c.transformer, vae=c.vae, scheduler=sched))(
+            class_labels=[p["class_label"]], output_type="pt", **common)
+    elif c.recipe.family == "pixart":
+        _quiet(PixArtSigmaPipeline(tokenizer=c.tokenizer, text_encoder=c.text_encoder, vae=c.vae,
+                                   transformer=c.transformer, scheduler=sched))(
+            prompt=p["prompt"], height=p["height"], width=p["width"], output_type="latent",
+            use_resolution_binning=False, clean_caption=False,
+            max_sequence_length=c.recipe.text_max_length, **common)
+    else:
+        _quiet(WanPipeline(tokenizer=c.tokenizer, text_encoder=c.text_encoder, vae=c.vae,
+                           transformer=c.transformer, scheduler=sched))(
+            prompt=p["prompt"], height=p["height"], width=p["width"], num_frames=p["num_frames"],
+            output_type="latent", max_sequence_length=c.recipe.text_max_length, **common)
+    return time.perf_counter() - start_s
+
+
+def _chunked(kind: str, p: dict[str, Any]) -> dict[str, Any]:
+    """Seconds of encode + every denoise chunk with a bytes round trip, and codec figures."""
+    runner = get_runner(kind)
+    state, save_s, load_s, sizes = None, [], [], []
+    start_s = time.perf_counter()
+    for index in range(p["num_inference_steps"] + 1):
+        result = runner.run_chunk(p, index, state, lambda: False)
+        t0 = time.perf_counter()
+        blob = result.state.encode()
+        t1 = time.perf_counter()
+        state = Checkpoint.decode(blob)
+        save_s.append(t1 - t0)
+        load_s.append(time.perf_counter() - t1)
+        sizes.append(len(blob))
+    total_s = time.perf_counter() - start_s
+    if kind == "image" and p["model"] == "dit-tiny":
+        assert state is not None
+        total_s += _timed(lambda: runner.decode_pixels(p, state))
+    return {"total_s": total_s, "save_s": statistics.median(save_s),
+            "load_s": statistics.median(load_s), "bytes": max(sizes)}
+
+
+def _timed(fn: Any) -> float:
+    start_s = time.perf_counter()
+    fn()
+    return time.perf_counter() - start_s
+
+
+def bench_model(model: str, runs: int, steps: int) -> dict[str, Any]:
+    kind, extra = JOBS[model]
+    p = validate_params(kind, {"model": model, "num_inference_steps": steps, **extra})
+    c = get_runner(kind).components(p)
+    _pipeline_s(c, p), _chunked(kind, p)  # warm-up
+    direct = [_pipeline_s(c, p) for _ in range(runs)]
+    chunked = [_chunked(kind, p) for _ in range(runs)]
+    direct_s = statistics.median(direct)
+    chunked_s = statistics.median(r["total_s"] for r in chunked)
+    return {
+        "model": model, "scheduler": p["scheduler"], "steps": steps,
+        "shape": f"{p['height']}x{p['width']}x{p['num_frames']}",
+        "direct_job_s": direct_s, "chunked_job_s": chunked_s,
+        "overhead_ratio": chunked_s / direct_s,
+        "overhead_per_step_ms": 1000 * (chunked_s - direct_s) / steps,
+        "direct_step_ms": 1000 * direct_s / steps,
+        "checkpoint_bytes": max(r["bytes"] for r in chunked),
+        "checkpoint_save_ms": 1000 * statistics.median(r["save_s"] for r in chunked),
+        "checkpoint_load_ms": 1000 * statistics.median(r["load_s"] for r in chunked),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--models", nargs="*", default=sorted(JOBS))
+    parser.add_argument("--out", type=Path, default=Path("bench-out/diffusion.json"))
+    args = parser.parse_args()
+    rows = [bench_model(m, args.runs, args.steps) for m in args.models]
+    for r in rows:
+        print(f"{r['model']:12s} {r['shape']:9s} direct {r['direct_step_ms']:7.1f} ms/step "
+              f"chunked/direct {r['overhead_ratio']:.2f} ({r['overhead_per_step_ms']:+.1f} ms/step)"
+              f"  ckpt {r['checkpoint_bytes'] / 1024:.1f} KiB save {r['checkpoint_save_ms']:.2f} ms"
+              f" load {r['checkpoint_load_ms']:.2f} ms")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    report = {"device": "cpu", "torch_threads": torch.get_num_threads(), "runs": args.runs,
+              "results": rows}
+    args.out.write_text(json.dumps(report, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

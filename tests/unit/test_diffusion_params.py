@@ -1,0 +1,59 @@
+"""Diffusion job parameters: defaults filled from the recipe, errors say what to use instead."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from workers.diffusion import validate_params
+from workers.errors import ParamsError
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_given_a_prompt_when_validated_then_the_text_image_default_is_filled_in() -> None:
+    params = validate_params("image", {"prompt": "a cat"})
+    assert params["model"] == "pixart-tiny"
+    assert (params["height"], params["width"], params["num_frames"]) == (32, 32, 1)
+    assert params["scheduler"] == "dpmpp_2m" and params["output_format"] == "png"
+    assert params["num_inference_steps"] >= 1 and params["guidance_scale"] > 1
+
+
+def test_given_a_class_label_when_validated_then_the_class_model_is_chosen() -> None:
+    assert validate_params("image", {"class_label": 3})["model"] == "dit-tiny"
+
+
+def test_given_a_video_prompt_when_validated_then_wan_with_mp4_is_chosen() -> None:
+    params = validate_params("video", {"prompt": "waves"})
+    chosen = (params["model"], params["num_frames"], params["output_format"])
+    assert chosen == ("wan-tiny", 9, "mp4")
+
+
+@pytest.mark.parametrize(("kind", "raw", "hint"), [
+    ("image", {"prompt": "x", "height": 30}, "use 24 or 32"),
+    ("image", {"prompt": "x", "width": 1000}, "use 64"),
+    ("video", {"prompt": "x", "num_frames": 8}, "use 5 or 9"),
+    ("image", {"prompt": "x", "scheduler": "euler"}, "ddim, dpmpp_2m, unipc"),
+    ("image", {"prompt": "x", "num_inference_steps": 0}, "use 1 to"),
+    ("image", {"class_label": 1, "height": 32, "width": 64}, "square"),
+    ("image", {"model": "dit-tiny", "prompt": "x"}, "pass class_label"),
+    ("image", {"model": "wan-tiny", "prompt": "x"}, "kind=video"),
+    ("image", {"model": "nope", "prompt": "x"}, "known models"),
+    ("image", {"prompt": "x", "output_format": "mp4"}, "png, webp"),
+    ("video", {"prompt": "x", "seed": -1}, "seed"),
+    ("text", {"prompt": "x"}, "image or video"),
+])
+def test_given_bad_params_when_validated_then_the_error_says_what_to_use(
+    kind: str, raw: dict[str, object], hint: str
+) -> None:
+    with pytest.raises(ParamsError, match=hint):
+        validate_params(kind, raw)
+
+
+def test_given_the_api_process_when_it_validates_then_torch_is_not_imported() -> None:
+    code = ("import sys; from workers.diffusion import validate_params;"
+            "validate_params('video', {'prompt': 'x'}); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -1,0 +1,92 @@
+"""Model recipes: seeded builds are identical in every process, cached per process, and a
+recipe with ``weights:`` loads a local save_pretrained folder instead."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from diffusers import PixArtSigmaPipeline
+
+from workers.checkpoint import Checkpoint
+from workers.diffusion import get_runner, validate_params
+from workers.diffusion.components import build_components, load_components
+from workers.diffusion.recipes import diffusion_recipe, diffusion_recipes
+from workers.errors import ModelConfigError
+from workers.registry import DEFAULT_MODELS_DIR, ModelRegistry
+
+pytestmark = pytest.mark.timeout(60)
+
+DIGEST = "from tests.unit.test_diffusion_registry import _digest; print(_digest('wan-tiny'))"
+
+
+def _digest(name: str) -> str:
+    c = build_components(diffusion_recipe(name))
+    h = hashlib.sha256()
+    for m in (c.transformer, c.vae, c.text_encoder):
+        for t in m.state_dict().values():
+            h.update(t.contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def test_every_diffusion_recipe_parses_with_image_and_video_kinds() -> None:
+    names = {r.name: r.kind for r in diffusion_recipes("image") + diffusion_recipes("video")}
+    assert names == {"dit-tiny": "image", "pixart-tiny": "image", "wan-tiny": "video"}
+
+
+def test_given_two_processes_when_they_build_a_recipe_then_the_weights_are_identical() -> None:
+    other = subprocess.run([sys.executable, "-c", DIGEST], capture_output=True,
+                           text=True, check=True, cwd=Path(__file__).resolve().parents[2])
+    assert other.stdout.strip() == _digest("wan-tiny")
+
+
+def test_given_a_built_recipe_when_loaded_again_then_the_process_cache_answers() -> None:
+    recipe = diffusion_recipe("dit-tiny")
+    assert load_components(recipe) is load_components(recipe)
+
+
+def test_given_an_unknown_component_class_when_built_then_the_error_names_it(
+    tmp_path: Path,
+) -> None:
+    spec: dict[str, Any] = yaml.safe_load((DEFAULT_MODELS_DIR / "dit-tiny.yaml").read_text())
+    spec["transformer"]["class"] = "os.system"
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump({**spec, "name": "bad"}))
+    with pytest.raises(ModelConfigError, match=r"os\.system"):
+        build_components(diffusion_recipe("bad", ModelRegistry(tmp_path)))
+
+
+def _run_job(params: dict[str, Any], registry: ModelRegistry | None) -> torch.Tensor:
+    runner = get_runner("image", registry=registry)
+    state = None
+    for index in range(params["num_inference_steps"] + 1):
+        state = Checkpoint.decode(runner.run_chunk(params, index, state, lambda: False)
+                                  .state.encode())
+    assert state is not None
+    return runner.decode_pixels(params, state)
+
+
+def test_given_a_weights_folder_when_the_recipe_loads_it_then_outputs_are_equal(
+    tmp_path: Path,
+) -> None:
+    # given the seeded pixart recipe saved as a pipeline folder
+    c = load_components(diffusion_recipe("pixart-tiny"))
+    PixArtSigmaPipeline(tokenizer=c.tokenizer, text_encoder=c.text_encoder, vae=c.vae,
+                        transformer=c.transformer, scheduler=c.scheduler("dpmpp_2m"),
+                        ).save_pretrained(tmp_path / "pipe")
+    spec = yaml.safe_load((DEFAULT_MODELS_DIR / "pixart-tiny.yaml").read_text())
+    # a different seed: equal outputs prove the weights came from the folder
+    spec.update(name="pixart-local", seed=999, weights="pipe", default=False)
+    (tmp_path / "pixart-local.yaml").write_text(yaml.safe_dump(spec))
+    local = ModelRegistry(tmp_path)
+    raw = {"prompt": "a lighthouse", "num_inference_steps": 2, "seed": 3}
+    # when the same job runs on both recipes
+    ours = _run_job(validate_params("image", {**raw, "model": "pixart-local"}, local), local)
+    ref = _run_job(validate_params("image", {**raw, "model": "pixart-tiny"}), None)
+    # then the outputs are bit-identical
+    assert torch.equal(ours, ref)

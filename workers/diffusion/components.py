@@ -1,0 +1,141 @@
+"""Build a recipe's modules once per process: seeded random weights, or a local folder.
+
+Seeded construction means every worker process builds bit-identical weights, so a job can move
+between workers; nothing is ever downloaded.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import diffusers
+import torch
+import transformers
+from diffusers import ModelMixin, SchedulerMixin
+from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, processors
+from transformers import PreTrainedModel, PreTrainedTokenizerFast
+
+from workers.diffusion.recipes import ComponentSpec, DiffusionRecipe, TokenizerSpec
+from workers.errors import ModelConfigError
+
+_SPECIAL_TOKENS = ("<pad>", "</s>", "<unk>")
+
+
+@dataclass(frozen=True, slots=True)
+class DiffusionComponents:
+    """The modules of one recipe, in eval mode, without gradients."""
+
+    recipe: DiffusionRecipe
+    transformer: Any  # a diffusers transformer model (ModelMixin)
+    vae: Any  # a diffusers autoencoder (ModelMixin)
+    text_encoder: Any | None  # a transformers encoder (PreTrainedModel)
+    tokenizer: PreTrainedTokenizerFast | None
+    device: torch.device
+
+    def scheduler(self, name: str) -> Any:
+        """A fresh scheduler of this recipe (state is per job, so never shared)."""
+        spec = self.recipe.schedulers[name]
+        cls = resolve_class(spec.class_name, SchedulerMixin)
+        return cls(**spec.config)
+
+
+def resolve_class(name: str, base: type) -> Any:
+    """A class exported by diffusers or transformers that subclasses ``base``; nothing else."""
+    for module in (diffusers, transformers):
+        cls = getattr(module, name, None)
+        if isinstance(cls, type) and issubclass(cls, base):
+            return cls
+    raise ModelConfigError(f"{name!r} is not a {base.__name__} class of diffusers or transformers")
+
+
+def build_tokenizer(spec: TokenizerSpec, max_length: int) -> PreTrainedTokenizerFast:
+    """A character tokenizer with T5's special tokens (pad 0, eos 1, unk 2), built locally."""
+    vocab = {tok: i for i, tok in enumerate(_SPECIAL_TOKENS)}
+    vocab.update({ch: i + len(vocab) for i, ch in enumerate(dict.fromkeys(spec.alphabet))})
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.post_processor = processors.TemplateProcessing(
+        single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", 1)]
+    )
+    return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
+        model_max_length=max_length,
+    )
+
+
+def _seeded(seed: int, spec: ComponentSpec, base: type) -> Any:
+    cls: Any = resolve_class(spec.class_name, base)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if issubclass(cls, PreTrainedModel):
+            return cls(cls.config_class(**spec.config))
+        return cls(**spec.config)
+
+
+def _build_random(recipe: DiffusionRecipe) -> dict[str, Any]:
+    parts: dict[str, Any] = {
+        "transformer": _seeded(recipe.seed, recipe.transformer, ModelMixin),
+        "vae": _seeded(recipe.seed + 1, recipe.vae, ModelMixin),
+        "text_encoder": None,
+        "tokenizer": None,
+    }
+    if recipe.text_encoder is not None:
+        parts["text_encoder"] = _seeded(recipe.seed + 2, recipe.text_encoder, PreTrainedModel)
+    if recipe.tokenizer is not None:
+        parts["tokenizer"] = build_tokenizer(recipe.tokenizer, recipe.text_max_length)
+    return parts
+
+
+def _load_local(recipe: DiffusionRecipe) -> dict[str, Any]:
+    folder = recipe.weights_dir
+    if folder is None or not (folder / "model_index.json").is_file():
+        raise ModelConfigError(
+            f"model {recipe.name!r}: weights folder {folder} is not a saved pipeline "
+            "(no model_index.json); write it with pipeline.save_pretrained(folder)"
+        )
+    parts: dict[str, Any] = {
+        "transformer": resolve_class(recipe.transformer.class_name, ModelMixin).from_pretrained(
+            folder, subfolder="transformer"),
+        "vae": resolve_class(recipe.vae.class_name, ModelMixin).from_pretrained(
+            folder, subfolder="vae"),
+        "text_encoder": None,
+        "tokenizer": None,
+    }
+    if recipe.text_encoder is not None:
+        cls = resolve_class(recipe.text_encoder.class_name, PreTrainedModel)
+        parts["text_encoder"] = cls.from_pretrained(folder / "text_encoder")
+    if recipe.tokenizer is not None:
+        parts["tokenizer"] = PreTrainedTokenizerFast.from_pretrained(folder / "tokenizer")
+    return parts
+
+
+def build_components(recipe: DiffusionRecipe, device: str = "cpu") -> DiffusionComponents:
+    """Build (never cached) the recipe's modules on ``device``."""
+    parts = _build_random(recipe) if recipe.weights is None else _load_local(recipe)
+    dev = torch.device(device)
+    for key in ("transformer", "vae", "text_encoder"):
+        if parts[key] is not None:
+            parts[key] = parts[key].to(dev).eval().requires_grad_(False)
+    return DiffusionComponents(recipe=recipe, device=dev, **parts)
+
+
+_CACHE: dict[tuple[str, str, str], DiffusionComponents] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def load_components(recipe: DiffusionRecipe, device: str = "cpu") -> DiffusionComponents:
+    """The recipe's modules, built once per process and device."""
+    key = (recipe.name, str(recipe.weights_dir), device)
+    with _CACHE_LOCK:
+        if key not in _CACHE:
+            _CACHE[key] = build_components(recipe, device)
+        return _CACHE[key]
+
+
+def clear_component_cache() -> None:
+    """Forget every built model (tests use it to play a fresh worker process)."""
+    with _CACHE_LOCK:
+        _CACHE.clear()

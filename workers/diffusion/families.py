@@ -1,0 +1,302 @@
+"""The arithmetic of each pipeline family, step by step: DiTPipeline, PixArt-Sigma, WanPipeline.
+
+Each method mirrors one stretch of the pipeline's ``__call__`` (prompt encoding, noise init,
+CFG batching, guidance, scheduler step, VAE decode) with the same operations in the same order,
+so a chunked job is bit-identical to the library's uninterrupted pipeline.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import torch
+from diffusers.image_processor import VaeImageProcessor
+from diffusers.pipelines.wan.pipeline_wan import prompt_clean
+from diffusers.utils.torch_utils import randn_tensor
+from diffusers.video_processor import VideoProcessor
+
+from workers.diffusion.components import DiffusionComponents
+
+Tensors = dict[str, torch.Tensor]
+
+
+class PipelineFamily(Protocol):
+    """What the runner needs from one pipeline family."""
+
+    def encode(self, c: DiffusionComponents, p: Mapping[str, Any]) -> Tensors:
+        """Conditioning tensors (prompt or class embeddings, negative ones under CFG)."""
+        ...
+
+    def set_timesteps(self, c: DiffusionComponents, scheduler: Any, steps: int) -> None:
+        """Prepare the scheduler's timesteps exactly as the pipeline does."""
+        ...
+
+    def init_latents(
+        self, c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any, gen: torch.Generator
+    ) -> torch.Tensor:
+        """The initial noise (the state the denoising loop carries)."""
+        ...
+
+    def passes(
+        self, c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any, latents: torch.Tensor,
+        t: torch.Tensor, cond: Tensors,
+    ) -> tuple[list[Tensors], torch.Tensor]:
+        """Transformer inputs of each forward pass of this step, and the sample to step from."""
+        ...
+
+    def combine(self, c: DiffusionComponents, p: Mapping[str, Any], outputs: list[torch.Tensor]
+                ) -> torch.Tensor:
+        """Guidance and learned-sigma split: the model output handed to the scheduler."""
+        ...
+
+    def step(self, scheduler: Any, output: torch.Tensor, t: torch.Tensor, sample: torch.Tensor,
+             gen: torch.Generator) -> torch.Tensor:
+        """One scheduler step: the next latents."""
+        ...
+
+    def decode(self, c: DiffusionComponents, p: Mapping[str, Any], latents: torch.Tensor
+               ) -> torch.Tensor:
+        """Pixels in [0, 1]: (B, C, H, W) for images, (B, F, C, H, W) for video."""
+        ...
+
+
+def uses_cfg(p: Mapping[str, Any]) -> bool:
+    """Classifier-free guidance is on above a scale of 1, as in every diffusers pipeline."""
+    return float(p["guidance_scale"]) > 1.0
+
+
+def _latent_hw(c: DiffusionComponents, p: Mapping[str, Any]) -> tuple[int, int]:
+    f = c.recipe.vae_scale_factor
+    return int(p["height"]) // f, int(p["width"]) // f
+
+
+def _batched_timestep(t: torch.Tensor, batch: int, device: torch.device) -> torch.Tensor:
+    return t[None].to(device).expand(batch) if t.ndim == 0 else t.expand(batch)
+
+
+def _split_learned_sigma(c: DiffusionComponents, noise: torch.Tensor) -> torch.Tensor:
+    channels = c.transformer.config.in_channels
+    if c.transformer.config.out_channels // 2 == channels:
+        return noise.chunk(2, dim=1)[0]
+    return noise
+
+
+class DiTFamily:
+    """``DiTPipeline``: class labels, null class 1000, CFG on a doubled latent batch."""
+
+    def encode(self, c: DiffusionComponents, p: Mapping[str, Any]) -> Tensors:
+        labels = torch.tensor([int(p["class_label"])], device=c.device).reshape(-1)
+        if uses_cfg(p):
+            labels = torch.cat([labels, torch.tensor([1000], device=c.device)], 0)
+        return {"class_labels": labels}
+
+    def set_timesteps(self, c: DiffusionComponents, scheduler: Any, steps: int) -> None:
+        scheduler.set_timesteps(steps)
+
+    def init_latents(
+        self, c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any, gen: torch.Generator
+    ) -> torch.Tensor:
+        h, w = _latent_hw(c, p)
+        shape = (1, c.transformer.config.in_channels, h, w)
+        latents = randn_tensor(shape, generator=gen, device=c.device, dtype=c.transformer.dtype)
+        return torch.cat([latents] * 2) if uses_cfg(p) else latents
+
+    def passes(
+        self, c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any, latents: torch.Tensor,
+        t: torch.Tensor, cond: Tensors,
+    ) -> tuple[list[Tensors], torch.Tensor]:
+        if uses_cfg(p):
+            half = latents[: len(latents) // 2]
+            latents = torch.cat([half, half], dim=0)
+        x = scheduler.scale_model_input(latents, t)
+        timestep = _batched_timestep(t, x.shape[0], x.device)
+        return [{"hidden_states": x, "timestep": timestep,
+                 "class_labels": cond["class_labels"]}], x
+
+    def combine(self, c: DiffusionComponents, p: Mapping[str, Any], outputs: list[torch.Tensor]
+                ) -> torch.Tensor:
+        noise, channels = outputs[0], c.transformer.config.in_channels
+        if uses_cfg(p):
+            eps, rest = noise[:, :channels], noise[:, channels:]
+            cond_eps, uncond_eps = torch.split(eps, len(eps) // 2, dim=0)
+            half_eps = uncond_eps + float(p["guidance_scale"]) * (cond_eps - uncond_eps)
+            eps = torch.cat([half_eps, half_eps], dim=0)
+            noise = torch.cat([eps, rest], dim=1)
+        if c.transformer.config.out_channels // 2 == channels:
+            return torch.split(noise, channels, dim=1)[0]
+        return noise
+
+    def step(self, scheduler: Any, output: torch.Tensor, t: torch.Tensor, sample: torch.Tensor,
+             gen: torch.Generator) -> torch.Tensor:
+        prev: torch.Tensor = scheduler.step(output, t, sample).prev_sample
+        return prev
+
+    def decode(self, c: DiffusionComponents, p: Mapping[str, Any], latents: torch.Tensor
+               ) -> torch.Tensor:
+        if uses_cfg(p):  # the CFG batch carries two identical halves
+            latents = latents.chunk(2, dim=0)[0]
+        latents = 1 / c.vae.config.scaling_factor * latents
+        samples: torch.Tensor = c.vae.decode(latents).sample
+        return (samples / 2 + 0.5).clamp(0, 1)
+
+
+def _step_kwargs(scheduler: Any, gen: torch.Generator) -> dict[str, Any]:
+    accepted = set(inspect.signature(scheduler.step).parameters)
+    kwargs: dict[str, Any] = {"eta": 0.0} if "eta" in accepted else {}
+    if "generator" in accepted:
+        kwargs["generator"] = gen
+    return kwargs
+
+
+class PixArtFamily:
+    """``PixArtSigmaPipeline``: T5 prompt embeddings with masks, CFG as [negative, positive]."""
+
+    def _embed(self, c: DiffusionComponents, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        assert c.tokenizer is not None and c.text_encoder is not None
+        tokens = c.tokenizer(
+            [t.lower().strip() for t in texts], padding="max_length",
+            max_length=c.recipe.text_max_length, truncation=True, add_special_tokens=True,
+            return_attention_mask=True, return_tensors="pt",
+        )
+        mask = tokens.attention_mask.to(c.device)
+        embeds = c.text_encoder(tokens.input_ids.to(c.device), attention_mask=mask)[0]
+        return embeds.to(dtype=c.text_encoder.dtype, device=c.device), mask
+
+    def encode(self, c: DiffusionComponents, p: Mapping[str, Any]) -> Tensors:
+        embeds, mask = self._embed(c, [str(p["prompt"])])
+        if uses_cfg(p):
+            neg, neg_mask = self._embed(c, [str(p["negative_prompt"])])
+            embeds, mask = torch.cat([neg, embeds], dim=0), torch.cat([neg_mask, mask], dim=0)
+        return {"prompt_embeds": embeds, "prompt_attention_mask": mask}
+
+    def set_timesteps(self, c: DiffusionComponents, scheduler: Any, steps: int) -> None:
+        scheduler.set_timesteps(steps, device=c.device)
+
+    def init_latents(
+        self, c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any, gen: torch.Generator
+    ) -> torch.Tensor:
+        h, w = _latent_hw(c, p)
+        shape = (1, c.transformer.config.in_channels, h, w)
+        dtype = c.text_encoder.dtype if c.text_encoder is not None else c.transformer.dtype
+        latents: torch.Tensor = randn_tensor(shape, generator=gen, device=c.device, dtype=dtype)
+        scaled: torch.Tensor = latents * scheduler.init_noise_sigma
+        return scaled
+
+    def passes(
+        self, c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any, latents: torch.Tensor,
+        t: torch.Tensor, cond: Tensors,
+    ) -> tuple[list[Tensors], torch.Tensor]:
+        x = torch.cat([latents] * 2) if uses_cfg(p) else latents
+        x = scheduler.scale_model_input(x, t)
+        return [{
+            "hidden_states": x, "timestep": _batched_timestep(t, x.shape[0], x.device),
+            "encoder_hidden_states": cond["prompt_embeds"],
+            "encoder_attention_mask": cond["prompt_attention_mask"],
+        }], latents
+
+    def combine(self, c: DiffusionComponents, p: Mapping[str, Any], outputs: list[torch.Tensor]
+                ) -> torch.Tensor:
+        noise = outputs[0]
+        if uses_cfg(p):
+            uncond, text = noise.chunk(2)
+            noise = uncond + float(p["guidance_scale"]) * (text - uncond)
+        return _split_learned_sigma(c, noise)
+
+    def step(self, scheduler: Any, output: torch.Tensor, t: torch.Tensor, sample: torch.Tensor,
+             gen: torch.Generator) -> torch.Tensor:
+        prev: torch.Tensor = scheduler.step(
+            output, t, sample, **_step_kwargs(scheduler, gen), return_dict=False)[0]
+        return prev
+
+    def decode(self, c: DiffusionComponents, p: Mapping[str, Any], latents: torch.Tensor
+               ) -> torch.Tensor:
+        image = c.vae.decode(latents.to(c.vae.dtype) / c.vae.config.scaling_factor,
+                             return_dict=False)[0]
+        processor = VaeImageProcessor(vae_scale_factor=c.recipe.vae_scale_factor)
+        out: torch.Tensor = processor.postprocess(image, output_type="pt")
+        return out
+
+
+class WanFamily:
+    """``WanPipeline`` (2.1): UMT5 embeddings trimmed and zero-padded, CFG as two passes."""
+
+    def _embed(self, c: DiffusionComponents, text: str) -> torch.Tensor:
+        assert c.tokenizer is not None and c.text_encoder is not None
+        length = c.recipe.text_max_length
+        cleaned: str = prompt_clean(text)  # type: ignore[no-untyped-call]
+        tokens = c.tokenizer(
+            [cleaned], padding="max_length", max_length=length, truncation=True,
+            add_special_tokens=True, return_attention_mask=True, return_tensors="pt",
+        )
+        seq_lens = tokens.attention_mask.gt(0).sum(dim=1).long()
+        states = c.text_encoder(tokens.input_ids.to(c.device),
+                                tokens.attention_mask.to(c.device)).last_hidden_state
+        states = states.to(dtype=c.text_encoder.dtype, device=c.device)
+        trimmed = [u[:v] for u, v in zip(states, seq_lens, strict=True)]
+        padded = [torch.cat([u, u.new_zeros(length - u.size(0), u.size(1))]) for u in trimmed]
+        return torch.stack(padded, dim=0).to(c.transformer.dtype)
+
+    def encode(self, c: DiffusionComponents, p: Mapping[str, Any]) -> Tensors:
+        cond = {"prompt_embeds": self._embed(c, str(p["prompt"]))}
+        if uses_cfg(p):
+            cond["negative_prompt_embeds"] = self._embed(c, str(p["negative_prompt"]) or "")
+        return cond
+
+    def set_timesteps(self, c: DiffusionComponents, scheduler: Any, steps: int) -> None:
+        scheduler.set_timesteps(steps, device=c.device)
+        scheduler.set_begin_index(0)
+
+    def init_latents(
+        self, c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any, gen: torch.Generator
+    ) -> torch.Tensor:
+        h, w = _latent_hw(c, p)
+        frames = (int(p["num_frames"]) - 1) // c.recipe.temporal_scale_factor + 1
+        shape = (1, c.transformer.config.in_channels, frames, h, w)
+        noise: torch.Tensor = randn_tensor(shape, generator=gen, device=c.device,
+                                           dtype=torch.float32)
+        return noise
+
+    def passes(
+        self, c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any, latents: torch.Tensor,
+        t: torch.Tensor, cond: Tensors,
+    ) -> tuple[list[Tensors], torch.Tensor]:
+        x = latents.to(c.transformer.dtype)
+        timestep = t.expand(latents.shape[0])
+        names = ["prompt_embeds", "negative_prompt_embeds"] if uses_cfg(p) else ["prompt_embeds"]
+        inputs = [{"hidden_states": x, "timestep": timestep, "encoder_hidden_states": cond[n]}
+                  for n in names]
+        return inputs, latents
+
+    def combine(self, c: DiffusionComponents, p: Mapping[str, Any], outputs: list[torch.Tensor]
+                ) -> torch.Tensor:
+        if not uses_cfg(p):
+            return outputs[0]
+        noise, uncond = outputs
+        return uncond + float(p["guidance_scale"]) * (noise - uncond)
+
+    def step(self, scheduler: Any, output: torch.Tensor, t: torch.Tensor, sample: torch.Tensor,
+             gen: torch.Generator) -> torch.Tensor:
+        prev: torch.Tensor = scheduler.step(output, t, sample, return_dict=False)[0]
+        return prev
+
+    def decode(self, c: DiffusionComponents, p: Mapping[str, Any], latents: torch.Tensor
+               ) -> torch.Tensor:
+        cfg = c.vae.config
+        latents = latents.to(c.device, dtype=c.vae.dtype)
+        mean = torch.tensor(cfg.latents_mean).view(1, cfg.z_dim, 1, 1, 1).to(latents.device,
+                                                                            latents.dtype)
+        std = 1.0 / torch.tensor(cfg.latents_std).view(1, cfg.z_dim, 1, 1, 1).to(latents.device,
+                                                                                latents.dtype)
+        video = c.vae.decode(latents / std + mean, return_dict=False)[0]
+        processor = VideoProcessor(vae_scale_factor=c.recipe.vae_scale_factor)
+        out: torch.Tensor = processor.postprocess_video(video, output_type="pt")
+        return out
+
+
+FAMILIES: dict[str, PipelineFamily] = {
+    "dit": DiTFamily(),
+    "pixart": PixArtFamily(),
+    "wan": WanFamily(),
+}

@@ -1,0 +1,173 @@
+"""Job parameters of image and video jobs, checked against the model recipe without torch.
+
+:func:`validate_params` fills every default, so a runner and the cost model see one shape;
+a :class:`ParamsError` says what was wrong and what to use instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from workers.diffusion.recipes import (
+    DIFFUSION_KINDS,
+    DiffusionRecipe,
+    diffusion_recipe,
+    diffusion_recipes,
+)
+from workers.errors import ModelConfigError, ParamsError
+from workers.registry import ModelRegistry
+
+IMAGE_FORMATS = ("png", "webp")
+VIDEO_FORMATS = ("mp4", "gif", "webp")
+
+
+class DiffusionParams(BaseModel):
+    """Parameters of one image or video job; ``None`` means the recipe's default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    """Recipe name (``configs/models``); default: the kind's default for the conditioning."""
+    prompt: str | None = Field(default=None, max_length=2000)
+    """Text prompt (text-conditioned models)."""
+    negative_prompt: str = Field(default="", max_length=2000)
+    """What to steer away from under classifier-free guidance."""
+    class_label: int | None = Field(default=None, ge=0)
+    """Class id (class-conditioned models such as DiT)."""
+    height: int | None = Field(default=None, gt=0)
+    width: int | None = Field(default=None, gt=0)
+    num_frames: int | None = Field(default=None, gt=0)
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = Field(default=None, ge=0, le=50)
+    """CFG scale; 1 or less disables guidance."""
+    seed: int = Field(default=0, ge=0, lt=2**63)
+    scheduler: str | None = None
+    output_format: str | None = None
+    """png or webp for images; mp4, gif or webp for video."""
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+    return "invalid diffusion parameters: " + "; ".join(parts)
+
+
+def _pick_model(kind: str, p: DiffusionParams, registry: ModelRegistry | None) -> DiffusionRecipe:
+    if kind not in DIFFUSION_KINDS:
+        raise ParamsError(f"kind {kind!r} is not a diffusion kind; use image or video")
+    try:
+        if p.model is not None:
+            recipe = diffusion_recipe(p.model, registry)
+        else:
+            return _default_model(kind, p, registry)
+    except ModelConfigError as exc:
+        raise ParamsError(str(exc)) from exc
+    if recipe.kind != kind:
+        raise ParamsError(f"model {recipe.name!r} makes {recipe.kind}s; submit kind={recipe.kind}")
+    return recipe
+
+
+def _default_model(
+    kind: str, p: DiffusionParams, registry: ModelRegistry | None
+) -> DiffusionRecipe:
+    wanted = "class" if p.class_label is not None and p.prompt is None else "text"
+    candidates = [r for r in diffusion_recipes(kind, registry) if r.conditioning == wanted]
+    if not candidates:
+        raise ParamsError(f"no {kind} model takes a {wanted} condition; pass model= explicitly")
+    return sorted(candidates, key=lambda r: (not r.default, r.name))[0]
+
+
+def _nearest_multiples(value: int, multiple: int, low: int, high: int) -> str:
+    below = max(low, value // multiple * multiple)
+    above = min(high, below + multiple)
+    return f"{below} or {above}" if below != above else f"{below}"
+
+
+def _check_size(name: str, value: int, r: DiffusionRecipe) -> None:
+    m = r.size_multiple_px
+    if value % m or not r.min_size_px <= value <= r.max_size_px:
+        hint = _nearest_multiples(min(max(value, r.min_size_px), r.max_size_px), m,
+                                  r.min_size_px, r.max_size_px)
+        raise ParamsError(
+            f"{name}={value} does not fit model {r.name!r} (multiples of {m} px from "
+            f"{r.min_size_px} to {r.max_size_px}); use {hint}"
+        )
+
+
+def _check_frames(frames: int, r: DiffusionRecipe) -> None:
+    if r.kind == "image":
+        if frames != 1:
+            raise ParamsError(f"model {r.name!r} makes images; use num_frames=1 or kind=video")
+        return
+    f = r.temporal_scale_factor
+    if (frames - 1) % f or frames > r.max_frames:
+        k = min((frames - 1) // f, (r.max_frames - 1) // f)
+        above = (k + 1) * f + 1
+        hint = f"{k * f + 1} or {above}" if above <= r.max_frames else f"{k * f + 1}"
+        raise ParamsError(
+            f"num_frames={frames} does not fit model {r.name!r} (a multiple of {f} plus 1, at most "
+            f"{r.max_frames}); use {hint}"
+        )
+
+
+def _check_condition(p: DiffusionParams, r: DiffusionRecipe) -> None:
+    if r.conditioning == "class":
+        if p.class_label is None or p.prompt is not None:
+            raise ParamsError(
+                f"model {r.name!r} is class-conditioned; pass class_label, not prompt")
+        if p.class_label >= r.num_classes:
+            raise ParamsError(f"class_label must be below {r.num_classes} for model {r.name!r}")
+    elif p.prompt is None or p.class_label is not None:
+        raise ParamsError(f"model {r.name!r} is text-conditioned; pass prompt, not class_label")
+
+
+def _check_steps_and_scheduler(steps: int, scheduler: str, r: DiffusionRecipe) -> None:
+    if not 1 <= steps <= r.max_steps:
+        raise ParamsError(
+            f"num_inference_steps={steps} is out of range; use 1 to {r.max_steps} "
+            f"(default {r.default_steps})"
+        )
+    if scheduler not in r.schedulers:
+        raise ParamsError(
+            f"unknown scheduler {scheduler!r} for model {r.name!r}; use one of "
+            f"{', '.join(sorted(r.schedulers))}"
+        )
+
+
+def _check_format(fmt: str, r: DiffusionRecipe) -> None:
+    formats = IMAGE_FORMATS if r.kind == "image" else VIDEO_FORMATS
+    if fmt not in formats:
+        raise ParamsError(
+            f"output_format {fmt!r} is not offered for {r.kind}s; use {', '.join(formats)}")
+
+
+def validate_params(
+    kind: str, params: Mapping[str, Any], registry: ModelRegistry | None = None
+) -> dict[str, Any]:
+    """Normalise ``params`` for ``kind``: every default filled; raises :class:`ParamsError`."""
+    try:
+        p = DiffusionParams.model_validate(dict(params))
+    except ValidationError as exc:
+        raise ParamsError(_describe(exc)) from exc
+    r = _pick_model(kind, p, registry)
+    _check_condition(p, r)
+    height, width = p.height or r.default_height, p.width or r.default_width
+    _check_size("height", height, r)
+    _check_size("width", width, r)
+    if r.square_only and height != width:
+        raise ParamsError(f"model {r.name!r} makes square images only; use height=width={height}")
+    frames = p.num_frames or r.default_frames
+    _check_frames(frames, r)
+    steps = r.default_steps if p.num_inference_steps is None else p.num_inference_steps
+    scheduler = p.scheduler or r.default_scheduler
+    _check_steps_and_scheduler(steps, scheduler, r)
+    fmt = p.output_format or ("png" if r.kind == "image" else "mp4")
+    _check_format(fmt, r)
+    guidance = r.default_guidance_scale if p.guidance_scale is None else p.guidance_scale
+    return p.model_copy(update={
+        "model": r.name, "height": height, "width": width, "num_frames": frames,
+        "num_inference_steps": steps, "scheduler": scheduler, "output_format": fmt,
+        "guidance_scale": float(guidance),
+    }).model_dump()

@@ -1,0 +1,148 @@
+"""Typed diffusion recipes (kinds ``image`` and ``video``) parsed from the model registry.
+
+Torch-free: the API validates job parameters against these without loading a model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from workers.errors import ModelConfigError
+from workers.registry import ModelRegistry, RecipeFile, default_registry
+
+DIFFUSION_KINDS = ("image", "video")
+
+
+class ComponentSpec(BaseModel):
+    """A diffusers or transformers class and the small config it is built with."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    class_name: str = Field(alias="class")
+    """Class name exported by ``diffusers`` or ``transformers`` (e.g. ``DiTTransformer2DModel``)."""
+    config: dict[str, Any] = Field(default_factory=dict)
+    """Constructor / config kwargs."""
+
+
+class TokenizerSpec(BaseModel):
+    """A tokenizer built in-process (nothing is downloaded): one token per character."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    alphabet: str = "abcdefghijklmnopqrstuvwxyz0123456789 .,!?'-"
+    """Characters with their own id; anything else maps to ``<unk>``."""
+
+
+class CostUnits(BaseModel):
+    """Relative cost of each chunk, a denoising step being about 1."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    encode: float = Field(default=0.1, gt=0)
+    """Prompt or class embedding plus noise init."""
+    denoise: float = Field(default=1.0, gt=0)
+    """One denoising step (all CFG passes)."""
+    decode: float = Field(default=0.5, gt=0)
+    """VAE decode and artifact encoding."""
+
+
+class DiffusionRecipe(BaseModel):
+    """Everything needed to build a tiny (or local) DiT pipeline and to check job parameters."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    kind: Literal["image", "video"]
+    family: Literal["dit", "pixart", "wan"]
+    """Which pipeline's arithmetic the runner reproduces (DiTPipeline, PixArt, WanPipeline)."""
+    description: str = ""
+    default: bool = False
+    """The default recipe of its kind for its conditioning (class label or prompt)."""
+    seed: int = Field(default=0, ge=0)
+    """Seed of the random initial weights, so every worker builds identical ones."""
+    weights: str | None = None
+    """A local ``save_pretrained`` pipeline folder to load instead (relative to the recipe)."""
+    vae_scale_factor: int = Field(ge=1)
+    """Pixels per latent cell, spatially."""
+    temporal_scale_factor: int = Field(default=1, ge=1)
+    """Frames per latent frame after the first (video: num_frames = k * factor + 1)."""
+    patch_size: int = Field(ge=1)
+    """Latent cells per transformer patch, spatially."""
+    default_height: int = Field(gt=0)
+    default_width: int = Field(gt=0)
+    min_size_px: int = Field(gt=0)
+    max_size_px: int = Field(gt=0)
+    square_only: bool = False
+    """DiT unpatchifies square grids only."""
+    default_frames: int = Field(default=1, ge=1)
+    max_frames: int = Field(default=1, ge=1)
+    text_max_length: int = Field(default=16, ge=1)
+    """Tokens per prompt (padded): the pipelines' ``max_sequence_length``."""
+    default_steps: int = Field(default=4, ge=1)
+    max_steps: int = Field(default=200, ge=1)
+    default_guidance_scale: float = Field(default=4.0, ge=0)
+    default_scheduler: str
+    schedulers: dict[str, ComponentSpec]
+    """Scheduler name -> class and config (beyond diffusers' defaults)."""
+    transformer: ComponentSpec
+    vae: ComponentSpec
+    text_encoder: ComponentSpec | None = None
+    tokenizer: TokenizerSpec | None = None
+    cost_units: CostUnits = Field(default_factory=CostUnits)
+    source_dir: Path = Path(".")
+    """Folder of the recipe file, for a relative ``weights`` path (set by the loader)."""
+
+    @property
+    def conditioning(self) -> Literal["class", "text"]:
+        return "class" if self.family == "dit" else "text"
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.transformer.config.get("num_embeds_ada_norm", 1000))
+
+    @property
+    def size_multiple_px(self) -> int:
+        return self.vae_scale_factor * self.patch_size
+
+    @property
+    def weights_dir(self) -> Path | None:
+        return None if self.weights is None else self.source_dir / self.weights
+
+
+def parse_recipe(recipe: RecipeFile) -> DiffusionRecipe:
+    """Validate one registry entry as a diffusion recipe."""
+    data = {**recipe.spec, "name": recipe.name, "source_dir": recipe.path.parent}
+    try:
+        parsed = DiffusionRecipe.model_validate(data)
+    except ValidationError as exc:
+        raise ModelConfigError(f"model recipe {recipe.path} is invalid: {exc}") from exc
+    if parsed.default_scheduler not in parsed.schedulers:
+        raise ModelConfigError(
+            f"model recipe {recipe.path}: default_scheduler {parsed.default_scheduler!r} "
+            f"is not one of its schedulers ({', '.join(parsed.schedulers)})"
+        )
+    return parsed
+
+
+_PARSED: dict[tuple[int, str], DiffusionRecipe] = {}
+
+
+def diffusion_recipe(name: str, registry: ModelRegistry | None = None) -> DiffusionRecipe:
+    """The parsed recipe called ``name`` (cached per registry)."""
+    reg = registry or default_registry()
+    key = (id(reg), name)
+    if key not in _PARSED:
+        entry = reg.get(name)
+        if entry.kind not in DIFFUSION_KINDS:
+            raise ModelConfigError(f"model {name!r} is a {entry.kind} model, not image or video")
+        _PARSED[key] = parse_recipe(entry)
+    return _PARSED[key]
+
+
+def diffusion_recipes(kind: str, registry: ModelRegistry | None = None) -> list[DiffusionRecipe]:
+    """Every recipe of one kind, by name."""
+    reg = registry or default_registry()
+    return [diffusion_recipe(name, reg) for name in sorted(reg.names(kind))]

@@ -1,0 +1,179 @@
+"""The image/video job runner: ``encode`` → ``denoise[0..N-1]`` → ``decode``, resumable anywhere.
+
+A denoising step runs its transformer block by block in ``block_groups`` groups and asks
+``should_yield`` between groups; when told to, it checkpoints the partial step and returns
+``complete=False``, and the same chunk index later continues from there, bit-exactly.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from workers.checkpoint import Checkpoint
+from workers.diffusion.artifacts import VIDEO_FPS, image_artifact, video_artifact
+from workers.diffusion.blockwise import ADAPTERS, group_bounds, run_blocks
+from workers.diffusion.components import DiffusionComponents, load_components
+from workers.diffusion.families import FAMILIES, PipelineFamily
+from workers.diffusion.recipes import DiffusionRecipe, diffusion_recipe
+from workers.diffusion.state import (
+    JobState,
+    StepProgress,
+    state_from_checkpoint,
+    state_to_checkpoint,
+)
+from workers.errors import CheckpointError, ParamsError
+from workers.registry import ModelRegistry
+from workers.runner import ChunkPlan, ChunkResult, ShouldYield
+
+log = logging.getLogger(__name__)
+
+
+def chunk_names(steps: int) -> tuple[str, ...]:
+    """``encode``, ``denoise[0]`` … ``denoise[steps-1]``, ``decode``."""
+    return ("encode", *(f"denoise[{i}]" for i in range(steps)), "decode")
+
+
+class DiffusionRunner:
+    """Runs image or video jobs (``kind``) with parameters from :func:`validate_params`."""
+
+    def __init__(self, kind: str, block_groups: int = 2, device: str = "cpu",
+                 registry: ModelRegistry | None = None, video_fps: int = VIDEO_FPS) -> None:
+        if kind not in ("image", "video"):
+            raise ParamsError(f"kind {kind!r} is not a diffusion kind; use image or video")
+        self.kind = kind
+        self.block_groups = block_groups
+        self.device = device
+        self.registry = registry
+        self.video_fps = video_fps
+
+    def recipe(self, params: Mapping[str, Any]) -> DiffusionRecipe:
+        return diffusion_recipe(str(params["model"]), self.registry)
+
+    def components(self, params: Mapping[str, Any]) -> DiffusionComponents:
+        return load_components(self.recipe(params), self.device)
+
+    def plan(self, params: Mapping[str, Any]) -> ChunkPlan:
+        r = self.recipe(params)
+        steps = int(params["num_inference_steps"])
+        costs = (r.cost_units.encode, *([r.cost_units.denoise] * steps), r.cost_units.decode)
+        shape = f"{params['height']}x{params['width']}x{params['num_frames']}"
+        return ChunkPlan(names=chunk_names(steps), cost_units=costs, cost_key=f"{r.name}:{shape}")
+
+    def run_chunk(self, params: Mapping[str, Any], index: int, state: Checkpoint | None,
+                  should_yield: ShouldYield) -> ChunkResult:
+        steps = int(params["num_inference_steps"])
+        started_s = time.perf_counter()
+        with torch.no_grad():
+            if index == 0:
+                result = self._encode(params)
+            elif 1 <= index <= steps + 1:
+                job = self._restore(params, index, state)
+                if index <= steps:
+                    result = self._denoise(params, job, should_yield)
+                else:
+                    result = self._decode(params, job)
+            else:
+                raise ParamsError(f"chunk index {index} is out of range; this job has {steps + 2}")
+        result.metrics.update(chunk=chunk_names(steps)[index],
+                              compute_s=time.perf_counter() - started_s)
+        return result
+
+    def decode_pixels(self, params: Mapping[str, Any], state: Checkpoint) -> torch.Tensor:
+        """Pixels in [0, 1] of a fully denoised state: what the ``decode`` chunk encodes."""
+        steps = int(params["num_inference_steps"])
+        with torch.no_grad():
+            job = self._restore(params, steps + 1, state)
+            return self._family(params).decode(self.components(params), params, job.latents)
+
+    def _family(self, params: Mapping[str, Any]) -> PipelineFamily:
+        return FAMILIES[self.recipe(params).family]
+
+    def _scheduler(self, params: Mapping[str, Any]) -> Any:
+        return self.components(params).scheduler(str(params["scheduler"]))
+
+    def _restore(self, params: Mapping[str, Any], index: int, state: Checkpoint | None) -> JobState:
+        if state is None:
+            raise CheckpointError(f"chunk {index} needs the state the previous chunk wrote")
+        job = state_from_checkpoint(state, self._scheduler(params), self.components(params).device)
+        if job.next_chunk != index or job.model != params["model"]:
+            raise CheckpointError(
+                f"checkpoint is for chunk {job.next_chunk} of model {job.model!r}, "
+                f"not chunk {index} of {params['model']!r}"
+            )
+        return job
+
+    def _save(self, params: Mapping[str, Any], job: JobState) -> Checkpoint:
+        return state_to_checkpoint(job, self._scheduler(params))
+
+    def _encode(self, params: Mapping[str, Any]) -> ChunkResult:
+        c, family = self.components(params), self._family(params)
+        generator = torch.Generator(device="cpu").manual_seed(int(params["seed"]))
+        scheduler = self._scheduler(params)
+        cond = family.encode(c, params)
+        family.set_timesteps(c, scheduler, int(params["num_inference_steps"]))
+        latents = family.init_latents(c, params, scheduler, generator)
+        job = JobState(model=str(params["model"]), scheduler_name=str(params["scheduler"]),
+                       next_chunk=1, latents=latents, cond=cond, scheduler=scheduler,
+                       generator=generator)
+        return ChunkResult(state=self._save(params, job))
+
+    def _start_step(self, params: Mapping[str, Any], job: JobState) -> StepProgress:
+        step = job.next_chunk - 1
+        t = job.scheduler.timesteps[step]
+        inputs, sample = self._family(params).passes(
+            self.components(params), params, job.scheduler, job.latents, t, job.cond)
+        return StepProgress(step=step, inputs=inputs, sample=sample)
+
+    def _run_passes(self, params: Mapping[str, Any], p: StepProgress,
+                    should_yield: ShouldYield) -> bool:
+        """Advance ``p`` to the end of the step; False when it stopped at a group boundary."""
+        model = self.components(params).transformer
+        adapter = ADAPTERS[self.recipe(params).family]
+        groups = group_bounds(adapter.num_blocks(model), self.block_groups)
+        while p.pass_index < len(p.inputs):
+            if p.hidden is None:
+                p.hidden, p.ctx = adapter.prologue(model, p.inputs[p.pass_index])
+            assert p.ctx is not None
+            while p.group < len(groups):
+                start, stop = groups[p.group]
+                p.hidden = run_blocks(adapter, model, start, stop, p.hidden, p.ctx)
+                p.group += 1
+                last = p.group == len(groups) and p.pass_index == len(p.inputs) - 1
+                if not last and should_yield():
+                    return False
+            p.outputs.append(adapter.epilogue(model, p.hidden, p.ctx))
+            p.pass_index, p.group, p.hidden, p.ctx = p.pass_index + 1, 0, None, None
+        return True
+
+    def _denoise(self, params: Mapping[str, Any], job: JobState,
+                 should_yield: ShouldYield) -> ChunkResult:
+        progress = job.progress or self._start_step(params, job)
+        if not self._run_passes(params, progress, should_yield):
+            job.progress = progress
+            log.debug("model %s yielded in step %d at pass %d group %d", job.model,
+                      progress.step, progress.pass_index, progress.group)
+            return ChunkResult(state=self._save(params, job), complete=False,
+                               metrics={"yielded_pass": progress.pass_index,
+                                        "yielded_group": progress.group})
+        c, family = self.components(params), self._family(params)
+        output = family.combine(c, params, progress.outputs)
+        t = job.scheduler.timesteps[progress.step]
+        job.latents = family.step(job.scheduler, output, t, progress.sample, job.generator)
+        job.progress, job.next_chunk = None, job.next_chunk + 1
+        return ChunkResult(state=self._save(params, job))
+
+    def _decode(self, params: Mapping[str, Any], job: JobState) -> ChunkResult:
+        c = self.components(params)
+        pixels = self._family(params).decode(c, params, job.latents)
+        fmt = str(params["output_format"])
+        if self.kind == "image":
+            artifact = image_artifact(pixels, fmt)
+        else:
+            artifact, fmt = video_artifact(pixels, fmt, self.video_fps)
+        done = Checkpoint(meta={"model": job.model, "next_chunk": job.next_chunk + 1, "done": True})
+        return ChunkResult(state=done, artifact=artifact, metrics={"output_format": fmt})

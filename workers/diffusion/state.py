@@ -1,0 +1,116 @@
+"""The state of a diffusion job between chunks, and its exact round trip through a Checkpoint.
+
+Latents, conditioning (prompt/class embeddings, negative ones under CFG), the scheduler's full
+runtime state, the RNG state, and — inside a step stopped at a block-group boundary — the
+step's pass inputs, finished pass outputs, hidden states and block context.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from workers.checkpoint import Checkpoint
+from workers.diffusion.scheduler_state import restore_scheduler_state, save_scheduler_state
+from workers.errors import CheckpointError
+
+Tensors = dict[str, torch.Tensor]
+STATE_VERSION = 1
+
+
+@dataclass(slots=True)
+class StepProgress:
+    """How far a denoising step got: pass ``pass_index``, next block group ``group``."""
+
+    step: int
+    inputs: list[Tensors]
+    sample: torch.Tensor
+    outputs: list[torch.Tensor] = field(default_factory=list)
+    pass_index: int = 0
+    group: int = 0
+    hidden: torch.Tensor | None = None
+    ctx: Tensors | None = None
+
+
+@dataclass(slots=True)
+class JobState:
+    """Everything needed to run the next chunk of a diffusion job exactly."""
+
+    model: str
+    scheduler_name: str
+    next_chunk: int
+    latents: torch.Tensor
+    cond: Tensors
+    scheduler: Any
+    generator: torch.Generator
+    progress: StepProgress | None = None
+
+
+def _put_group(tensors: Tensors, prefix: str, group: Tensors) -> list[str]:
+    for key, value in group.items():
+        tensors[f"{prefix}{key}"] = value.detach().clone()  # clone: no shared storage in the file
+    return sorted(group)
+
+
+def _take_group(tensors: Tensors, prefix: str, keys: list[str], dev: torch.device) -> Tensors:
+    return {key: tensors[f"{prefix}{key}"].to(dev) for key in keys}
+
+
+def _progress_to(p: StepProgress, tensors: Tensors) -> dict[str, Any]:
+    tensors["partial.sample"] = p.sample.detach().clone()
+    in_keys = [_put_group(tensors, f"partial.in.{i}.", x) for i, x in enumerate(p.inputs)]
+    for i, out in enumerate(p.outputs):
+        tensors[f"partial.out.{i}"] = out.detach().clone()
+    if p.hidden is not None:
+        tensors["partial.hidden"] = p.hidden.detach().clone()
+    ctx_keys = _put_group(tensors, "partial.ctx.", p.ctx or {})
+    return {"step": p.step, "pass": p.pass_index, "group": p.group, "in_keys": in_keys,
+            "outputs": len(p.outputs), "hidden": p.hidden is not None, "ctx_keys": ctx_keys}
+
+
+def _progress_from(m: dict[str, Any], tensors: Tensors, dev: torch.device) -> StepProgress:
+    return StepProgress(
+        step=int(m["step"]), pass_index=int(m["pass"]), group=int(m["group"]),
+        sample=tensors["partial.sample"].to(dev),
+        inputs=[_take_group(tensors, f"partial.in.{i}.", keys, dev)
+                for i, keys in enumerate(m["in_keys"])],
+        outputs=[tensors[f"partial.out.{i}"].to(dev) for i in range(int(m["outputs"]))],
+        hidden=tensors["partial.hidden"].to(dev) if m["hidden"] else None,
+        ctx=_take_group(tensors, "partial.ctx.", m["ctx_keys"], dev) if m["hidden"] else None,
+    )
+
+
+def state_to_checkpoint(s: JobState, fresh_scheduler: Any) -> Checkpoint:
+    """Encode ``s``; ``fresh_scheduler`` is an untouched scheduler of the same config."""
+    tensors: Tensors = {"latents": s.latents.detach().clone(), "rng": s.generator.get_state()}
+    cond_keys = _put_group(tensors, "cond.", s.cond)
+    sched_tensors, sched_meta = save_scheduler_state(s.scheduler, fresh_scheduler)
+    tensors.update(sched_tensors)
+    meta: dict[str, Any] = {
+        "version": STATE_VERSION, "model": s.model, "scheduler": s.scheduler_name,
+        "next_chunk": s.next_chunk, "cond_keys": cond_keys, "scheduler_state": sched_meta,
+        "partial": None if s.progress is None else _progress_to(s.progress, tensors),
+    }
+    return Checkpoint(tensors=tensors, meta=meta)
+
+
+def state_from_checkpoint(ck: Checkpoint, fresh_scheduler: Any, dev: torch.device) -> JobState:
+    """Decode a checkpoint written by :func:`state_to_checkpoint` onto ``dev``."""
+    m, t = ck.meta, ck.tensors
+    if m.get("version") != STATE_VERSION:
+        raise CheckpointError(
+            f"diffusion state version {m.get('version')!r} is not {STATE_VERSION}")
+    try:
+        generator = torch.Generator(device="cpu")
+        generator.set_state(t["rng"])
+        scheduler = restore_scheduler_state(fresh_scheduler, t, m["scheduler_state"], dev)
+        return JobState(
+            model=m["model"], scheduler_name=m["scheduler"], next_chunk=int(m["next_chunk"]),
+            latents=t["latents"].to(dev), cond=_take_group(t, "cond.", m["cond_keys"], dev),
+            scheduler=scheduler, generator=generator,
+            progress=None if m["partial"] is None else _progress_from(m["partial"], t, dev),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"diffusion checkpoint is incomplete: {exc!r}") from exc

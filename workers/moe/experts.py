@@ -1,0 +1,59 @@
+"""Cache-backed replacement for a transformers fused-experts module (``layer.mlp.experts``).
+
+It keeps the call signature ``forward(hidden, top_k_index, top_k_weights)`` and the eager
+implementation's arithmetic and order, so outputs are bit-identical to the native module; the
+weights come from the :class:`ExpertCache` instead of the module's own parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from workers.moe.expert_cache import ExpertCache
+
+
+class CachedExperts(nn.Module):
+    """Runs the experts a batch routes to, a slot-pool-sized group at a time, pinned while used."""
+
+    def __init__(
+        self,
+        cache: ExpertCache,
+        layer: int,
+        num_experts: int,
+        act_fn: Callable[[torch.Tensor], torch.Tensor],
+    ) -> None:
+        super().__init__()
+        self.cache = cache
+        self.layer = layer
+        self.num_experts = num_experts
+        self.act_fn = act_fn
+
+    def forward(
+        self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+    ) -> torch.Tensor:
+        final = torch.zeros_like(hidden_states)
+        with torch.no_grad():
+            mask = F.one_hot(top_k_index, num_classes=self.num_experts + 1).permute(2, 1, 0)
+            hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero().reshape(-1)
+        needed = [int(e) for e in hit if int(e) < self.num_experts]
+        group_size = self.cache.slots_per_layer
+        # Ascending expert order in every group keeps the native accumulation order.
+        for start in range(0, len(needed), group_size):
+            group = needed[start : start + group_size]
+            weights = self.cache.acquire(self.layer, group)
+            try:
+                for expert in group:
+                    gate_up, down = weights[expert]
+                    top_k_pos, token_idx = torch.where(mask[expert])
+                    gate, up = F.linear(hidden_states[token_idx], gate_up).chunk(2, dim=-1)
+                    out = F.linear(self.act_fn(gate) * up, down)
+                    out = out * top_k_weights[token_idx, top_k_pos, None]
+                    final.index_add_(0, token_idx, out.to(final.dtype))
+            finally:
+                self.cache.release(self.layer, group)
+        self.cache.observe_routing(self.layer, needed)
+        return final

@@ -1,0 +1,117 @@
+"""Parameters of a text job, validated once with messages that say what to send instead."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from workers.errors import ModelConfigError, ParamsError
+from workers.moe.recipes import DEFAULT_MODEL, load_recipe
+
+MAX_PROMPT_CHARS = 16_384
+MAX_NEW_TOKENS = 1024
+MAX_CHUNK_TOKENS = 256
+DEFAULT_CHUNK_TOKENS = 8
+Routing = Literal["configured", "native"]
+
+_KNOWN = {
+    "prompt", "inputs", "max_new_tokens", "temperature", "top_p", "seed", "chunk_tokens",
+    "model", "routing",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TextParams:
+    """A validated text job: ``temperature == 0`` is greedy decoding."""
+
+    prompt: str
+    max_new_tokens: int = 32
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS
+    model: str = DEFAULT_MODEL
+    routing: Routing = "configured"
+
+    @property
+    def num_decode_chunks(self) -> int:
+        """Decode chunks after the prefill (which already yields the first token)."""
+        return math.ceil((self.max_new_tokens - 1) / self.chunk_tokens)
+
+    def tokens_after_chunk(self, index: int) -> int:
+        """New tokens generated once chunk ``index`` (0 = prefill) is complete."""
+        return min(self.max_new_tokens, 1 + index * self.chunk_tokens)
+
+
+def validate_params(params: Mapping[str, Any]) -> TextParams:
+    """Check ``params`` and return them typed; raises :class:`ParamsError` saying what to fix."""
+    unknown = sorted(set(params) - _KNOWN)
+    if unknown:
+        raise ParamsError(f"unknown text-job parameters {unknown}; accepted: {sorted(_KNOWN)}")
+    result = TextParams(
+        prompt=_prompt(params),
+        max_new_tokens=_int(params, "max_new_tokens", 32, 1, MAX_NEW_TOKENS),
+        temperature=_float(params, "temperature", 0.0, 0.0, 5.0),
+        top_p=_float(params, "top_p", 1.0, 0.0, 1.0),
+        seed=_int(params, "seed", 0, 0, 2**63 - 1),
+        chunk_tokens=_int(params, "chunk_tokens", DEFAULT_CHUNK_TOKENS, 1, MAX_CHUNK_TOKENS),
+        model=_model(params),
+        routing=_routing(params),
+    )
+    if result.top_p <= 0.0:
+        raise ParamsError("top_p must be in (0, 1]; use 1.0 to sample from the full distribution")
+    return result
+
+
+def _prompt(params: Mapping[str, Any]) -> str:
+    if "prompt" in params and "inputs" in params:
+        raise ParamsError("give the text as either 'prompt' or 'inputs', not both")
+    value = params.get("prompt", params.get("inputs"))
+    if not isinstance(value, str) or not value.strip():
+        raise ParamsError("'prompt' (or 'inputs') must be a non-empty string")
+    if len(value) > MAX_PROMPT_CHARS:
+        raise ParamsError(f"prompt has {len(value)} characters; the limit is {MAX_PROMPT_CHARS}")
+    return value
+
+
+def _int(params: Mapping[str, Any], key: str, default: int, low: int, high: int) -> int:
+    value = params.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ParamsError(f"{key!r} must be an integer in [{low}, {high}], got {value!r}")
+    if not low <= value <= high:
+        raise ParamsError(f"{key!r} = {value} is out of range; use [{low}, {high}]")
+    return value
+
+
+def _float(params: Mapping[str, Any], key: str, default: float, low: float, high: float) -> float:
+    value = params.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ParamsError(f"{key!r} must be a number in [{low}, {high}], got {value!r}")
+    if not (low <= float(value) <= high) or math.isnan(float(value)):
+        raise ParamsError(f"{key!r} = {value} is out of range; use [{low}, {high}]")
+    return float(value)
+
+
+def _model(params: Mapping[str, Any]) -> str:
+    name = params.get("model", DEFAULT_MODEL)
+    if not isinstance(name, str):
+        raise ParamsError(f"'model' must be a recipe name, got {name!r}")
+    try:
+        load_recipe(name)
+    except ModelConfigError as exc:
+        raise ParamsError(str(exc)) from exc
+    return name
+
+
+def _routing(params: Mapping[str, Any]) -> Routing:
+    value = params.get("routing", "configured")
+    if value == "configured":
+        return "configured"
+    if value == "native":
+        return "native"
+    raise ParamsError(
+        f"'routing' must be 'configured' (the router settings) or 'native' (the model's own "
+        f"routing, identical to model.generate()), got {value!r}"
+    )

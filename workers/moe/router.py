@@ -1,0 +1,192 @@
+"""The expert router: top-k over temperature-scaled router probabilities, a per-expert capacity
+with a fallback, and a diversity penalty; it records per-request routing metrics.
+
+With ``temperature=1``, unbounded capacity, no penalty and ``k >= `` the model's own top-k, the
+router reproduces the model's native routing bit for bit (that is what ``RouterConfig.native()``
+is). ``k`` is a ceiling: it is capped at the model's ``num_experts_per_tok``, because activating
+more experts than the model was trained with costs memory and changes its outputs for no gain.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+Fallback = Literal["random", "next_best"]
+_NATIVE_K_CEILING = 64
+
+
+@dataclass(frozen=True, slots=True)
+class RouterConfig:
+    """How tokens are routed; ``expert_capacity=None`` means unbounded."""
+
+    k: int = 8
+    temperature: float = 0.5
+    expert_capacity: int | None = 256
+    fallback: Fallback = "random"
+    diversity_penalty: float = 0.0
+
+    @classmethod
+    def native(cls) -> RouterConfig:
+        """The model's own routing: same experts and weights as ``model.generate()``."""
+        return cls(k=_NATIVE_K_CEILING, temperature=1.0, expert_capacity=None)
+
+    def effective_k(self, native_top_k: int) -> int:
+        """Experts per token for a model whose native top-k is ``native_top_k``."""
+        return max(1, min(self.k, native_top_k))
+
+    def to_meta(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_meta(cls, meta: dict[str, Any]) -> RouterConfig:
+        return cls(**meta)
+
+
+@dataclass(slots=True)
+class RoutingContext:
+    """Per-request routing state the routers write to; it travels in the job's checkpoint.
+
+    ``expert_counts[layer, expert]`` counts tokens routed there; the routing score is the mean,
+    over tokens and layers, of the probability mass of the chosen experts.
+    """
+
+    config: RouterConfig
+    expert_counts: torch.Tensor  # int64 [num_layers, num_experts]
+    score_sum: float = 0.0
+    score_count: int = 0
+    step_seed: int = 0
+    trace: list[tuple[int, list[list[int]]]] | None = None
+    layer_order: dict[int, int] = field(default_factory=dict)
+
+    def record(self, layer: int, top_probs: torch.Tensor, top_index: torch.Tensor) -> None:
+        row = self.layer_order.get(layer, layer)
+        flat = top_index.reshape(-1)
+        ones = torch.ones_like(flat, dtype=torch.int64)
+        self.expert_counts[row].index_add_(0, flat.to(torch.int64), ones)
+        self.score_sum += float(top_probs.detach().sum(dim=-1).double().sum())
+        self.score_count += int(top_probs.shape[0])
+        if self.trace is not None:
+            self.trace.append((layer, top_index.tolist()))
+
+    @property
+    def routing_score(self) -> float:
+        return self.score_sum / self.score_count if self.score_count else 0.0
+
+    def activated_experts(self) -> list[int]:
+        """Sorted unique expert ids activated in any layer."""
+        used = (self.expert_counts > 0).any(dim=0).nonzero().reshape(-1)
+        return [int(e) for e in used]
+
+    def activated_by_layer(self) -> dict[str, list[int]]:
+        by_layer = {}
+        for layer, row in self.layer_order.items():
+            used = (self.expert_counts[row] > 0).nonzero().reshape(-1)
+            by_layer[str(layer)] = [int(e) for e in used]
+        return by_layer
+
+
+class StepRouter(nn.Module):
+    """Drop-in for a transformers top-k router: ``forward(h) -> (logits, weights, indices)``."""
+
+    def __init__(
+        self,
+        weight: nn.Parameter,
+        layer: int,
+        native_top_k: int,
+        normalise: bool,
+        context: RoutingContext,
+    ) -> None:
+        super().__init__()
+        self.weight = weight
+        self.layer = layer
+        self.native_top_k = native_top_k
+        self.normalise = normalise
+        self.context = context
+
+    def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        config = self.context.config
+        hidden = hidden_states.reshape(-1, self.weight.shape[1])
+        logits = F.linear(hidden, self.weight)
+        probs = routing_probs(logits, config, self._usage_share())
+        top_probs, top_index = torch.topk(probs, config.effective_k(self.native_top_k), dim=-1)
+        if config.expert_capacity is not None:
+            generator = torch.Generator().manual_seed(self.context.step_seed * 1009 + self.layer)
+            top_probs, top_index = apply_capacity(probs, top_probs, top_index, config, generator)
+        self.context.record(self.layer, top_probs, top_index)
+        if self.normalise:
+            top_probs = top_probs / top_probs.sum(dim=-1, keepdim=True)
+        return logits, top_probs.to(logits.dtype), top_index
+
+    def _usage_share(self) -> torch.Tensor | None:
+        if self.context.config.diversity_penalty <= 0:
+            return None
+        row = self.context.expert_counts[self.context.layer_order.get(self.layer, self.layer)]
+        total = int(row.sum())
+        return row.double() / total if total else None
+
+
+def routing_probs(
+    logits: torch.Tensor, config: RouterConfig, usage_share: torch.Tensor | None
+) -> torch.Tensor:
+    """Softmax of the temperature-scaled (and diversity-penalised) logits, in float32."""
+    scores = logits.float()
+    if usage_share is not None:
+        # Experts this request already leans on lose up to diversity_penalty logits.
+        scores = scores - config.diversity_penalty * usage_share.to(scores)
+    if config.temperature != 1.0:
+        scores = scores / config.temperature
+    return torch.softmax(scores, dim=-1)
+
+
+def apply_capacity(
+    probs: torch.Tensor,
+    top_probs: torch.Tensor,
+    top_index: torch.Tensor,
+    config: RouterConfig,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reassign tokens beyond ``expert_capacity`` per expert, in token order, by the fallback.
+
+    Capacity is soft when every other expert is full too: the token then keeps its choice.
+    """
+    capacity = config.expert_capacity
+    num_experts = probs.shape[-1]
+    assert capacity is not None
+    if int(torch.bincount(top_index.reshape(-1), minlength=num_experts).max()) <= capacity:
+        return top_probs, top_index
+    top_probs, top_index = top_probs.clone(), top_index.clone()
+    load = [0] * num_experts
+    for token in range(top_index.shape[0]):
+        for slot in range(top_index.shape[1]):
+            expert = int(top_index[token, slot])
+            if load[expert] >= capacity:
+                taken = {int(e) for e in top_index[token]}
+                alt = _fallback_expert(probs[token], taken, load, capacity, config, generator)
+                if alt is not None:
+                    expert = alt
+                    top_index[token, slot] = alt
+                    top_probs[token, slot] = probs[token, alt]
+            load[expert] += 1
+    return top_probs, top_index
+
+
+def _fallback_expert(
+    token_probs: torch.Tensor,
+    taken: set[int],
+    load: list[int],
+    capacity: int,
+    config: RouterConfig,
+    generator: torch.Generator,
+) -> int | None:
+    open_experts = [e for e in range(len(load)) if load[e] < capacity and e not in taken]
+    if not open_experts:
+        return None
+    if config.fallback == "next_best":
+        return max(open_experts, key=lambda e: (float(token_probs[e]), -e))
+    pick = int(torch.randint(len(open_experts), (1,), generator=generator))
+    return open_experts[pick]

@@ -1,0 +1,245 @@
+"""The text-job runner: a ``prefill`` chunk, then ``decode[i]`` chunks of ``chunk_tokens``
+tokens; KV cache, generated ids, sampler RNG and routing metrics travel in the checkpoint.
+
+Greedy output with ``routing: native`` is token-identical to ``model.generate()``, also when
+every chunk runs on a fresh worker.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from workers.checkpoint import Checkpoint
+from workers.errors import CheckpointError, ParamsError
+from workers.moe.expert_cache import CacheConfig
+from workers.moe.generation import (
+    generator_from_state,
+    kv_from_tensors,
+    kv_to_tensors,
+    new_generator,
+    sample_next,
+)
+from workers.moe.params import TextParams, validate_params
+from workers.moe.recipes import MODELS_DIR, build_model, load_recipe
+from workers.moe.router import RouterConfig
+from workers.moe.session import ModelSession, open_session
+from workers.moe.tokenizer import encode_prompt
+from workers.runner import Artifact, ChunkPlan, ChunkResult, ShouldYield
+
+log = logging.getLogger(__name__)
+
+STATE_FORMAT = "stepline.moe.text/1"
+# Relative costs in "decode tokens": a prefill token is batched, so far cheaper than one.
+_PREFILL_COST_PER_TOKEN = 0.125
+_CHARS_PER_TOKEN = 4
+
+
+@dataclass(slots=True)
+class _Job:
+    """One job's live generation state between checkpoint decode and encode."""
+
+    ids: list[int]
+    prompt_tokens: int
+    kv: DynamicCache
+    rng: torch.Generator
+    router: RouterConfig
+    finished: bool = False
+    latency_ms: float = 0.0
+    cache_stats: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def generated(self) -> int:
+        return len(self.ids) - self.prompt_tokens
+
+
+class TextRunner:
+    """Runs text jobs on MoE models; keep one per worker process (it holds loaded models)."""
+
+    kind = "text"
+
+    def __init__(
+        self,
+        router: RouterConfig | None = None,
+        cache: CacheConfig | None = None,
+        device: str = "cpu",
+        clock_s: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.router = router or RouterConfig()
+        self.cache_config = cache or CacheConfig()
+        self.device = device
+        self._clock_s = clock_s
+        self._sessions: dict[str, ModelSession] = {}
+
+    def plan(self, params: Mapping[str, Any]) -> ChunkPlan:
+        """``prefill`` then ``decode[i]``; costs in decode-token units."""
+        p = validate_params(params)
+        est_tokens = max(1, math.ceil(len(p.prompt) / _CHARS_PER_TOKEN))
+        names = ["prefill"] + [f"decode[{i}]" for i in range(p.num_decode_chunks)]
+        costs = [1.0 + est_tokens * _PREFILL_COST_PER_TOKEN]
+        for i in range(1, p.num_decode_chunks + 1):
+            costs.append(float(p.tokens_after_chunk(i) - p.tokens_after_chunk(i - 1)))
+        bucket = max(16, 1 << (est_tokens - 1).bit_length())
+        return ChunkPlan(tuple(names), tuple(costs), cost_key=f"{p.model}:p{bucket}")
+
+    def session(self, model: str) -> ModelSession:
+        """The worker's session for ``model``, built (and warmed up) on first use."""
+        if model not in self._sessions:
+            loaded = build_model(load_recipe(model, MODELS_DIR))
+            session = open_session(loaded, self.cache_config, self.device)
+            session.cache.tick(self._clock_s())
+            session.calibrate_and_warm_up()
+            self._sessions[model] = session
+        return self._sessions[model]
+
+    def tick(self, now_s: float) -> int:
+        """Idle-unload experts of every loaded model (call from the worker's heartbeat with
+        ``time.monotonic()``); returns how many experts were unloaded."""
+        return sum(session.cache.tick(now_s) for session in self._sessions.values())
+
+    def run_chunk(
+        self,
+        params: Mapping[str, Any],
+        index: int,
+        state: Checkpoint | None,
+        should_yield: ShouldYield,
+    ) -> ChunkResult:
+        """Run chunk ``index``: the prefill (index 0) or up to ``chunk_tokens`` decode steps."""
+        p = validate_params(params)
+        if index < 0 or index > p.num_decode_chunks:
+            raise ParamsError(f"chunk {index} is outside this job's 0..{p.num_decode_chunks}")
+        session = self.session(p.model)
+        started_s = time.perf_counter()
+        session.cache.tick(self._clock_s())
+        before = session.cache.counters.as_dict()
+        job = self._start(p, session) if state is None else self._restore(p, session, state)
+        generated_before = 0 if state is None else int(state.meta["generated"])
+        self._decode_until(p, session, job, p.tokens_after_chunk(index), should_yield)
+        produced = job.generated - generated_before
+        complete = job.finished or job.generated >= p.tokens_after_chunk(index)
+        after = session.cache.counters.as_dict()
+        job.cache_stats = {k: job.cache_stats.get(k, 0) + after[k] - before[k] for k in after}
+        chunk_ms = (time.perf_counter() - started_s) * 1000.0
+        job.latency_ms += chunk_ms
+        job.finished = job.finished or job.generated >= p.max_new_tokens
+        artifact = _artifact(p, session, job) if job.finished else None
+        metrics = {"tokens": produced, "latency_ms": chunk_ms, "finished": job.finished}
+        return ChunkResult(_encode(p, session, job), complete, artifact, metrics)
+
+    # -- chunk steps -------------------------------------------------------------------------
+
+    def _start(self, p: TextParams, session: ModelSession) -> _Job:
+        ids = encode_prompt(session.loaded.tokenizer, p.prompt)
+        limit = int(session.loaded.model.config.max_position_embeddings)
+        if len(ids) + p.max_new_tokens > limit:
+            raise ParamsError(
+                f"prompt ({len(ids)} tokens) plus max_new_tokens ({p.max_new_tokens}) exceeds "
+                f"{p.model}'s {limit} positions; shorten the prompt or lower max_new_tokens"
+            )
+        router = RouterConfig.native() if p.routing == "native" else self.router
+        session.new_context(router)
+        kv = DynamicCache(config=session.loaded.model.config)
+        job = _Job(ids, len(ids), kv, new_generator(p.seed), router)
+        self._step(p, session, job, ids)
+        return job
+
+    def _restore(self, p: TextParams, session: ModelSession, state: Checkpoint) -> _Job:
+        meta = state.meta
+        if meta.get("format") != STATE_FORMAT or meta.get("model") != p.model:
+            raise CheckpointError(
+                f"checkpoint is not a {p.model} text-job state (format {meta.get('format')!r}, "
+                f"model {meta.get('model')!r})"
+            )
+        router = RouterConfig.from_meta(meta["router"])
+        context = session.new_context(router)
+        context.expert_counts = state.tensors["routing.expert_counts"].clone()
+        context.score_sum, context.score_count = meta["score_sum"], meta["score_count"]
+        kv = kv_from_tensors(state.tensors, session.loaded.model.config, session.device)
+        return _Job(
+            ids=[int(i) for i in state.tensors["ids"].tolist()],
+            prompt_tokens=int(meta["prompt_tokens"]),
+            kv=kv,
+            rng=generator_from_state(state.tensors["rng"]),
+            router=router,
+            finished=bool(meta["finished"]),
+            latency_ms=float(meta["latency_ms"]),
+            cache_stats={str(k): int(v) for k, v in meta["cache"].items()},
+        )
+
+    def _decode_until(
+        self,
+        p: TextParams,
+        session: ModelSession,
+        job: _Job,
+        target: int,
+        should_yield: ShouldYield,
+    ) -> None:
+        while not job.finished and job.generated < target:
+            self._step(p, session, job, job.ids[-1:])
+            if job.generated < target and should_yield():
+                break
+
+    def _step(self, p: TextParams, session: ModelSession, job: _Job, new_ids: list[int]) -> None:
+        """One forward pass over ``new_ids`` (not yet in the KV cache) and one sampled token."""
+        session.context.step_seed = p.seed * 1_000_003 + len(job.ids)
+        input_ids = torch.tensor([new_ids], dtype=torch.int64, device=session.device)
+        with torch.inference_mode():
+            out = session.loaded.model(
+                input_ids=input_ids, past_key_values=job.kv, use_cache=True, logits_to_keep=1
+            )
+        session.cache.end_forward()
+        job.kv = out.past_key_values
+        token = sample_next(out.logits[0, -1], p.temperature, p.top_p, job.rng)
+        job.ids.append(token)
+        if token == session.loaded.tokenizer.eos_token_id:
+            job.finished = True
+
+
+def _encode(p: TextParams, session: ModelSession, job: _Job) -> Checkpoint:
+    context = session.context
+    tensors = kv_to_tensors(job.kv)
+    tensors["ids"] = torch.tensor(job.ids, dtype=torch.int64)
+    tensors["rng"] = job.rng.get_state()
+    tensors["routing.expert_counts"] = context.expert_counts.clone()
+    meta = {
+        "format": STATE_FORMAT,
+        "model": p.model,
+        "prompt_tokens": job.prompt_tokens,
+        "generated": job.generated,
+        "finished": job.finished,
+        "latency_ms": job.latency_ms,
+        "router": job.router.to_meta(),
+        "score_sum": context.score_sum,
+        "score_count": context.score_count,
+        "cache": job.cache_stats,
+    }
+    return Checkpoint(tensors=tensors, meta=meta)
+
+
+def _artifact(p: TextParams, session: ModelSession, job: _Job) -> Artifact:
+    tokenizer = session.loaded.tokenizer
+    new_ids = job.ids[job.prompt_tokens :]
+    text = tokenizer.decode(new_ids, skip_special_tokens=True)
+    context = session.context
+    stats = dict(job.cache_stats)
+    lookups = stats.get("hits", 0) + stats.get("misses", 0)
+    hit_rate = round(stats.get("hits", 0) / lookups, 6) if lookups else 0.0
+    metrics = {
+        "activated_experts": context.activated_experts(),
+        "activated_experts_by_layer": context.activated_by_layer(),
+        "routing_score": round(context.routing_score, 6),
+        "latency_ms": round(job.latency_ms, 3),
+        "tokens": job.generated,
+        "cache": {**stats, "hit_rate": hit_rate},
+    }
+    body = {"output": text, "metrics": metrics}
+    log.debug("text job finished on %s: %d tokens", p.model, job.generated)
+    return Artifact(json.dumps(body).encode(), "application/json", "json")
