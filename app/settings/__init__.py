@@ -68,6 +68,8 @@ class Settings(BaseSettings):
     """Where finished artifacts go; unset → ``<run_dir>/artifacts``."""
     device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d+)?|simulated)$")
     """Device the worker runs models on."""
+    torch_threads: int = Field(default=1, ge=0, le=256)
+    """Intra-op threads per worker process (0: torch's default); one worker per device."""
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     """The SLO scheduler."""
     moe: MoeSettings = Field(default_factory=MoeSettings)
