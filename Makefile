@@ -26,6 +26,7 @@ lint: install
 
 typecheck: install
 	$(VENV)/bin/mypy --strict scheduler workers
+	$(VENV)/bin/mypy app tasks
 
 test: install lint typecheck
 	$(PY) -m pytest -q tests

@@ -1,7 +1,10 @@
 """The ``stepline`` command.
 
 Every command finds the running stack through ``--run-dir``, else ``STEPLINE_RUN_DIR``, else
-``.stepline/`` in the working directory — or ``REDIS_URL`` when set.
+``.stepline/`` in the working directory — or ``REDIS_URL`` when set. The job commands (submit,
+status, jobs, watch, cancel, result) go through the REST API with the Python client, using the
+key in ``STEPLINE_API_KEY`` or ``<run-dir>/api-key``; the API's address is
+``STEPLINE_API_URL``, else ``service.api_host``/``service.api_port``.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.table import Column, Table
 
 from app.errors import SteplineError
 from scheduler.lifecycle import JobState, SloClass
@@ -44,13 +47,12 @@ def _setup(run_dir: Path | None, config: Path | None) -> None:
     current_settings()  # fail early, with the key, value and bound
 
 
-def _service() -> Any:
-    from app.jobs import JobService
-    from app.runtime import connect, current_settings, redis_url
-    from app.store import JobStore
+def _client() -> Any:
+    """A client of the running stack's API (errors say how to start it when it is not up)."""
+    from app.client import Client
+    from app.runtime import current_settings
 
-    settings = current_settings()
-    return JobService(JobStore(connect(redis_url(settings))), settings)
+    return Client(settings=current_settings(), run_dir=Path(os.environ["STEPLINE_RUN_DIR"]))
 
 
 @cli.command()
@@ -59,17 +61,26 @@ def up(
     run_dir: RunDir = None,
     config: ConfigFile = None,
 ) -> None:
-    """Start the stack: embedded Redis, workers, beat, scheduler (Ctrl-C stops everything)."""
+    """Start the stack: Redis, workers, beat, scheduler, REST API, Flower (Ctrl-C stops all)."""
     _setup(run_dir, config)
     from app.runtime import current_settings
-    from app.stack import Stack, run_until_signalled
+    from app.stack import FLOWER_AUTH_FILE, Stack, run_until_signalled, wait_for_api
+    from app.tenants import API_KEY_FILE
 
     settings = current_settings()
     stack = Stack(settings=settings, run_dir=Path(os.environ["STEPLINE_RUN_DIR"]), workers=workers)
     stack.start()
     where = settings.redis_url or f"embedded, {stack.run_dir / 'redis.sock'}"
+    if not wait_for_api(stack.api_url):
+        console.print(f"[yellow]the API is not answering yet; see {stack.run_dir / 'logs'}")
+    key = "configured keys (api.keys)" if settings.api.keys else stack.run_dir / API_KEY_FILE
+    login = ("api.flower_password" if settings.api.flower_password
+             else stack.run_dir / FLOWER_AUTH_FILE)
     raise typer.Exit(run_until_signalled(
-        stack, f"stepline up: {workers} workers, redis {where}; logs in {stack.run_dir / 'logs'}"
+        stack, f"stepline up: {workers} workers, redis {where}\n"
+        f"  API     {stack.api_url}  (docs {stack.api_url}/docs, key: {key})\n"
+        f"  Flower  {stack.flower_url}  (login: {login})\n"
+        f"  logs    {stack.run_dir / 'logs'}"
     ))
 
 
@@ -117,9 +128,13 @@ def submit(
     elif kind == "text" and inputs is not None:
         params["inputs"] = inputs
     params.update(_parse_params(param or []))
+    from app.client import ApiUnreachable
+
     try:
         spec = JobSpec(kind=kind, slo=slo, params=params, deadline_s=deadline_s)  # type: ignore[arg-type]
-        job_id, _ = _service().submit(spec)
+        job_id = _client().submit(spec).id
+    except ApiUnreachable:
+        raise
     except (SteplineError, ValueError) as exc:
         console.print(f"[red]rejected:[/red] {exc}")
         raise typer.Exit(2) from exc
@@ -144,14 +159,15 @@ def _parse_params(pairs: list[str]) -> dict[str, Any]:
 
 
 def _watch(job_id: str) -> int:
-    service = _service()
+    client = _client()
     with Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
                   TimeElapsedColumn(), console=console, transient=True) as progress:
         bar = progress.add_task(job_id, total=None)
         while True:
-            record = service.store.get(job_id)
+            record = client.get(job_id)
             progress.update(bar, total=record.total, completed=record.progress,
-                            description=f"{job_id} {record.state.value}")
+                            description=f"{job_id} {record.slo.value} {record.state.value}"
+                            + (" ★" if record.origin else ""))
             if record.state.is_terminal:
                 break
             time.sleep(0.1)
@@ -175,6 +191,35 @@ def demo(
 
 
 @cli.command()
+def bench(
+    policy: Annotated[str, typer.Option(help="Comma-separated: fifo, priority, stepline.")] = (
+        "fifo,priority,stepline"
+    ),
+    workload: Annotated[str, typer.Option(help="A name in configs/workloads or a file.")] = "mixed",
+    load: Annotated[Optional[float], typer.Option(min=0.05, max=2.0, help="Target load ρ.")] = None,
+    workers: Annotated[int, typer.Option(min=1, max=64)] = 2,
+    duration_s: Annotated[Optional[float], typer.Option(min=1, help="Trace length.")] = None,
+    trace: Annotated[Optional[Path], typer.Option(help="Replay this JSONL trace.")] = None,
+    out: Annotated[Path, typer.Option(help="Report directory.")] = Path("bench-out"),
+    run_dir: RunDir = None,
+) -> None:
+    """Replay one trace under each policy on the same real workers; write report.json + plots."""
+    _setup(run_dir or Path(".stepline-bench"), None)
+    from app.bench.run import run_bench, summary_table
+
+    policies = [p.strip() for p in policy.split(",") if p.strip()]
+    unknown = set(policies) - {"fifo", "priority", "stepline"}
+    if unknown or not policies:
+        raise typer.BadParameter(f"unknown policies {sorted(unknown)}: use fifo, priority, "
+                                 "stepline")
+    report = run_bench(policies=policies, workload_name=workload, load=load, workers=workers,
+                       out_dir=out, duration_s=duration_s, trace_file=trace,
+                       run_dir=Path(os.environ["STEPLINE_RUN_DIR"]))
+    console.print(summary_table(report))
+    console.print(f"report: {out / 'report.json'}; plots: {', '.join(report['plots'])}")
+
+
+@cli.command()
 def watch(job_id: str, run_dir: RunDir = None) -> None:
     """Follow a job with a progress bar until it ends."""
     _setup(run_dir, None)
@@ -185,26 +230,81 @@ def watch(job_id: str, run_dir: RunDir = None) -> None:
 def cancel(job_id: str, run_dir: RunDir = None) -> None:
     """Cancel a job (a running one stops at its next chunk boundary)."""
     _setup(run_dir, None)
+    from app.client import JobMissing
+
     try:
-        state = _service().store.request_cancel(job_id)
-    except SteplineError as exc:
+        state = _client().cancel(job_id).state
+    except JobMissing as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(1) from exc
     console.print(f"{job_id} {state.value}")
 
 
 @cli.command()
+def result(
+    job_id: str,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="File to write; "
+                                                   "default: the artifact's own name.")] = None,
+    run_dir: RunDir = None,
+) -> None:
+    """Download a finished job's artifact (PNG, MP4, JSON ...)."""
+    _setup(run_dir, None)
+    from app.client import JobMissing, NotReady
+
+    client = _client()
+    try:
+        view = client.get(job_id)
+        data = client.result(job_id)
+    except (JobMissing, NotReady) as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(1) from exc
+    target = output or Path(view.artifact or f"{job_id}.bin")
+    target.write_bytes(data)
+    console.print(f"{target} ({len(data)} bytes, {view.media_type})")
+
+
+def _detail(job_id: str) -> None:
+    r = _client().get(job_id)
+    table = Table(show_header=False)
+    deadline = "met" if r.deadline_met else ("missed" if r.deadline_met is False else "")
+    for name, value in (
+        ("job", r.id + (" ★ origin" if r.origin else "")), ("kind", r.kind),
+        ("class", r.slo.value), ("state", r.state.value),
+        ("progress", f"{r.progress}/{r.total}"), ("preemptions", str(r.preemptions)),
+        ("queue", r.queue or ""), ("turnaround", f"{r.turnaround_s:.3f}s {deadline}"
+                                   if r.turnaround_s is not None else ""),
+        ("error", r.error or ""), ("result", r.result_url or ""),
+    ):
+        table.add_row(name, value)
+    console.print(table)
+
+
+@cli.command(name="status")
+def status(
+    job_id: Annotated[Optional[str], typer.Argument(help="A job; none: the recent jobs.")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=500)] = 30,
+    run_dir: RunDir = None,
+) -> None:
+    """One job in detail, or a table of recent jobs."""
+    if job_id is None:
+        jobs(limit=limit, run_dir=run_dir)
+        return
+    _setup(run_dir, None)
+    _detail(job_id)
+
+
+@cli.command()
 def jobs(
-    limit: Annotated[int, typer.Option(min=1, max=1000)] = 30, run_dir: RunDir = None
+    limit: Annotated[int, typer.Option(min=1, max=500)] = 30,
+    state: Annotated[Optional[JobState], typer.Option(help="Only this state.")] = None,
+    slo: Annotated[Optional[SloClass], typer.Option("--class", help="Only this class.")] = None,
+    run_dir: RunDir = None,
 ) -> None:
     """A table of recent jobs with progress bars."""
     _setup(run_dir, None)
-    store = _service().store
-    origin = store.origin_id()
-    from app.store import record_from_fields
-
-    records = [record_from_fields(f, origin) for f in store.many_fields(store.list_ids(0, limit))]
-    table = Table("job", "kind", "class", "state", "progress", "latency", "preempt")
+    records = _client().list(state=state, slo=slo, limit=limit).jobs
+    table = Table(Column("job", no_wrap=True, min_width=18), "kind", "class", "state", "progress",
+                  "latency", "preempt")
     for r in records:
         filled = int(20 * r.progress / max(r.total, 1))
         bar = "█" * filled + "░" * (20 - filled)
@@ -213,8 +313,6 @@ def jobs(
                       f"{bar} {r.progress}/{r.total}", latency, str(r.preemptions))
     console.print(table)
 
-
-cli.command(name="status")(jobs)
 
 
 def main() -> None:

@@ -45,10 +45,15 @@ def socket_url(run_dir: Path) -> str:
 class EmbeddedRedis:
     """A private ``redis-server`` under a run directory; a context manager."""
 
-    def __init__(self, run_dir: Path, *, appendonly: bool = True) -> None:
+    def __init__(
+        self, run_dir: Path, *, appendonly: bool = True, appendfsync: str = "everysec"
+    ) -> None:
+        if appendfsync not in ("always", "everysec", "no"):
+            raise ValueError(f"appendfsync must be always, everysec or no, not {appendfsync!r}")
         self.run_dir = run_dir.resolve()
         self.socket_path = self.run_dir / SOCKET_NAME
         self.appendonly = appendonly
+        self.appendfsync = appendfsync
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -63,7 +68,7 @@ class EmbeddedRedis:
             "--unixsocketperm", "700",
             "--dir", str(self.run_dir),
             "--appendonly", "yes" if self.appendonly else "no",
-            "--appendfsync", "everysec",
+            "--appendfsync", self.appendfsync,
             "--save", "",
             "--daemonize", "no",
             "--logfile", str(self.run_dir / "redis.log"),

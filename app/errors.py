@@ -17,6 +17,14 @@ class InvalidJob(SteplineError):
     """Raised when a job spec is rejected at submit; the message says what to use instead."""
 
 
+class Overloaded(SteplineError):
+    """Raised when admission sheds a new job under overload; retry after ``retry_after_s``."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class StackNotRunning(SteplineError):
     """Raised when a command needs a running stack and finds none at the run directory."""
 

@@ -9,14 +9,16 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from app.errors import InvalidJob
+from app.errors import InvalidJob, Overloaded
 from app.schemas import JobSpec, SimulatedParams
 from app.settings import Settings
 from app.store import JobStore
+from scheduler import Admission, AdmissionDecision, JobKind, JobView, Tier, admit
 from scheduler.lifecycle import JobState, SloClass
 from tasks.routing import CLASS_QUEUE, FIFO_QUEUE
 from workers.errors import ParamsError
 from workers.kinds import get_runner
+from workers.runner import ChunkPlan
 
 log = logging.getLogger(__name__)
 
@@ -68,17 +70,46 @@ class JobService:
         target_s = self.settings.scheduler.slo_classes[spec.slo.value].target_s
         for dep in spec.depends_on:
             self.store.state(dep)  # raises JobNotFound for an unknown dependency
+        now_s = time.time()
+        deadline_s = spec.deadline_s or target_s
+        decision = self._admission(spec, tier, plan, deadline_s, now_s, policy)
+        if decision.verdict is Admission.SHED_OVERLOAD:
+            raise Overloaded(decision.reason, retry_after_s=decision.retry_after_s)
         job_id, created = self.store.create(
             spec, tenant=tenant, tier=tier, num_chunks=plan.num_chunks, cost_key=plan.cost_key,
-            cost_units=plan.cost_units, deadline_s=spec.deadline_s or target_s, now_s=time.time(),
+            cost_units=plan.cost_units, deadline_s=deadline_s, now_s=now_s,
             queue=FIFO_QUEUE if policy == "fifo" else CLASS_QUEUE[spec.slo],
             extra={"atomic": "1" if policy == "fifo" else "0", "chunk_names": ",".join(plan.names)},
         )
-        if created and not spec.depends_on:
+        if not created or spec.depends_on:
+            return job_id, created  # a job with dependencies is released by the tick
+        if decision.verdict is Admission.SUSPEND:
+            self.store.try_transition(job_id, JobState.SUSPENDED, by="submit",
+                                      reason=decision.reason)
+        else:
             self._release_now(job_id)
         return job_id, created
 
+    def _admission(
+        self, spec: JobSpec, tier: str, plan: ChunkPlan, deadline_s: float, now_s: float,
+        policy: str,
+    ) -> AdmissionDecision:
+        """The overload gate, from the last tick's admission status (fails open without one)."""
+        from tasks.adapter import load_admission, policy_config
+
+        status = load_admission(self.store)
+        if status is None:
+            return AdmissionDecision(Admission.ADMIT, 0.0, "no scheduler status yet")
+        view = JobView(
+            job_id="new", tenant="-", tier=Tier(tier), slo_class=spec.slo,
+            kind=JobKind(spec.kind), state=JobState.PENDING, submitted_at_s=now_s,
+            deadline_s=now_s + deadline_s, cost_key=plan.cost_key, num_chunks=plan.num_chunks,
+            next_chunk=0, remaining_cost_units=float(sum(plan.cost_units)),
+        )
+        return admit(view, status, policy_config(self.settings, self.store), now_s)
+
     def _release_now(self, job_id: str) -> None:
+        """Admitted work goes straight to its class queue; the tick re-plans from there."""
         from tasks.dispatch import release
 
         fields = self.store.fields(job_id)

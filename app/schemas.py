@@ -74,3 +74,104 @@ class JobRecord(BaseModel):
     @property
     def latency_s(self) -> float | None:
         return None if self.finished_at is None else self.finished_at - self.submitted_at
+
+
+class JobView(JobRecord):
+    """A job as the REST API returns it: the record plus links and derived timings."""
+
+    turnaround_s: float | None = Field(
+        default=None, description="Submit to finish, in seconds (once finished)."
+    )
+    deadline_met: bool | None = Field(default=None, description="Finished by its deadline.")
+    result_url: str | None = Field(default=None, description="Where the artifact is served.")
+
+
+class JobPage(BaseModel):
+    """One page of GET /v1/jobs, newest first."""
+
+    jobs: list[JobView]
+    limit: int
+    offset: int
+    next_cursor: str | None = Field(
+        default=None, description="Pass as ?cursor= for the next page; null on the last page."
+    )
+
+
+class InferenceRequest(BaseModel):
+    """POST /v1/inference: text in, text out, within an interactive (or realtime) deadline."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    inputs: str = Field(min_length=1, max_length=16_384, description="The prompt.")
+    params: dict[str, Any] = Field(
+        default_factory=dict, alias="parameters",
+        description="Text-job parameters (max_new_tokens, temperature, top_p, seed, model ...).",
+    )
+    slo: Literal["realtime", "interactive"] | None = Field(
+        default=None, description="Class of the job; default: the server's api.inference_slo."
+    )
+
+
+class InferenceMetrics(BaseModel):
+    """What the MoE run reports with its output."""
+
+    model_config = ConfigDict(extra="allow")
+
+    activated_experts: list[int] = Field(default_factory=list)
+    routing_score: float | None = None
+    latency_ms: float | None = None
+
+
+class InferenceResponse(BaseModel):
+    """The answer of POST /v1/inference."""
+
+    output: str
+    metrics: InferenceMetrics
+    job_id: str
+
+
+class ClassStats(BaseModel):
+    """SLO attainment of one class over the recent finished jobs."""
+
+    finished: int = Field(description="Jobs that ended (DONE, FAILED, EXPIRED) in the window.")
+    met: int = Field(description="Of those, DONE by their deadline.")
+    attainment: float | None = Field(description="met / finished; null with none finished.")
+    p50_latency_s: float | None = None
+    p95_latency_s: float | None = None
+    unfinished: int = Field(default=0, description="Jobs of the class not yet ended.")
+
+
+class WorkerView(BaseModel):
+    """A worker's last heartbeat."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    busy_job: str | None = None
+    queues: list[str] = Field(default_factory=list)
+    device: str | None = None
+    age_s: float | None = Field(default=None, description="Seconds since the heartbeat.")
+    chunks_run: int | None = None
+    cache_hit_rates: dict[str, float | None] = Field(default_factory=dict)
+
+
+class StatsView(BaseModel):
+    """GET /v1/stats: what the scheduler is doing now."""
+
+    classes: dict[str, ClassStats]
+    queues: dict[str, int] = Field(description="Messages waiting per Celery queue.")
+    origin: str | None = Field(description="The origin job id, if it is the caller's.")
+    origin_active: bool = Field(description="Whether any job is the origin now.")
+    load: dict[str, Any] | float | None = Field(description="The admission state, if published.")
+    workers: list[WorkerView]
+    cache_hit_rates: dict[str, float | None] = Field(
+        description="Hit rate per cache, over every worker's counters."
+    )
+    window_jobs: int
+
+
+class ErrorBody(BaseModel):
+    """Every 4xx/5xx answer."""
+
+    detail: str = Field(description="What went wrong and what to do.")
+    job_id: str | None = Field(default=None, description="The job concerned, where one is.")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -15,9 +16,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
+
+from app.api.server import api_command
 from app.embedded_redis import EmbeddedRedis
 from app.settings import Settings
+from app.tenants import ensure_dev_key, read_or_create_secret
 from tasks.routing import CONTROL, WORK_QUEUES
+
+FLOWER_AUTH_FILE = "flower-auth"
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +46,36 @@ def beat_command(run_dir: Path) -> list[str]:
             "--loglevel", "WARNING", "--pidfile", str(run_dir / "beat.pid")]
 
 
+def flower_command(settings: Settings) -> list[str]:
+    """Flower on the broker; its basic-auth login travels in ``FLOWER_BASIC_AUTH`` (Flower reads
+    any option from ``FLOWER_<OPTION>``), so the password never shows in the process list."""
+    return [sys.executable, "-m", "celery", "-A", "app", "flower",
+            f"--port={settings.service.flower_port}", f"--address={settings.api.flower_host}"]
+
+
+def flower_credentials(settings: Settings, run_dir: Path) -> str:
+    """``user:password`` for Flower: the configured password, else one generated once into
+    ``<run_dir>/flower-auth`` (mode 0600)."""
+    user = settings.api.flower_user
+    if settings.api.flower_password:
+        return f"{user}:{settings.api.flower_password}"
+    return read_or_create_secret(run_dir / FLOWER_AUTH_FILE,
+                                 lambda: f"{user}:{secrets.token_urlsafe(18)}")
+
+
+def wait_for_api(url: str, timeout_s: float = 30.0) -> bool:
+    """Poll ``/healthz`` until the API answers 200; False if it never did."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/healthz", timeout=1.0).status_code == 200:
+                return True
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    return False
+
+
 @dataclass
 class Stack:
     """The processes of one running Stepline, owned by this object."""
@@ -47,13 +84,23 @@ class Stack:
     run_dir: Path
     workers: int = 2
     with_beat: bool = True
+    with_api: bool = True
+    with_flower: bool = True
     extra_env: dict[str, str] = field(default_factory=dict)
     redis: EmbeddedRedis | None = None
     procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
 
+    @property
+    def api_url(self) -> str:
+        return f"http://{self.settings.service.api_host}:{self.settings.service.api_port}"
+
+    @property
+    def flower_url(self) -> str:
+        return f"http://{self.settings.api.flower_host}:{self.settings.service.flower_port}"
+
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
-        env["STEPLINE_RUN_DIR"] = str(self.run_dir)
+        env["STEPLINE_RUN_DIR"] = str(self.run_dir.resolve())
         env.update(self.extra_env)
         return env
 
@@ -61,7 +108,8 @@ class Stack:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "logs").mkdir(exist_ok=True)
         if not self.settings.redis_url:
-            self.redis = EmbeddedRedis(self.run_dir)
+            self.redis = EmbeddedRedis(
+                self.run_dir, appendfsync=self.settings.broker.redis_appendfsync)
             self.redis.start()
         for i in range(self.workers):
             self.spawn(f"w{i + 1}", worker_command(f"w{i + 1}@%h"))
@@ -69,12 +117,22 @@ class Stack:
             self.spawn("scheduler", worker_command("scheduler@%h", queues=(CONTROL,),
                                                    loglevel="WARNING"))
             self.spawn("beat", beat_command(self.run_dir))
+        if self.with_api:
+            if not self.settings.api.keys:
+                ensure_dev_key(self.run_dir)  # before the API starts, so clients find it at once
+            self.spawn("api", api_command(self.settings))
+        if self.with_flower:
+            auth = flower_credentials(self.settings, self.run_dir)
+            self.spawn("flower", flower_command(self.settings), {"FLOWER_BASIC_AUTH": auth})
         (self.run_dir / "stack.pid").write_text(str(os.getpid()))
 
-    def spawn(self, name: str, command: list[str]) -> subprocess.Popen[bytes]:
+    def spawn(
+        self, name: str, command: list[str], extra_env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         log_file = open(self.run_dir / "logs" / f"{name}.log", "ab")  # noqa: SIM115 (child owns it)
-        proc = subprocess.Popen(command, env=self.env(), stdout=log_file, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(command, env={**self.env(), **(extra_env or {})}, stdout=log_file,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
         log_file.close()
         self.procs.append((name, proc))
         log.info("started %s (pid %d)", name, proc.pid)

@@ -304,7 +304,15 @@ class JobStore:
             return False
 
     def set_fields(self, job_id: str, **values: str) -> None:
-        self.redis.hset(self.job_key(job_id), mapping=values)
+        self.redis.hset(self.job_key(job_id), mapping=dict(values))  # type: ignore[arg-type]
+
+    def read_stream(
+        self, key: str, after_id: str = "0-0", count: int = 10_000
+    ) -> list[tuple[str, dict[str, str]]]:
+        """Entries of a stream after ``after_id`` (exclusive), decoded."""
+        raw = cast(list[tuple[bytes, dict[bytes, bytes]]],
+                   self.redis.xrange(key, min=f"({after_id}", max="+", count=count))
+        return [(eid.decode(), {k.decode(): v.decode() for k, v in f.items()}) for eid, f in raw]
 
     def request_cancel(self, job_id: str) -> JobState:
         """Cancel a job: at once unless a worker is running one of its chunks, in which case it

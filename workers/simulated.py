@@ -23,10 +23,11 @@ class SimulatedRunner:
 
     def plan(self, params: Mapping[str, Any]) -> ChunkPlan:
         steps = int(params["steps"])
+        # A simulated step's cost is known exactly, so its unit is the second.
         return ChunkPlan(
             names=tuple(f"step[{i}]" for i in range(steps)),
-            cost_units=(1.0,) * steps,
-            cost_key=f"simulated:{float(params['step_ms']):g}ms",
+            cost_units=(float(params["step_ms"]) / 1000.0,) * steps,
+            cost_key="simulated",
         )
 
     def run_chunk(

@@ -55,9 +55,9 @@ def probe_hop_overhead(service: JobService) -> float:
 
 
 def tick_figures(store: JobStore, since_s: float) -> tuple[list[float], list[float]]:
-    entries = store.redis.xrange(STATS_KEY, min=f"{int(since_s * 1000)}-0", max="+")
-    durations = [float(f[b"duration_ms"]) for _, f in entries]
-    starts = [float(f[b"ts"]) for _, f in entries]
+    entries = store.read_stream(STATS_KEY, after_id=f"{int(since_s * 1000)}-0")
+    durations = [float(f["duration_ms"]) for _, f in entries]
+    starts = [float(f["ts"]) for _, f in entries]
     intervals = [(b - a) * 1e3 for a, b in itertools.pairwise(starts)]
     return durations, intervals
 

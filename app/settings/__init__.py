@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from app.errors import SettingsError
+from app.settings.api import ApiSettings
 from app.settings.diffusion import DiffusionSettings
 from app.settings.durations import Seconds
 from app.settings.moe import MoeSettings
@@ -35,6 +36,15 @@ class BrokerSettings(BaseModel):
     """How often a worker sweeps for chunks whose worker died."""
     chunk_lease: Seconds = Field(default=10.0, ge=0.5, le=3600)
     """A running chunk refreshes its lease this often x3; a job whose lease lapses is requeued."""
+    stuck_factor: float = Field(default=10.0, ge=2, le=1000)
+    """A chunk whose worker still heartbeats but which has run this many times its expected
+    step time is stuck: it is requeued from its checkpoint under a new epoch."""
+    stuck_min_s: Seconds = Field(default=5.0, ge=0.1, le=86400)
+    """Floor of the stuck threshold, so short steps with noisy timings are never requeued."""
+    redis_appendfsync: Literal["always", "everysec", "no"] = "everysec"
+    """fsync policy of the embedded Redis's append-only file: ``everysec`` may lose about the
+    last second of writes to a machine crash (not to a killed redis-server); ``always`` loses
+    no acknowledged write, at a throughput cost."""
 
 
 class ServiceSettings(BaseModel):
@@ -80,6 +90,8 @@ class Settings(BaseSettings):
     """Celery transport."""
     service: ServiceSettings = Field(default_factory=ServiceSettings)
     """API and Flower addresses."""
+    api: ApiSettings = Field(default_factory=ApiSettings)
+    """The REST shim: API keys, tenants, quotas."""
 
     @classmethod
     def settings_customise_sources(
@@ -144,4 +156,7 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
         raise SettingsError(_describe(exc)) from exc
 
 
-__all__ = ["DiffusionSettings", "MoeSettings", "SchedulerSettings", "Settings", "load_settings"]
+__all__ = [
+    "ApiSettings", "DiffusionSettings", "MoeSettings", "SchedulerSettings", "Settings",
+    "load_settings",
+]

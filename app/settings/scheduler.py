@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.settings.durations import Seconds
+from scheduler.model import JobKind
+from scheduler.policy import PolicyConfig, PolicyKind, ScoreWeights
 
 
 class SloClassSettings(BaseModel):
@@ -26,6 +28,42 @@ def _default_classes() -> dict[str, SloClassSettings]:
     }
 
 
+class ScoreWeightSettings(BaseModel):
+    """Weights of the origin score's dimensions; only their ratios matter."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    tier: float = Field(default=0.15, ge=0, le=1)
+    """Gold tenants over standard ones."""
+    slo_class: float = Field(default=0.20, ge=0, le=1)
+    """Realtime over interactive over batch."""
+    slack: float = Field(default=0.25, ge=0, le=1)
+    """Share of the deadline budget already spent (estimated finish vs deadline)."""
+    impact: float = Field(default=0.10, ge=0, le=1)
+    """How visible an SLO miss is, by job kind (``kind_impact``)."""
+    wait: float = Field(default=0.10, ge=0, le=1)
+    """Time waiting, relative to the aging bound."""
+    progress: float = Field(default=0.05, ge=0, le=1)
+    """Share of chunks done."""
+    remaining: float = Field(default=0.05, ge=0, le=1)
+    """Shortness of the remaining work."""
+    preemptions: float = Field(default=0.05, ge=0, le=1)
+    """Preemptions already suffered, relative to the bound."""
+    resource: float = Field(default=0.05, ge=0, le=1)
+    """Memory-bound jobs (costlier to checkpoint and move) over compute-bound ones."""
+
+
+KindName = Literal["text", "image", "video", "simulated"]
+
+
+def _default_impact() -> dict[KindName, float]:
+    return {"text": 1.0, "image": 0.7, "simulated": 0.5, "video": 0.4}
+
+
+def _default_priors() -> dict[str, float]:
+    return dict(PolicyConfig().cost_priors_s_per_unit)  # one list of priors, in the policy
+
+
 class SchedulerSettings(BaseModel):
     """The scheduling policy's knobs; the reference design's values are the defaults."""
 
@@ -43,3 +81,96 @@ class SchedulerSettings(BaseModel):
     """Load above which overload convergence pauses batch work."""
     slo_classes: dict[str, SloClassSettings] = Field(default_factory=_default_classes)
     """Latency target per class; batch's target is a floor ("> 10 s"), the default deadline."""
+
+    score_weights: ScoreWeightSettings = Field(default_factory=ScoreWeightSettings)
+    """Weights of the origin score's nine dimensions."""
+    origin_threshold_idle: float = Field(default=0.6, ge=0, le=1)
+    """Score a job needs to become the origin when the fleet is idle."""
+    origin_threshold_loaded: float = Field(default=0.5, ge=0, le=1)
+    """Score a job needs to become the origin at load 1 or more (linear in between)."""
+    origin_margin: float = Field(default=0.05, ge=0, le=1)
+    """Hysteresis: a challenger must beat the current origin's score by this much."""
+    realtime_quantum: Seconds = Field(default=1.0, gt=0, le=3600)
+    """Service a job may use at the realtime level before it is demoted."""
+    interactive_quantum: Seconds = Field(default=5.0, gt=0, le=86400)
+    """Service a job may use at the interactive level before it is demoted to batch."""
+    aging_bound: Seconds = Field(default=20.0, gt=0, le=86400)
+    """Waiting this long promotes a job one level and releases it ahead of fresher work."""
+    short_job: Seconds = Field(default=5.0, gt=0, le=86400)
+    """Remaining work that scores half on the 'remaining' dimension."""
+    kind_impact: dict[KindName, float] = Field(default_factory=_default_impact)
+    """Impact of an SLO miss per job kind, each in [0, 1]."""
+    realtime_min_share: float = Field(default=0.6, ge=0, le=1)
+    """Share of in-flight slots realtime work may claim by preemption while it waits."""
+    slots_per_worker: int = Field(default=1, ge=1, le=64)
+    """Jobs in flight (queued or running) per alive worker."""
+    reserve_hold: Seconds = Field(default=2.0, ge=0, le=3600)
+    """The reserve stays this long after the last realtime or origin work."""
+    max_preemptions: int = Field(default=3, ge=0, le=1000)
+    """A job preempted this many times is not preempted again."""
+    convergence_hysteresis: float = Field(default=0.1, ge=0, le=1)
+    """Convergence ends only once load is below the threshold minus this."""
+    load_horizon: Seconds = Field(default=30.0, gt=0, le=86400)
+    """Load = outstanding work seconds ÷ (alive workers × this horizon)."""
+    resume_per_tick: int = Field(default=4, ge=0, le=100000)
+    """Suspended or standby jobs restored per tick once load is low again."""
+    expire_grace: Seconds = Field(default=2.0, ge=0, le=86400)
+    """Under overload a job whose estimated finish passes deadline + grace expires."""
+    shed_load: float = Field(default=1.5, gt=0, le=1e6)
+    """Admission refuses new non-gold work above this load (must be >= the threshold)."""
+    max_retry_after: Seconds = Field(default=300.0, ge=0, le=86400)
+    """Upper bound of the Retry-After a shed submission is given."""
+    admission_status_ttl: Seconds = Field(default=2.0, ge=0, le=86400)
+    """An admission status older than this is ignored by the submit path (fail open)."""
+    top_scores: int = Field(default=16, ge=1, le=10000)
+    """How many of the highest scores each plan reports."""
+    cost_priors: dict[str, float] = Field(default_factory=_default_priors)
+    """Seconds per cost unit by cost-key prefix (longest match wins); step-costs.md figures."""
+    default_cost: float = Field(default=0.05, gt=0, le=3600)
+    """Seconds per cost unit for a cost key no prior matches."""
+    cost_ewma_alpha: float = Field(default=0.2, gt=0, le=1)
+    """Weight of a new chunk timing once the running mean has enough samples."""
+    cost_prior_samples: int = Field(default=1, ge=0, le=1000)
+    """How many measurements the prior counts for."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SchedulerSettings:
+        if self.shed_load < self.convergence_threshold:
+            raise ValueError("shed_load must be >= convergence_threshold")
+        if self.convergence_hysteresis > self.convergence_threshold:
+            raise ValueError("convergence_hysteresis must be <= convergence_threshold")
+        if self.realtime_quantum > self.interactive_quantum:
+            raise ValueError("realtime_quantum must be <= interactive_quantum")
+        return self
+
+    def to_policy(self) -> PolicyConfig:
+        """The pure scheduler's configuration built from these settings."""
+        return PolicyConfig(
+            policy=PolicyKind(self.policy),
+            weights=ScoreWeights(**self.score_weights.model_dump()),
+            origin_threshold_idle=self.origin_threshold_idle,
+            origin_threshold_loaded=self.origin_threshold_loaded,
+            origin_margin=self.origin_margin,
+            level_quanta_s=(self.realtime_quantum, self.interactive_quantum),
+            aging_bound_s=self.aging_bound,
+            short_job_s=self.short_job,
+            kind_impact={JobKind(kind): value for kind, value in self.kind_impact.items()},
+            realtime_min_share=self.realtime_min_share,
+            slots_per_worker=self.slots_per_worker,
+            resource_reserve_ratio=self.resource_reserve_ratio,
+            reserve_hold_s=self.reserve_hold,
+            max_preemptions=self.max_preemptions,
+            convergence_threshold=self.convergence_threshold,
+            convergence_hysteresis=self.convergence_hysteresis,
+            load_horizon_s=self.load_horizon,
+            resume_per_tick=self.resume_per_tick,
+            expire_grace_s=self.expire_grace,
+            shed_load=self.shed_load,
+            max_retry_after_s=self.max_retry_after,
+            admission_status_ttl_s=self.admission_status_ttl,
+            top_scores=self.top_scores,
+            cost_priors_s_per_unit=dict(self.cost_priors),
+            default_s_per_unit=self.default_cost,
+            cost_ewma_alpha=self.cost_ewma_alpha,
+            cost_prior_samples=self.cost_prior_samples,
+        )

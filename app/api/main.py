@@ -1,0 +1,39 @@
+"""The FastAPI app: ``python -m uvicorn --factory app.api.main:create_app`` (``stepline up``
+runs exactly that), or ``app.api.main:app`` for the process-wide settings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+
+from app.api import jobs, observe
+from app.api.context import ApiContext
+from app.api.errors import install_error_handlers
+from app.settings import Settings
+
+DESCRIPTION = """Submit diffusion, MoE and simulated jobs, follow them, fetch their results.
+
+Every /v1 route needs an API key (`Authorization: Bearer <key>` or `X-API-Key: <key>`); a tenant
+sees only its own jobs. Errors are `{"detail": "..."}`; 429 and 503 carry Retry-After."""
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """A new app over ``settings`` (default: the process-wide settings)."""
+    if settings is None:
+        from app.runtime import current_settings
+
+        settings = current_settings()
+    api = FastAPI(title="Stepline", version="0.1.0", description=DESCRIPTION)
+    api.state.ctx = ApiContext.from_settings(settings)
+    api.state.registry = observe.registry_for(api.state.ctx)
+    install_error_handlers(api, settings.api.redis_retry_after)
+    api.include_router(jobs.router)
+    api.include_router(observe.router)
+    return api
+
+
+def __getattr__(name: str) -> Any:
+    if name == "app":  # built on first use, so importing this module reads no settings
+        return create_app()
+    raise AttributeError(name)

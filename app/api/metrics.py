@@ -1,0 +1,146 @@
+"""Prometheus ``/metrics``: read from Redis at scrape time, so every API process (and every
+worker's work) is counted once. Finished jobs are folded into counters stored in Redis exactly
+once each (a ``ZADD NX`` on a seen-set), which keeps the counters monotonic across processes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import cast
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+from redis.client import Pipeline
+
+from app.api.stats import (
+    ENDED,
+    class_stats,
+    latency_s,
+    met_deadline,
+    queue_depths,
+    read_workers,
+    recent_jobs,
+)
+from app.settings import Settings
+from app.store import ACTIVE_KEY, PREFIX, JobStore
+from scheduler.lifecycle import JobState, SloClass
+
+SEEN_KEY = PREFIX + "metrics:seen"
+COUNTS_KEY = PREFIX + "metrics:finished"
+LATENCY_KEY = PREFIX + "metrics:latency:"
+LATENCY_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+SEEN_KEEP = 50_000
+
+
+def account_finished(store: JobStore, jobs: list[dict[str, str]]) -> None:
+    """Fold jobs that ended since the last scrape into the Redis counters (each one once)."""
+    terminal = [f for f in jobs if JobState(f["state"]).is_terminal and f.get("finished_at")]
+    if not terminal:
+        return
+    pipe = store.redis.pipeline(transaction=False)
+    for f in terminal:
+        pipe.zadd(SEEN_KEY, {f["id"]: float(f["finished_at"])}, nx=True)
+    added = pipe.execute()
+    pipe = store.redis.pipeline(transaction=False)
+    for f, new in zip(terminal, added, strict=True):
+        if new:
+            _count(pipe, f)
+    pipe.zremrangebyrank(SEEN_KEY, 0, -SEEN_KEEP - 1)
+    pipe.execute()
+
+
+def _count(p: Pipeline, f: dict[str, str]) -> None:
+    p.hincrby(COUNTS_KEY, f"{f['state']}|{f['slo']}", 1)
+    if f["state"] == JobState.DONE.value and (seconds := latency_s(f)) is not None:
+        key = LATENCY_KEY + f["slo"]
+        for bound in LATENCY_BUCKETS_S:
+            if seconds <= bound:
+                p.hincrby(key, repr(bound), 1)
+        p.hincrby(key, "+Inf", 1)
+        p.hincrbyfloat(key, "sum", seconds)
+    if f["state"] in ENDED and met_deadline(f):
+        p.hincrby(COUNTS_KEY, f"met|{f['slo']}", 1)
+
+
+class StoreCollector(Collector):
+    """Everything ``/metrics`` shows, collected from Redis on each scrape."""
+
+    def __init__(self, store: JobStore, settings: Settings) -> None:
+        self.store = store
+        self.settings = settings
+
+    def collect(self) -> Iterator[Metric]:
+        jobs = recent_jobs(self.store, self.settings.api.stats_window_jobs)
+        account_finished(self.store, jobs)
+        yield from self._finished()
+        yield self._active()
+        yield from self._latency()
+        yield self._attainment(jobs)
+        depths = GaugeMetricFamily("stepline_queue_depth", "Messages waiting per queue",
+                                   labels=["queue"])
+        for queue, depth in queue_depths(self.store).items():
+            depths.add_metric([queue], depth)
+        yield depths
+        workers, counters = read_workers(self.store)
+        yield GaugeMetricFamily("stepline_workers", "Workers with a live heartbeat",
+                                value=len(workers))
+        busy = sum(1 for w in workers if w.busy_job)
+        yield GaugeMetricFamily("stepline_workers_busy", "Workers running a chunk", value=busy)
+        hit = GaugeMetricFamily("stepline_cache_hit_ratio", "Cache hit ratio over live workers",
+                                labels=["cache"])
+        for name, rate in counters.rates().items():
+            if rate is not None:
+                hit.add_metric([name], rate)
+        yield hit
+        yield GaugeMetricFamily("stepline_origin_active", "1 while a job is the origin",
+                                value=1 if self.store.origin_id() else 0)
+
+    def _finished(self) -> Iterator[Metric]:
+        raw = cast(dict[bytes, bytes], self.store.redis.hgetall(COUNTS_KEY))
+        ended = CounterMetricFamily("stepline_jobs_finished", "Jobs that ended, by state and class",
+                                    labels=["state", "slo"])
+        met = CounterMetricFamily("stepline_jobs_deadline_met",
+                                  "Jobs DONE by their deadline, by class", labels=["slo"])
+        for key, value in sorted(raw.items()):
+            state, _, slo = key.decode().partition("|")
+            if state == "met":
+                met.add_metric([slo], float(value))
+            else:
+                ended.add_metric([state, slo], float(value))
+        yield ended
+        yield met
+
+    def _active(self) -> Metric:
+        ids = sorted(x.decode() for x in cast(set[bytes], self.store.redis.smembers(ACTIVE_KEY)))
+        counts: dict[tuple[str, str], int] = {}
+        for f in self.store.many_fields(ids):
+            counts[(f["state"], f["slo"])] = counts.get((f["state"], f["slo"]), 0) + 1
+        gauge = GaugeMetricFamily("stepline_jobs_active", "Jobs not yet ended, by state and class",
+                                  labels=["state", "slo"])
+        for (state, slo), count in sorted(counts.items()):
+            gauge.add_metric([state, slo], count)
+        return gauge
+
+    def _latency(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily("stepline_job_latency_seconds",
+                                       "Submit-to-done latency of DONE jobs", labels=["slo"])
+        for slo in SloClass:
+            raw = cast(dict[bytes, bytes], self.store.redis.hgetall(LATENCY_KEY + slo.value))
+            got = {k.decode(): float(v) for k, v in raw.items()}
+            buckets = [(repr(b), got.get(repr(b), 0.0)) for b in LATENCY_BUCKETS_S]
+            buckets.append(("+Inf", got.get("+Inf", 0.0)))
+            family.add_metric([slo.value], buckets, sum_value=got.get("sum", 0.0))
+        yield family
+
+    def _attainment(self, jobs: list[dict[str, str]]) -> Metric:
+        gauge = GaugeMetricFamily(
+            "stepline_slo_attainment",
+            "Share of recently ended jobs DONE by their deadline, by class", labels=["slo"])
+        for slo, stats in class_stats(jobs).items():
+            if stats.attainment is not None:
+                gauge.add_metric([slo], stats.attainment)
+        return gauge

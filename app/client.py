@@ -1,0 +1,254 @@
+"""The Python client of the REST API: ``Client().submit(...)``, ``.wait(...)``, ``.result(...)``.
+
+The API key comes from the ``api_key`` argument, else ``STEPLINE_API_KEY``, else the development
+key ``stepline up`` wrote to ``<run_dir>/api-key``. The address comes from ``base_url``, else
+``STEPLINE_API_URL``, else ``service.api_host``/``service.api_port`` of the settings.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import BaseModel
+
+from app.errors import InvalidJob, JobNotFound, SteplineError
+from app.schemas import InferenceResponse, JobPage, JobSpec, JobView, StatsView
+from app.settings import Settings
+from app.tenants import API_KEY_FILE
+from scheduler.lifecycle import JobState, SloClass
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class ApiError(SteplineError):
+    """Raised when the API answers with an error; ``status`` and ``detail`` say which."""
+
+    def __init__(self, status: int, detail: str, retry_after_s: float | None = None,
+                 job_id: str | None = None) -> None:
+        super().__init__(f"{detail} (HTTP {status})" if status else detail)
+        self.status, self.detail = status, detail
+        self.retry_after_s, self.job_id = retry_after_s, job_id
+
+
+class ApiUnreachable(ApiError):
+    """Raised when nothing answers at the API's address (is ``stepline up`` running?)."""
+
+
+class Unauthorized(ApiError):
+    """Raised when the API key is missing or unknown (401)."""
+
+
+class JobMissing(ApiError, JobNotFound):
+    """Raised when the job does not exist or belongs to another tenant (404)."""
+
+
+class Rejected(ApiError, InvalidJob):
+    """Raised when the API rejects a request as invalid (422)."""
+
+
+class NotReady(ApiError):
+    """Raised when a job's result is asked for before it is DONE (409)."""
+
+
+class RateLimited(ApiError):
+    """Raised on 429 (rate limit or queue quota); ``retry_after_s`` says when to retry."""
+
+
+class WaitTimeout(SteplineError):
+    """Raised when :meth:`Client.wait` gives up before the job ended."""
+
+
+_BY_STATUS: dict[int, type[ApiError]] = {
+    401: Unauthorized, 404: JobMissing, 409: NotReady, 422: Rejected, 429: RateLimited,
+}
+
+
+def find_api_key(run_dir: Path | None = None) -> str | None:
+    """``STEPLINE_API_KEY``, else the development key under the run directory, else None."""
+    if key := os.environ.get("STEPLINE_API_KEY"):
+        return key
+    run_dir = run_dir or Path(os.environ.get("STEPLINE_RUN_DIR", ".stepline"))
+    try:
+        return (run_dir / API_KEY_FILE).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def default_base_url(settings: Settings | None = None) -> str:
+    if url := os.environ.get("STEPLINE_API_URL"):
+        return url.rstrip("/")
+    if settings is None:
+        from app.runtime import current_settings
+
+        settings = current_settings()
+    return f"http://{settings.service.api_host}:{settings.service.api_port}"
+
+
+class Client:
+    """A synchronous client of one Stepline API (a context manager; close() when done)."""
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        run_dir: Path | None = None,
+        settings: Settings | None = None,
+        timeout_s: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.base_url = (base_url or default_base_url(settings)).rstrip("/")
+        if run_dir is None and settings is not None:
+            run_dir = Path(settings.run_dir)
+        key = api_key or find_api_key(run_dir)
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout_s,
+                                 transport=transport)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.http.close()
+
+    # transport --------------------------------------------------------------------------------
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self.http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise ApiUnreachable(
+                0, f"cannot reach the Stepline API at {self.base_url} ({exc}); "
+                "start it with `stepline up`, or set STEPLINE_API_URL") from exc
+        if response.is_success:
+            return response
+        raise _error_of(response)
+
+    def _model(self, model: type[M], method: str, path: str, **kwargs: Any) -> M:
+        return model.model_validate(self._request(method, path, **kwargs).json())
+
+    # jobs -------------------------------------------------------------------------------------
+    def submit(
+        self,
+        spec: JobSpec | None = None,
+        *,
+        kind: str = "simulated",
+        slo: SloClass | str = SloClass.INTERACTIVE,
+        params: dict[str, Any] | None = None,
+        deadline_s: float | None = None,
+        idempotency_key: str | None = None,
+    ) -> JobView:
+        """Submit ``spec`` (or one built from the keywords); returns the job as stored."""
+        if spec is None:
+            spec = JobSpec.model_validate({
+                "kind": kind, "slo": slo, "params": params or {}, "deadline_s": deadline_s,
+                "idempotency_key": idempotency_key,
+            })
+        body = spec.model_dump(mode="json", exclude_none=True)
+        return self._model(JobView, "POST", "/v1/jobs", json=body)
+
+    def get(self, job_id: str) -> JobView:
+        return self._model(JobView, "GET", f"/v1/jobs/{job_id}")
+
+    def cancel(self, job_id: str) -> JobView:
+        """Cancel; the returned view shows CANCELLED, or RUNNING until the chunk boundary."""
+        return self._model(JobView, "DELETE", f"/v1/jobs/{job_id}")
+
+    def result(self, job_id: str) -> bytes:
+        """The artifact's bytes (PNG, MP4, JSON ...); :class:`NotReady` before DONE."""
+        return self._request("GET", f"/v1/jobs/{job_id}/result").content
+
+    def list(
+        self,
+        *,
+        state: JobState | str | None = None,
+        slo: SloClass | str | None = None,
+        limit: int = 50,
+        offset: int = 0,
+        cursor: str | None = None,
+    ) -> JobPage:
+        """One page of the caller's jobs, newest first (pass ``page.next_cursor`` on)."""
+        query: dict[str, Any] = {"limit": limit, "offset": offset}
+        for name, value in (("state", state), ("class", slo), ("cursor", cursor)):
+            if value is not None:
+                query[name] = getattr(value, "value", value)
+        return self._model(JobPage, "GET", "/v1/jobs", params=query)
+
+    def wait(
+        self,
+        job_id: str,
+        *,
+        timeout_s: float | None = None,
+        poll_s: float = 0.1,
+        progress: bool = False,
+    ) -> JobView:
+        """Poll until the job ends; with ``progress``, draw a rich progress bar meanwhile."""
+        if not progress:
+            return self._wait(job_id, timeout_s, poll_s, lambda view: None)
+        from rich.progress import (
+            BarColumn,
+            Progress,
+            TaskProgressColumn,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        with Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
+                      TimeElapsedColumn(), transient=True) as bar:
+            task = bar.add_task(job_id, total=None)
+            return self._wait(job_id, timeout_s, poll_s, lambda view: bar.update(
+                task, total=view.total, completed=view.progress,
+                description=f"{job_id} {view.slo.value} {view.state.value}"
+                + (" ★ origin" if view.origin else "")))
+
+    def _wait(self, job_id: str, timeout_s: float | None, poll_s: float,
+              show: Any) -> JobView:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            view = self.get(job_id)
+            show(view)
+            if view.state.is_terminal:
+                return view
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(f"job {job_id} still {view.state.value} after {timeout_s}s")
+            time.sleep(poll_s)
+
+    # service ----------------------------------------------------------------------------------
+    def infer(self, inputs: str, *, params: dict[str, Any] | None = None,
+              slo: str | None = None) -> InferenceResponse:
+        """Text in, text out, within the class deadline (504 → :class:`ApiError`)."""
+        body: dict[str, Any] = {"inputs": inputs, "parameters": params or {}}
+        if slo is not None:
+            body["slo"] = slo
+        return self._model(InferenceResponse, "POST", "/v1/inference", json=body)
+
+    def stats(self) -> StatsView:
+        return self._model(StatsView, "GET", "/v1/stats")
+
+    def healthy(self) -> bool:
+        """Whether the API answers and its Redis does."""
+        try:
+            self._request("GET", "/healthz")
+        except ApiError:
+            return False
+        return True
+
+
+def _error_of(response: httpx.Response) -> ApiError:
+    try:
+        body = response.json()
+    except ValueError:
+        body = {}
+    detail = body.get("detail") if isinstance(body, dict) else None
+    if not isinstance(detail, str):
+        detail = response.text[:500] or response.reason_phrase
+    retry = response.headers.get("Retry-After")
+    kind = _BY_STATUS.get(response.status_code, ApiError)
+    return kind(response.status_code, detail, float(retry) if retry else None,
+                body.get("job_id") if isinstance(body, dict) else None)

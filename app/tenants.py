@@ -1,0 +1,140 @@
+"""Tenants: API keys → (tenant, tier, limits), the development key, and the per-tenant limits
+enforced in Redis (a token-bucket rate limit and a quota of unfinished jobs), each one Lua script.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+
+from app.settings import Settings
+from app.settings.api import ApiKeySettings
+from app.store import PREFIX, JobStore
+
+log = logging.getLogger(__name__)
+
+API_KEY_FILE = "api-key"
+DEV_TENANT = "default"
+
+# KEYS: bucket. ARGV: rate per s, burst. Redis's own clock, so every API process agrees.
+_TAKE_TOKEN = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local rate, burst = tonumber(ARGV[1]), tonumber(ARGV[2])
+local h = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
+local tokens, ts = tonumber(h[1]) or burst, tonumber(h[2]) or now
+tokens = math.min(burst, tokens + math.max(0, now - ts) * rate)
+local wait = 0
+if tokens >= 1 then tokens = tokens - 1 else wait = (1 - tokens) / rate end
+redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'ts', tostring(now))
+redis.call('EXPIRE', KEYS[1], math.ceil(burst / rate) + 60)
+return tostring(wait)
+"""
+
+# KEYS: the tenant's live set. ARGV: job key prefix. Drops finished jobs, counts the rest.
+_COUNT_LIVE = """
+local n = 0
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  local s = redis.call('HGET', ARGV[1] .. id, 'state')
+  if not s or s == 'DONE' or s == 'FAILED' or s == 'CANCELLED' or s == 'EXPIRED' then
+    redis.call('SREM', KEYS[1], id)
+  else
+    n = n + 1
+  end
+end
+return n
+"""
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    """Who a request acts for, and what it may do."""
+
+    name: str
+    tier: str
+    rate_limit_per_s: float
+    burst: int
+    max_queued: int
+
+
+def _tenant_of(entry: ApiKeySettings) -> Tenant:
+    return Tenant(entry.tenant, entry.tier, entry.rate_limit_per_s, entry.burst, entry.max_queued)
+
+
+class TenantDirectory:
+    """Resolves a presented API key to its tenant; keys are held only as SHA-256 digests."""
+
+    def __init__(self, entries: list[ApiKeySettings]) -> None:
+        self._by_digest = {
+            entry.key_sha256 or hash_key(entry.key or ""): _tenant_of(entry) for entry in entries
+        }
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> TenantDirectory:
+        """The configured keys, or, with none configured, the run directory's development key."""
+        if settings.api.keys:
+            return cls(settings.api.keys)
+        key = ensure_dev_key(Path(settings.run_dir))
+        return cls([ApiKeySettings(key=key, tenant=DEV_TENANT, tier=settings.api.dev_tier)])
+
+    def resolve(self, key: str | None) -> Tenant | None:
+        if not key:
+            return None
+        return self._by_digest.get(hash_key(key))
+
+
+def read_or_create_secret(path: Path, make: Callable[[], str]) -> str:
+    """The secret in ``path``; on first use ``make()`` writes it, readable by its owner only
+    (``O_EXCL`` with mode 0600: never world-readable, and two racing processes agree)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path.read_text().strip()
+    with os.fdopen(fd, "w") as handle:
+        handle.write(make() + "\n")
+    log.info("wrote %s", path)
+    return path.read_text().strip()
+
+
+def ensure_dev_key(run_dir: Path) -> str:
+    """The development key of ``run_dir`` (tenant ``default``), created on first use."""
+    return read_or_create_secret(run_dir / API_KEY_FILE, lambda: "sl-" + secrets.token_urlsafe(32))
+
+
+class TenantLimits:
+    """Rate limit and queue quota of each tenant, shared by every API process through Redis."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.redis = client
+        self._take = client.register_script(_TAKE_TOKEN)
+        self._count = client.register_script(_COUNT_LIVE)
+
+    @staticmethod
+    def live_key(tenant: str) -> str:
+        return f"{PREFIX}tenant:{tenant}:live"
+
+    def take_token(self, tenant: Tenant) -> float:
+        """Spend one submission token; returns 0, or the seconds until one is available."""
+        wait = self._take(keys=[f"{PREFIX}tenant:{tenant.name}:bucket"],
+                          args=[repr(tenant.rate_limit_per_s), tenant.burst])
+        return float(wait)
+
+    def unfinished(self, tenant: Tenant) -> int:
+        """Jobs of ``tenant`` submitted through the API that have not ended."""
+        return int(self._count(keys=[self.live_key(tenant.name)],
+                               args=[JobStore.job_key("")]))
+
+    def track(self, tenant: Tenant, job_id: str) -> None:
+        self.redis.sadd(self.live_key(tenant.name), job_id)

@@ -1,0 +1,98 @@
+"""TickPlan: one tick's decision, the only thing the adapter applies."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from scheduler.policy import PolicyKind
+from scheduler.state import AdmissionState, PolicyState
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """Publish the job's next chunk to ``queue`` (PENDING / PREEMPTED / SUSPENDED → QUEUED)."""
+
+    job_id: str
+    queue: str
+
+
+@dataclass(frozen=True, slots=True)
+class Requeue:
+    """Move a QUEUED job's chunk: bump its epoch, publish to ``to_queue`` with a fresh task id."""
+
+    job_id: str
+    from_queue: str
+    to_queue: str
+
+
+@dataclass(frozen=True, slots=True)
+class Retarget:
+    """A RUNNING job's next chunk goes to ``to_queue``: set the job's queue, nothing else."""
+
+    job_id: str
+    from_queue: str
+    to_queue: str
+
+
+@dataclass(frozen=True, slots=True)
+class Expiry:
+    """Shed the job (→ EXPIRED) with ``reason`` on its event stream."""
+
+    job_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class LevelMark:
+    """A job's MLFQ place: its level and its ``service_s`` when it entered the level."""
+
+    level: int
+    service_mark_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionStatus:
+    """What the submit path needs to call ``admit``: the state, the load and when measured."""
+
+    state: AdmissionState
+    load: float
+    retry_after_s: float
+    measured_at_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class TickPlan:
+    """Everything one tick decided. Action lists are disjoint: a job appears in at most one of
+    releases, requeues, retargets, preempt, suspend, standby and expire."""
+
+    policy: PolicyKind
+    now_s: float
+    origin_id: str | None
+    origin_score: float | None
+    top_scores: tuple[tuple[str, float], ...]
+    """Highest scores first (at most ``PolicyConfig.top_scores``)."""
+    releases: tuple[Release, ...]
+    """In priority order: publish in this order."""
+    atomic_release: bool
+    """FIFO baseline: publish each released job as one task running every chunk."""
+    requeues: tuple[Requeue, ...]
+    retargets: tuple[Retarget, ...]
+    preempt: tuple[str, ...]
+    """RUNNING jobs to flag; they stop at their next block group and become PREEMPTED."""
+    suspend: tuple[str, ...]
+    """PENDING / PREEMPTED jobs → SUSPENDED (overload convergence)."""
+    standby: tuple[str, ...]
+    """QUEUED jobs: requeue to ``standby``; RUNNING jobs: their next chunk goes to ``standby``."""
+    expire: tuple[Expiry, ...]
+    levels: Mapping[str, LevelMark]
+    """MLFQ marks that changed (first placement, demotion): write them onto the job."""
+    reserved_workers: frozenset[str]
+    worker_queues: Mapping[str, tuple[str, ...]]
+    """Alive worker → queues in strict priority order (reserved: realtime only)."""
+    admission: AdmissionStatus
+    capacity_slots: int | None
+    """Most jobs in flight (QUEUED or RUNNING, not on standby, not being preempted) after this
+    plan; None for the baselines, which release without a gate."""
+    state: PolicyState
+    """Store it; the next snapshot carries it back."""

@@ -1,0 +1,76 @@
+"""The Stepline policy on real workers: realtime work cuts in at the next step, and overload
+convergence pauses batch admission above the threshold and resumes it below."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import redis
+
+from app.jobs import JobService
+from app.runtime import current_settings
+from app.schemas import JobSpec
+from app.store import JobStore
+from scheduler.lifecycle import JobState, SloClass
+from tasks.adapter import ADMISSION_KEY
+from tests.conftest import Processes, wait_for, wait_for_workers
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
+
+
+def _sim(slo: SloClass, steps: int, step_ms: float, groups: int = 1) -> JobSpec:
+    return JobSpec(kind="simulated", slo=slo, deadline_s=None if slo is SloClass.REALTIME else 300,
+                   params={"steps": steps, "step_ms": step_ms, "block_groups": groups})
+
+
+def _admission(client: redis.Redis) -> dict[str, object]:
+    raw = client.get(ADMISSION_KEY)
+    return json.loads(raw) if raw else {}
+
+
+def test_a_realtime_job_arriving_while_batch_holds_the_workers_starts_within_one_step(
+    processes: Processes, redis_client: redis.Redis
+) -> None:
+    processes.worker("w1")
+    processes.worker("w2")
+    processes.scheduler()
+    wait_for_workers(redis_client, ["w1", "w2", "scheduler"])
+    service = JobService(JobStore(redis_client), current_settings())
+    batch = [service.submit(_sim(SloClass.BATCH, 40, 200, groups=4))[0] for _ in range(3)]
+    wait_for(lambda: sum(service.store.state(j) is JobState.RUNNING for j in batch) >= 1, 30,
+             "batch work to occupy the workers")
+
+    realtime, _ = service.submit(_sim(SloClass.REALTIME, 4, 20))
+
+    wait_for(lambda: service.store.state(realtime) is JobState.DONE, 30, "the realtime job")
+    record = service.store.get(realtime)
+    assert record.started_at is not None and record.finished_at is not None
+    assert record.started_at - record.submitted_at <= 0.2 + 0.1  # one batch step + dispatch
+    assert record.finished_at <= record.deadline_at  # met its 1 s SLO
+
+
+def test_batch_admission_pauses_above_the_threshold_and_resumes_below(
+    processes: Processes, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a 2 s load horizon: 2 workers x 2 s = 4 s of outstanding work is load 1.0
+    monkeypatch.setenv("STEPLINE_SCHEDULER__LOAD_HORIZON", "2")
+    processes.env["STEPLINE_SCHEDULER__LOAD_HORIZON"] = "2"
+    current_settings.cache_clear()
+    processes.worker("w1")
+    processes.worker("w2")
+    processes.scheduler()
+    wait_for_workers(redis_client, ["w1", "w2", "scheduler"])
+    service = JobService(JobStore(redis_client), current_settings())
+    load = [service.submit(_sim(SloClass.INTERACTIVE, 12, 100))[0] for _ in range(4)]
+    wait_for(lambda: _admission(redis_client).get("state") == "converging", 20,
+             "the tick to see the overload")
+
+    held, _ = service.submit(_sim(SloClass.BATCH, 2, 50))
+
+    assert service.store.state(held) is JobState.SUSPENDED
+    wait_for(lambda: service.store.state(held) is JobState.DONE, 60,
+             "the held batch job to resume once the load fell")
+    transitions = [(e["from"], e["to"]) for e in service.store.events(held) if e["kind"] == "state"]
+    assert ("PENDING", "SUSPENDED") in transitions and ("SUSPENDED", "QUEUED") in transitions
+    assert all(service.store.state(j) is JobState.DONE for j in load)
