@@ -181,13 +181,15 @@ def _watch(job_id: str) -> int:
 @cli.command()
 def demo(
     workers: Annotated[int, typer.Option(min=1, max=16, help="Worker processes.")] = 2,
+    workload: Annotated[str, typer.Option(help="A name in configs/workloads.")] = "demo",
     run_dir: RunDir = None,
 ) -> None:
     """Start the embedded stack, run a mixed workload, and report each job against its SLO."""
     _setup(run_dir or Path(".stepline-demo"), None)
     from app.demo import run_demo
 
-    raise typer.Exit(run_demo(Path(os.environ["STEPLINE_RUN_DIR"]), workers=workers))
+    raise typer.Exit(run_demo(Path(os.environ["STEPLINE_RUN_DIR"]), workers=workers,
+                              workload_name=workload))
 
 
 @cli.command()

@@ -1,91 +1,118 @@
-"""``stepline demo``: start the embedded stack, run a small mixed workload, report each job."""
+"""``stepline demo``: the embedded stack, a mixed workload of real diffusers and transformers
+jobs replayed under FIFO and then under Stepline on the same workers, and a short SLO report."""
 
 from __future__ import annotations
 
-import random
 import time
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
 from rich.table import Table
 
+from app.bench.driver import Outcome
+from app.bench.report import RunData, met_slo
+from app.bench.run import run_policy, wait_for_workers, write_report
+from app.bench.workload import generate_trace, load_workload
 from app.jobs import JobService
 from app.runtime import connect, current_settings, redis_url
-from app.schemas import JobRecord, JobSpec
 from app.stack import Stack
 from app.store import JobStore
-from scheduler.lifecycle import JobState, SloClass
+from scheduler.lifecycle import SloClass
 
 console = Console()
-
-# (class, steps, step_ms, how many): short urgent jobs among long batch "videos".
-MIX = [
-    (SloClass.BATCH, 40, 100.0, 2),
-    (SloClass.INTERACTIVE, 10, 60.0, 4),
-    (SloClass.REALTIME, 4, 30.0, 8),
-]
+POLICIES = ("fifo", "stepline")
 
 
-def _table(records: list[JobRecord]) -> Table:
-    table = Table("job", "class", "state", "progress", "latency", "SLO")
-    for r in records:
-        filled = int(20 * r.progress / max(r.total, 1))
-        latency = f"{r.latency_s:.2f}s" if r.latency_s is not None else ""
-        met = ""
-        if r.finished_at is not None:
-            met = "met" if r.finished_at <= r.deadline_at else "MISSED"
-        table.add_row(r.id, r.slo.value, r.state.value,
-                      "█" * filled + "░" * (20 - filled) + f" {r.progress}/{r.total}", latency, met)
-    return table
-
-
-def run_demo(run_dir: Path, workers: int = 2, seed: int = 7) -> int:
+def run_demo(run_dir: Path, workers: int = 2, workload_name: str = "demo") -> int:
     settings = current_settings()
-    rng = random.Random(seed)
-    arrivals = sorted(
-        (rng.uniform(0, 6), slo, steps, step_ms)
-        for slo, steps, step_ms, count in MIX for _ in range(count)
-    )
+    workload = load_workload(workload_name)
+    trace = generate_trace(workload, workers=workers)
+    out_dir = run_dir / "report"
     with Stack(settings=settings, run_dir=run_dir, workers=workers) as stack:
         service = JobService(JobStore(connect(redis_url(settings))), settings)
-        _wait_for_workers(service.store, workers)
-        console.print(f"[bold]Stepline demo[/bold]: {workers} workers, embedded Redis at "
-                      f"{stack.run_dir / 'redis.sock'}, {len(arrivals)} simulated jobs")
-        started, ids = time.monotonic(), []
-        with Live(console=console, refresh_per_second=8) as live:
-            while True:
-                now = time.monotonic() - started
-                while arrivals and arrivals[0][0] <= now:
-                    _, slo, steps, step_ms = arrivals.pop(0)
-                    spec = JobSpec(kind="simulated", slo=slo,
-                                   params={"steps": steps, "step_ms": step_ms})
-                    ids.append(service.submit(spec)[0])
-                records = [service.store.get(job_id) for job_id in ids]
-                live.update(_table(records))
-                if not arrivals and all(r.state.is_terminal for r in records):
-                    break
-                time.sleep(0.1)
-    return _report(records)
+        wait_for_workers(service.store, workers)
+        console.print(
+            f"[bold]Stepline demo[/bold] — {workers} workers, embedded Redis "
+            f"({stack.run_dir / 'redis.sock'}), Flower {stack.flower_url} "
+            f"(login in {stack.run_dir / 'flower-auth'})\n"
+            f"{len(trace)} jobs over {workload.duration_s:.0f} s ({workload.description}), "
+            f"replayed under {' then '.join(POLICIES)} on the same workers"
+        )
+        _warm_up(service)
+        runs = [_run_live(service, policy, trace, workers) for policy in POLICIES]
+        service.store.set_policy(None)
+        report = write_report(runs, workload, workload.load, trace, out_dir)
+        flower = stack.flower_url
+    _print_report(runs, report, settings.artifacts_path, out_dir, flower)
+    lost = [o for run in runs for o in run.outcomes if o.job_id and o.final_state is None]
+    return 1 if lost else 0
 
 
-def _wait_for_workers(store: JobStore, count: int, timeout_s: float = 60) -> None:
-    from tasks.context import WORKER_KEY
+def _warm_up(service: JobService) -> None:
+    """Build every model once in each worker so neither policy pays the first-load cost."""
+    from app.schemas import JobSpec
 
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if len(list(store.redis.scan_iter(WORKER_KEY + "w*"))) >= count:
-            return
-        time.sleep(0.2)
-    raise RuntimeError(f"workers did not start in {timeout_s}s; see the run directory's logs")
+    with console.status("warming up the workers (building the models once)…"):
+        ids = []
+        for _ in range(2):
+            for kind, params in (
+                ("image", {"model": "dit-tiny", "class_label": 1, "num_inference_steps": 2}),
+                ("image", {"prompt": "warm", "num_inference_steps": 2}),
+                ("video", {"prompt": "warm", "num_inference_steps": 2}),
+                ("text", {"inputs": "warm", "max_new_tokens": 2, "model": "qwen3-moe-tiny"}),
+            ):
+                spec = JobSpec(kind=kind, params=params, deadline_s=120)  # type: ignore[arg-type]
+                ids.append(service.submit(spec)[0])
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not all(
+            service.store.state(j).is_terminal for j in ids
+        ):
+            time.sleep(0.2)
 
 
-def _report(records: list[JobRecord]) -> int:
-    console.print("\n[bold]SLO attainment by class[/bold]")
+def _run_live(service: JobService, policy: str, trace: list[Any], workers: int) -> RunData:
+    progress = Progress(TextColumn("{task.description:<22}"), BarColumn(), TaskProgressColumn(),
+                        TextColumn("{task.fields[met]}"))
+    totals = Counter(a.slo.value for a in trace)
+    bars = {slo.value: progress.add_task(f"{policy}: {slo.value}", total=totals[slo.value],
+                                         met="") for slo in SloClass}
+
+    def on_progress(outcomes: list[Outcome]) -> None:
+        for slo in SloClass:
+            mine = [o for o in outcomes if o.arrival.slo is slo and o.finished_at is not None]
+            late = sum(1 for o in mine if o.final_state != "DONE")
+            progress.update(bars[slo.value], completed=len(mine),
+                            met=f"{len(mine) - late} done" + (f", {late} not" if late else ""))
+
+    with Live(Group(progress), console=console, refresh_per_second=8):
+        run = run_policy(service, policy, trace, workers, drain_timeout_s=120,
+                         on_progress=on_progress)
+        on_progress(run.outcomes)
+    return run
+
+
+def _print_report(
+    runs: list[RunData], report: dict[str, Any], artifacts: Path, out_dir: Path, flower: str
+) -> None:
+    table = Table("class", *(f"{run.policy} SLO met" for run in runs),
+                  *(f"{run.policy} p95" for run in runs), title="SLO attainment, same trace")
     for slo in SloClass:
-        mine = [r for r in records if r.slo is slo]
-        met = sum(1 for r in mine if r.state is JobState.DONE and r.finished_at is not None
-                  and r.finished_at <= r.deadline_at)
-        console.print(f"  {slo.value:<12} {met}/{len(mine)} met")
-    failed = [r for r in records if r.state is not JobState.DONE]
-    return 1 if failed else 0
+        cells = []
+        for run in runs:
+            mine = [o for o in run.outcomes if o.arrival.slo is slo]
+            met = sum(met_slo(o, run.records.get(o.job_id or "")) for o in mine)
+            cells.append(f"{met}/{len(mine)} ({100 * met / max(len(mine), 1):.0f}%)")
+        for run in runs:
+            p95 = report["policies"][run.policy]["classes"][slo.value]["p95_s"]
+            cells.append("-" if p95 is None else f"{p95:.2f}s")
+        table.add_row(slo.value, *cells)
+    console.print(table)
+    kinds = Counter(p.suffix for p in artifacts.glob("*.*"))
+    console.print(f"artifacts: {artifacts} — {kinds.get('.png', 0)} images (PNG), "
+                  f"{kinds.get('.mp4', 0)} videos (MP4), {kinds.get('.json', 0)} texts (JSON)")
+    console.print(f"report: {out_dir / 'report.json'} with plots {', '.join(report['plots'])}")
+    console.print(f"Flower (while a stack runs): {flower}")
