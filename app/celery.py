@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery
-from kombu import Queue
+from kombu import Exchange, Queue
 
 from app.runtime import current_settings, kombu_url, redis_url
 from app.settings import Settings
@@ -41,7 +41,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "result_serializer": "json",
         "accept_content": ["json"],
         "event_serializer": "json",
-        "task_queues": [Queue(name) for name in ALL_QUEUES],
+        # Each queue on its own direct exchange: a message routed to one queue reaches only it.
+        "task_queues": [Queue(name, Exchange(name, type="direct"), routing_key=name)
+                        for name in ALL_QUEUES],
         "task_default_queue": INTERACTIVE,
         "task_routes": {TICK_TASK: {"queue": CONTROL}},
         "task_create_missing_queues": False,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,8 @@ class RunData:
     step_ms_of_probe: float
     tick_ms: list[float]
     tick_intervals_ms: list[float]
+    checkpoint_cache: dict[str, int] = field(default_factory=dict)
+    """Hits and misses of the workers' local checkpoint caches during the run."""
 
 
 def class_figures(run: RunData) -> dict[str, Any]:
@@ -96,7 +98,13 @@ def run_figures(run: RunData) -> dict[str, Any]:
                     "count": len(run.tick_ms)},
         "tick_interval_jitter_ms": (statistics.pstdev(run.tick_intervals_ms)
                                     if len(run.tick_intervals_ms) > 1 else None),
+        "checkpoint_cache_hit_rate": _hit_rate(run.checkpoint_cache),
     }
+
+
+def _hit_rate(counts: dict[str, int]) -> float | None:
+    total = counts.get("hits", 0) + counts.get("misses", 0)
+    return counts.get("hits", 0) / total if total else None
 
 
 def ratios_against(baseline: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:

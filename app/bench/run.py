@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,8 +42,13 @@ def wait_idle(store: JobStore, timeout_s: float = 30.0) -> None:
         time.sleep(0.1)
 
 
-def probe_hop_overhead(service: JobService) -> float:
-    """Dispatch overhead per chunk hop on an idle system: (latency − work) ÷ chunks, in ms."""
+def probe_hop_overhead(service: JobService, probes: int = 3) -> float:
+    """Dispatch overhead per chunk hop on an idle system: (latency − work) ÷ chunks, in ms;
+    the median of a few probe jobs."""
+    return statistics.median(_probe_once(service) for _ in range(probes))
+
+
+def _probe_once(service: JobService) -> float:
     spec = JobSpec(kind="simulated", slo=SloClass.INTERACTIVE, deadline_s=60,
                    params={"steps": PROBE_CHUNKS, "step_ms": PROBE_STEP_MS})
     job_id, _ = service.submit(spec)
@@ -52,6 +58,20 @@ def probe_hop_overhead(service: JobService) -> float:
     f = service.store.fields(job_id)
     wall_s = float(f["finished_at"]) - float(f["started_at"])
     return max(0.0, (wall_s - PROBE_CHUNKS * PROBE_STEP_MS / 1e3) / PROBE_CHUNKS * 1e3)
+
+
+def checkpoint_cache_counts(store: JobStore) -> dict[str, int]:
+    """Hits and misses of the workers' local checkpoint caches, from their heartbeats."""
+    from tasks.context import WORKER_KEY
+
+    totals = {"hits": 0, "misses": 0}
+    keys = list(store.redis.scan_iter(WORKER_KEY + "w*"))
+    for raw in store.redis.mget(keys) if keys else []:
+        if raw is not None:
+            cache = json.loads(raw).get("ckpt_cache", {})
+            totals["hits"] += int(cache.get("hits", 0))
+            totals["misses"] += int(cache.get("misses", 0))
+    return totals
 
 
 def tick_figures(store: JobStore, since_s: float) -> tuple[list[float], list[float]]:
@@ -70,15 +90,18 @@ def run_policy(
     store.set_policy(policy)
     wait_idle(store)
     overhead_ms = probe_hop_overhead(service)
-    started = time.time()
+    started, cache_before = time.time(), checkpoint_cache_counts(store)
     outcomes = replay(service, trace, drain_timeout_s=drain_timeout_s, on_progress=on_progress)
+    cache_after = checkpoint_cache_counts(store)
     ids = [o.job_id for o in outcomes if o.job_id]
     records = {f["id"]: f for f in store.many_fields(ids)}
     events = {job_id: store.events(job_id) for job_id in ids}
     tick_ms, intervals = tick_figures(store, started)
     return RunData(policy=policy, outcomes=outcomes, records=records, events=events,
                    workers=workers, overhead_ms_per_hop=overhead_ms,
-                   step_ms_of_probe=PROBE_STEP_MS, tick_ms=tick_ms, tick_intervals_ms=intervals)
+                   step_ms_of_probe=PROBE_STEP_MS, tick_ms=tick_ms, tick_intervals_ms=intervals,
+                   checkpoint_cache={k: cache_after[k] - cache_before.get(k, 0)
+                                     for k in cache_after})
 
 
 def build_trace(
@@ -146,7 +169,8 @@ def run_bench(
     workload = load_workload(workload_name)
     trace = build_trace(workload, workers, load, duration_s, trace_file)
     drain_s = max(60.0, 2 * (duration_s or workload.duration_s))
-    with Stack(settings=settings, run_dir=run_dir, workers=workers):
+    with Stack(settings=settings, run_dir=run_dir, workers=workers, with_api=False,
+               with_flower=False):
         service = JobService(JobStore(connect(redis_url(settings))), settings)
         wait_for_workers(service.store, workers)
         runs = []
