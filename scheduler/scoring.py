@@ -6,7 +6,7 @@ not move because an unrelated job arrived; that keeps the origin steady between 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import astuple, dataclass
 
 from scheduler.lifecycle import JobState, SloClass
@@ -75,22 +75,56 @@ def score_job(job: JobView, remaining_s: float, policy: PolicyConfig, now_s: flo
     return score_jobs((job,), (remaining_s,), policy, now_s)[0]
 
 
+@dataclass(frozen=True, slots=True)
+class ScoreTerms:
+    """The weights of :func:`score_jobs` divided by their sum, hoisted once per tick; the
+    survey's fused pass reads them too, so both compute the same floats."""
+
+    gold: float
+    realtime: float
+    interactive: float
+    memory: float
+    slack: float
+    wait_max: float
+    wait_per_s: float
+    progress: float
+    short: float
+    """``remaining`` weight × short_job_s: the term is ``short / (remaining_s + short_job_s)``."""
+    short_s: float
+    preemptions_max: float
+    per_preemption: float
+    max_preemptions: int
+    aging_bound_s: float
+    impact: Mapping[JobKind, float]
+
+    @classmethod
+    def from_policy(cls, policy: PolicyConfig) -> ScoreTerms:
+        w = policy.weights
+        total = sum(w.as_tuple())
+        max_pre = max(policy.max_preemptions, 1)
+        return cls(
+            gold=w.tier / total, realtime=w.slo_class / total,
+            interactive=w.slo_class * 0.5 / total, memory=w.resource / total,
+            slack=w.slack / total, wait_max=w.wait / total,
+            wait_per_s=w.wait / total / policy.aging_bound_s, progress=w.progress / total,
+            short=w.remaining / total * policy.short_job_s, short_s=policy.short_job_s,
+            preemptions_max=w.preemptions / total, per_preemption=w.preemptions / total / max_pre,
+            max_preemptions=max_pre, aging_bound_s=policy.aging_bound_s,
+            impact={kind: w.impact / total * policy.kind_impact.get(kind, 0.5)
+                    for kind in JobKind},
+        )
+
+
 def score_jobs(jobs: Sequence[JobView], remaining_s: Sequence[float], policy: PolicyConfig,
                now_s: float) -> list[float]:
     """Scores of many jobs at once: :func:`score_dimensions` and :func:`weighted_score` fused,
-    with every constant hoisted, because the tick scores every live job."""
-    total = sum(policy.weights.as_tuple())
-    w = policy.weights
-    w_gold, w_rt, w_ia = w.tier / total, w.slo_class / total, w.slo_class * 0.5 / total
-    w_slack, w_wait_max, w_prog = w.slack / total, w.wait / total, w.progress / total
-    w_pre_max, w_mem = w.preemptions / total, w.resource / total
-    w_wait = w_wait_max / policy.aging_bound_s
-    max_pre = max(policy.max_preemptions, 1)
-    w_pre = w_pre_max / max_pre
-    short_s = policy.short_job_s
-    w_short = w.remaining / total * short_s
-    impact = {kind: w.impact / total * policy.kind_impact.get(kind, 0.5) for kind in JobKind}
-    bound_s = policy.aging_bound_s
+    with every constant hoisted. The tick itself scores in :func:`scheduler.survey.survey_jobs`,
+    the same formula inlined into its one pass over the jobs."""
+    t = ScoreTerms.from_policy(policy)
+    w_gold, w_rt, w_ia, w_mem = t.gold, t.realtime, t.interactive, t.memory
+    w_slack, w_wait_max, w_wait, w_prog = t.slack, t.wait_max, t.wait_per_s, t.progress
+    w_short, short_s, w_pre_max, w_pre = t.short, t.short_s, t.preemptions_max, t.per_preemption
+    max_pre, bound_s, impact = t.max_preemptions, t.aging_bound_s, t.impact
     gold, rt, ia, mem, running = (Tier.GOLD, SloClass.REALTIME, SloClass.INTERACTIVE,
                                   ResourceProfile.MEMORY, JobState.RUNNING)
     scores: list[float] = []

@@ -28,7 +28,7 @@ from scheduler.policy import PolicyConfig
 from scheduler.preemption import pick_victims
 from scheduler.queues import LOWEST_LEVEL, STANDBY_QUEUE, queue_for_level
 from scheduler.reserve import choose_reserved, reserve_size, reserve_until_s, worker_queues
-from scheduler.scoring import score_jobs, select_origin
+from scheduler.scoring import select_origin
 from scheduler.state import AdmissionState, PolicyState
 from scheduler.survey import Survey, survey_jobs
 
@@ -55,7 +55,7 @@ class _Planner:
         self.snapshot, self.policy, self.now_s = snapshot, policy, now_s
         self.alive: list[WorkerView] = [w for w in snapshot.workers if w.alive]
         self.sv: Survey = survey_jobs(snapshot, self.alive, policy, now_s)
-        self.scores = score_jobs(self.sv.live, self.sv.remaining_s, policy, now_s)
+        self.scores = self.sv.scores
         self.load = measure_load(self.sv.outstanding_s, len(self.alive), policy)
         self.admission = next_admission_state(snapshot.state.admission, self.load, policy)
         self.converging = self.admission is AdmissionState.CONVERGING

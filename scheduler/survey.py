@@ -7,9 +7,10 @@ from dataclasses import dataclass, field
 
 from scheduler.cost import CostModel
 from scheduler.lifecycle import JobState, SloClass
-from scheduler.model import ClusterSnapshot, JobView, WorkerView
+from scheduler.model import ClusterSnapshot, JobView, ResourceProfile, Tier, WorkerView
 from scheduler.policy import PolicyConfig
 from scheduler.queues import STANDBY_QUEUE
+from scheduler.scoring import ScoreTerms
 
 
 class _RateTable:
@@ -23,7 +24,14 @@ class _RateTable:
         self.rates: dict[str, float] = {}
 
     def learn(self, cost_key: str) -> float:
-        rate = self._cost.fleet_seconds_per_unit(cost_key, self._devices)
+        # Each distinct device once, then the fleet mean over workers in their order (the same
+        # sum as CostModel.fleet_seconds_per_unit, without a prior lookup per worker).
+        devices = self._devices
+        if devices:
+            per_device = {d: self._cost.seconds_per_unit(cost_key, d) for d in set(devices)}
+            rate = sum([per_device[d] for d in devices]) / len(devices)
+        else:
+            rate = self._cost.seconds_per_unit(cost_key)
         self.rates[cost_key] = rate
         return rate
 
@@ -34,6 +42,8 @@ class Survey:
 
     live: list[JobView] = field(default_factory=list)
     remaining_s: list[float] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)
+    """Each live job's origin score (:func:`scheduler.scoring.score_jobs`, computed inline)."""
     waiting_realtime: list[int] = field(default_factory=list)
     """PENDING or PREEMPTED realtime-class jobs."""
     waiting_other: list[int] = field(default_factory=list)
@@ -53,7 +63,8 @@ class Survey:
 
 def survey_jobs(snapshot: ClusterSnapshot, alive: Sequence[WorkerView], policy: PolicyConfig,
                 now_s: float) -> Survey:
-    """Walk the jobs once (the tick's hot path: every attribute read here costs 10 000 times)."""
+    """Walk the jobs once, estimating, partitioning and scoring them (the tick's hot path: every
+    attribute read here costs 10 000 times, so each is read once into a local)."""
     sv = Survey()
     table = _RateTable(snapshot.cost, [w.device for w in alive])
     rates = table.rates
@@ -61,37 +72,80 @@ def survey_jobs(snapshot: ClusterSnapshot, alive: Sequence[WorkerView], policy: 
     bound_s, grace_s = policy.aging_bound_s, policy.expire_grace_s
     pending, preempted, suspended = JobState.PENDING, JobState.PREEMPTED, JobState.SUSPENDED
     queued, running, realtime = JobState.QUEUED, JobState.RUNNING, SloClass.REALTIME
-    live, remaining = sv.live, sv.remaining_s
-    waiting_rt, waiting_other, inflight = sv.waiting_realtime, sv.waiting_other, sv.inflight
-    aged, late = sv.aged, sv.late
+    interactive, gold, memory = SloClass.INTERACTIVE, Tier.GOLD, ResourceProfile.MEMORY
+    # bound appends: one attribute lookup per tick instead of one per job
+    add_live, add_remaining, add_score = sv.live.append, sv.remaining_s.append, sv.scores.append
+    add_waiting_rt, add_waiting_other = sv.waiting_realtime.append, sv.waiting_other.append
+    add_inflight, add_standby = sv.inflight.append, sv.standby.append
+    add_suspended, add_with_deps = sv.suspended.append, sv.with_deps.append
+    add_aged, add_late = sv.aged.append, sv.late.append
+    # score_jobs' formula, term for term (test_survey_scores_equal_score_jobs holds them equal)
+    t = ScoreTerms.from_policy(policy)
+    w_gold, w_rt, w_ia, w_mem = t.gold, t.realtime, t.interactive, t.memory
+    w_slack, w_wait_max, w_wait, w_prog = t.slack, t.wait_max, t.wait_per_s, t.progress
+    w_short, short_s, w_pre_max, w_pre = t.short, t.short_s, t.preemptions_max, t.per_preemption
+    max_pre, impact = t.max_preemptions, t.impact
     outstanding = 0.0
+    index = -1
     for job in snapshot.jobs:
         state = job.state
-        index = len(live)
         if state is pending or state is preempted:
-            (waiting_rt if job.slo_class is realtime else waiting_other).append(index)
-            if now_s - job.waiting_since_s >= bound_s:
-                aged.append(index)
+            index += 1
+            waited = now_s - job.waiting_since_s
+            cls = job.slo_class
+            (add_waiting_rt if cls is realtime else add_waiting_other)(index)
+            if waited >= bound_s:
+                add_aged(index)
+                wait_term = w_wait_max
+            else:
+                wait_term = w_wait * waited if waited > 0.0 else 0.0
         elif state is queued or state is running:
+            index += 1
+            cls = job.slo_class
             if not job.preempt_requested:
-                (sv.standby if job.queue == STANDBY_QUEUE else inflight).append(index)
+                (add_standby if job.queue == STANDBY_QUEUE else add_inflight)(index)
+            if state is running:
+                wait_term = 0.0
+            else:
+                waited = now_s - job.waiting_since_s
+                wait_term = w_wait_max if waited >= bound_s else (
+                    w_wait * waited if waited > 0.0 else 0.0)
         elif state is suspended:
-            sv.suspended.append(index)
+            index += 1
+            cls = job.slo_class
+            add_suspended(index)
+            waited = now_s - job.waiting_since_s
+            wait_term = w_wait_max if waited >= bound_s else (
+                w_wait * waited if waited > 0.0 else 0.0)
         else:
             continue
+        cost_key = job.cost_key
         try:
-            rem = job.remaining_cost_units * rates[job.cost_key]
+            rem = job.remaining_cost_units * rates[cost_key]
         except KeyError:  # first job of this cost key in the tick (a plain dict stays fast)
-            rem = job.remaining_cost_units * table.learn(job.cost_key)
-        live.append(job)
-        remaining.append(rem)
+            rem = job.remaining_cost_units * table.learn(cost_key)
+        add_live(job)
+        add_remaining(rem)
         if state is not suspended:
             outstanding += rem
-        if now_s + rem > job.deadline_s + grace_s:
-            late.append(index)
+        sub, deadline = job.submitted_at_s, job.deadline_s
+        if now_s + rem > deadline + grace_s:
+            add_late(index)
         if job.depends_on:
-            sv.with_deps.append(index)
+            add_with_deps(index)
         if job.job_id == incumbent_id:
             sv.incumbent = index
+        score = ((w_gold if job.tier is gold else 0.0)
+                 + (w_rt if cls is realtime else (w_ia if cls is interactive else 0.0))
+                 + (w_mem if job.resource_profile is memory else 0.0)
+                 + impact[job.kind])
+        budget = deadline - sub
+        spent = (now_s + rem - sub) / budget if budget > 0.0 else 1.0
+        score += w_slack if spent >= 1.0 else (w_slack * spent if spent > 0.0 else 0.0)
+        score += wait_term
+        pre = job.preemptions
+        score += (w_prog * job.next_chunk / job.num_chunks + w_short / (rem + short_s)
+                  + (w_pre_max if pre >= max_pre else w_pre * pre))
+        add_score(score)
     sv.outstanding_s = outstanding
     return sv

@@ -40,6 +40,7 @@ from scheduler.errors import SchedulerError
 from scheduler.lifecycle import JobState, SloClass
 from tasks.context import WORKER_KEY, WorkerContext
 from tasks.dispatch import publish_chunk, release
+from tasks.healing import cost_model_estimate, heal
 from tasks.routing import STANDBY
 
 log = logging.getLogger(__name__)
@@ -65,8 +66,10 @@ def run_tick(ctx: WorkerContext, now_s: float) -> TickPlan:
     policy = policy_config(settings, store)
     jobs = store.many_fields(store.active_ids())
     requeue_lost_chunks(store, jobs, now_s)
+    cost = learned_cost_model(store, policy)
+    heal(store, jobs, now_s, settings, estimate_s=cost_model_estimate(cost))
     jobs = [f for f in jobs if not fail_orphaned_dependent(store, f)]
-    snapshot = build_snapshot(store, jobs, policy, now_s)
+    snapshot = build_snapshot(store, jobs, cost, now_s)
     plan = plan_tick(snapshot, policy, now_s)
     try:
         check_plan_invariants(plan, snapshot)
@@ -79,13 +82,11 @@ def run_tick(ctx: WorkerContext, now_s: float) -> TickPlan:
 
 # snapshot -------------------------------------------------------------------------------------
 def build_snapshot(
-    store: JobStore, jobs: list[dict[str, str]], policy: PolicyConfig, now_s: float
+    store: JobStore, jobs: list[dict[str, str]], cost: CostModel, now_s: float
 ) -> ClusterSnapshot:
     views = tuple(view for fields in jobs if (view := job_view(fields)) is not None)
-    return ClusterSnapshot(
-        jobs=views, workers=worker_views(store, now_s),
-        cost=learned_cost_model(store, policy), state=load_policy_state(store),
-    )
+    return ClusterSnapshot(jobs=views, workers=worker_views(store, now_s), cost=cost,
+                           state=load_policy_state(store))
 
 
 def job_view(f: Mapping[str, str]) -> JobView | None:

@@ -12,6 +12,7 @@ import logging
 import time
 from typing import Any
 
+import redis
 from pydantic import BaseModel, Field, ValidationError
 
 from app.celery import CHUNK_TASK, app
@@ -82,6 +83,8 @@ def _run_claimed(
         started = time.monotonic()
         try:
             result = runner.run_chunk(params, chunk, state, lambda: store.preempt_requested(job_id))
+        except redis.RedisError:
+            raise  # the store went away, not the job: leave it RUNNING for the lease watchdog
         except Exception as exc:
             log.exception("job %s chunk %d failed", job_id, chunk)
             return _stop(store, job_id, JobState.FAILED, ctx.name, f"chunk {chunk}: {exc}"[:500])

@@ -90,3 +90,15 @@ def test_running_job_can_be_the_origin() -> None:
     assert plan.origin_id == "r"
     assert plan.top_scores[0][0] == "r"
     assert job.state is JobState.RUNNING
+
+
+@settings(max_examples=100, deadline=None)
+@given(snapshot=snapshots())
+def test_survey_scores_equal_score_jobs(snapshot) -> None:  # type: ignore[no-untyped-def]
+    # given the tick's one fused pass over the jobs
+    from scheduler.survey import survey_jobs
+
+    alive = [w for w in snapshot.workers if w.alive]
+    sv = survey_jobs(snapshot, alive, POLICY, NOW_S)
+    # then its inline scores are exactly score_jobs' (the same floats, not just close)
+    assert sv.scores == score_jobs(sv.live, sv.remaining_s, POLICY, NOW_S)

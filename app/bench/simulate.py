@@ -1,0 +1,772 @@
+"""Discrete-event simulation of Stepline at scale: the real ``plan_tick`` on a virtual clock.
+
+No Celery, no Redis, no devices: N simulated workers consume simulated queues the way the real
+ones do (strict queue order, the reserve's realtime-only workers, one chunk at a time, a
+dispatch overhead per hop), and every ``tick_s`` the same ``plan_tick`` the adapter calls plans
+the cluster; its plan is applied as ``tasks/adapter.py`` applies it. Chunk durations are the
+published GPU step figures of the cost model's priors, with jitter. Everything it reports is
+labelled as simulation.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+import statistics
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.bench.oracle import Discipline, OracleJob, mean_response_lower_bound_s, run_oracle
+from scheduler import (
+    Admission,
+    AdmissionStatus,
+    ClusterSnapshot,
+    JobKind,
+    JobState,
+    JobView,
+    PolicyConfig,
+    PolicyKind,
+    PolicyState,
+    ResourceProfile,
+    SloClass,
+    TickPlan,
+    Tier,
+    WorkerView,
+    admit,
+    check_plan_invariants,
+    plan_tick,
+)
+from scheduler.queues import NORMAL_WORKER_QUEUES, STANDBY_QUEUE
+
+NOTE = ("simulated: a discrete-event model of the adapter, the workers and the Celery queues "
+        "driving the real plan_tick on a virtual clock; chunk times are published H100 step "
+        "figures (cost-model priors) with jitter, not measurements of this machine")
+SIM_POLICIES = ("fifo", "priority", "stepline")
+ORACLES = ("oracle-edf", "oracle-srpt")
+ALL_POLICIES = (*SIM_POLICIES, *ORACLES)
+GROUPS = ("urgent", "realtime", "interactive", "batch", "all")
+"""Report rows: ``urgent`` is the realtime jobs with an SLO under 100 ms (stress test only)."""
+
+CLASS_QUEUE = {SloClass.REALTIME: "realtime", SloClass.INTERACTIVE: "interactive",
+               SloClass.BATCH: "batch"}
+CLASS_TARGET_S = {SloClass.REALTIME: 1.0, SloClass.INTERACTIVE: 5.0, SloClass.BATCH: 60.0}
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """One job type of the mix: chunks of ``units_per_chunk`` cost units at ``s_per_unit``."""
+
+    name: str
+    share: float
+    slo: SloClass
+    kind: JobKind
+    cost_key: str
+    chunks: int
+    units_per_chunk: float
+    s_per_unit: float
+    block_groups: int
+    deadline_s: float | None = None
+    """Explicit SLO (seconds after arrival); None: the class target."""
+
+    @property
+    def service_s(self) -> float:
+        return self.chunks * self.units_per_chunk * self.s_per_unit
+
+
+# Per-step H100 figures of the step-cost table (= the policy's cost priors): a chunk is one
+# denoising step, or one decode chunk of K tokens (K = 8 interactive, 4 realtime).
+MIX: tuple[Shape, ...] = (
+    Shape("thumbnail-256", 0.40, SloClass.REALTIME, JobKind.IMAGE, "image-256", 50, 1, 0.010, 1),
+    Shape("image-512", 0.30, SloClass.INTERACTIVE, JobKind.IMAGE, "image-512", 20, 1, 0.03, 2),
+    Shape("chat-128tok", 0.20, SloClass.INTERACTIVE, JobKind.TEXT, "text", 16, 8, 0.006, 8),
+    Shape("image-1024", 0.08, SloClass.BATCH, JobKind.IMAGE, "image-1024", 28, 1, 0.23, 2),
+    Shape("video-480p", 0.02, SloClass.BATCH, JobKind.VIDEO, "video-480p", 50, 1, 1.3, 4,
+          deadline_s=300.0),
+)
+URGENT = Shape("urgent-text", 0.0, SloClass.REALTIME, JobKind.TEXT, "text", 1, 4, 0.006, 4,
+               deadline_s=0.08)
+"""The stress test's urgent job: a 4-token reply (~24 ms) due within 80 ms."""
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """One simulated run; times in virtual seconds."""
+
+    workers: int = 16
+    rate_per_s: float = 10.0
+    duration_s: float = 60.0
+    """Arrivals stop here; the run goes on for ``drain_s`` so queued work can finish."""
+    drain_s: float = 30.0
+    seed: int = 1
+    dispatch_overhead_s: float = 0.003
+    """Per hop: finish, publish the next chunk, a worker picks it up (unix socket ~2 ms, TCP
+    3-5 ms)."""
+    jitter: float = 0.1
+    """Each chunk's duration is its prior × U(1 - jitter, 1 + jitter)."""
+    tick_s: float = 0.1
+    urgent_share: float = 0.0
+    """Share of arrivals replaced by urgent (< 100 ms SLO) jobs."""
+    fail_at_s: float | None = None
+    """One busy worker dies here: its chunk is lost; its job resumes from its checkpoint once
+    the chunk lease (and heartbeat) lapse."""
+    lease_s: float = 10.0
+    gold_share: float = 0.3
+
+    @classmethod
+    def stress(cls, workers: int = 256, rate_per_s: float = 1000.0,
+               duration_s: float = 60.0, **overrides: Any) -> SimConfig:
+        """The reference stress test: mixed load, urgent jobs injected at random, a worker
+        failing mid-run."""
+        return cls(workers=workers, rate_per_s=rate_per_s, duration_s=duration_s,
+                   urgent_share=0.05, fail_at_s=duration_s / 2, **overrides)
+
+    @property
+    def end_s(self) -> float:
+        return self.duration_s + self.drain_s
+
+
+@dataclass(frozen=True, slots=True)
+class SimArrival:
+    """One job of the trace, with its true chunk durations (the policies see only estimates)."""
+
+    index: int
+    arrival_s: float
+    shape: Shape
+    tier: Tier
+    chunk_s: tuple[float, ...]
+
+    @property
+    def deadline_s(self) -> float:
+        budget_s = self.shape.deadline_s or CLASS_TARGET_S[self.shape.slo]
+        return self.arrival_s + budget_s
+
+    @property
+    def group(self) -> str:
+        return "urgent" if self.shape is URGENT else self.shape.slo.value
+
+
+def generate_trace(config: SimConfig) -> list[SimArrival]:
+    """Poisson arrivals of the mix (and urgent jobs), seeded: every policy sees the same jobs."""
+    rng = random.Random(config.seed)
+    weights = [s.share for s in MIX]
+    trace: list[SimArrival] = []
+    t = 0.0
+    while (t := t + rng.expovariate(config.rate_per_s)) < config.duration_s:
+        urgent = rng.random() < config.urgent_share
+        shape = URGENT if urgent else rng.choices(MIX, weights)[0]
+        tier = Tier.GOLD if rng.random() < config.gold_share else Tier.STANDARD
+        base_s = shape.units_per_chunk * shape.s_per_unit
+        chunk_s = tuple(base_s * (1.0 + config.jitter * (2.0 * rng.random() - 1.0))
+                        for _ in range(shape.chunks))
+        trace.append(SimArrival(len(trace), t, shape, tier, chunk_s))
+    return trace
+
+
+def offered_load(config: SimConfig) -> float:
+    """ρ = λ · E[service] / workers for the configured mix."""
+    total = sum(s.share for s in MIX)
+    mean_s = sum(s.share * s.service_s for s in MIX) / total
+    mean_s = (1 - config.urgent_share) * mean_s + config.urgent_share * URGENT.service_s
+    return config.rate_per_s * mean_s / config.workers
+
+
+# -- the simulated cluster ---------------------------------------------------------------------
+
+class _Job:
+    """A job's record in the simulated store (what Redis holds for a real one)."""
+
+    __slots__ = (
+        "arrival",
+        "atomic",
+        "epoch",
+        "finished_s",
+        "groups_done",
+        "id",
+        "level",
+        "level_service_s",
+        "next_chunk",
+        "preempt",
+        "preemptions",
+        "queue",
+        "running_on",
+        "service_s",
+        "state",
+        "units_left",
+        "view",
+        "waiting_since_s",
+    )
+
+    def __init__(self, arrival: SimArrival) -> None:
+        self.arrival = arrival
+        self.id = f"j{arrival.index}"
+        self.state = JobState.PENDING
+        self.queue: str | None = None
+        self.running_on: str | None = None
+        self.next_chunk = 0
+        self.groups_done = 0
+        self.service_s = 0.0
+        self.waiting_since_s = arrival.arrival_s
+        self.preemptions = 0
+        self.level: int | None = None
+        self.level_service_s = 0.0
+        self.preempt = False
+        self.epoch = 0
+        self.atomic = False
+        self.finished_s: float | None = None
+        self.view: JobView | None = None
+        self.units_left = arrival.shape.chunks * arrival.shape.units_per_chunk
+
+    def job_view(self) -> JobView:
+        if self.view is None:
+            a, shape = self.arrival, self.arrival.shape
+            self.view = JobView(
+                job_id=self.id, tenant="acme" if a.tier is Tier.GOLD else "hobbyist",
+                tier=a.tier, slo_class=shape.slo, kind=shape.kind, state=self.state,
+                submitted_at_s=a.arrival_s, deadline_s=a.deadline_s, cost_key=shape.cost_key,
+                num_chunks=shape.chunks, next_chunk=self.next_chunk,
+                remaining_cost_units=self.units_left, queue=self.queue,
+                running_on=self.running_on, service_s=self.service_s,
+                waiting_since_s=self.waiting_since_s, preemptions=self.preemptions,
+                resource_profile=ResourceProfile.MEMORY if shape.kind is JobKind.TEXT
+                else ResourceProfile.COMPUTE,
+                level=self.level, level_service_s=self.level_service_s,
+                preempt_requested=self.preempt,
+            )
+        return self.view
+
+
+class _Worker:
+    """One worker process: consumes its queues in order, one chunk (or atomic job) at a time."""
+
+    __slots__ = (
+        "alive",
+        "busy_s",
+        "dead_until_s",
+        "job",
+        "name",
+        "overhead_s",
+        "queues",
+        "run_start_s",
+        "start_groups",
+        "stop_groups",
+        "token",
+    )
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.queues: tuple[str, ...] = NORMAL_WORKER_QUEUES
+        self.alive = True
+        self.job: _Job | None = None
+        self.token = 0
+        self.run_start_s = 0.0
+        self.start_groups = 0
+        self.stop_groups = 0
+        self.busy_s = 0.0
+        self.overhead_s = 0.0
+        self.dead_until_s = math.inf
+        """After a failure: its heartbeat (and its job's lease) lapse at this time."""
+
+
+_ARRIVE, _TICK, _WAKE, _END, _FAIL = range(5)
+
+
+@dataclass
+class SimResult:
+    """Per-job outcomes and the run's counters."""
+
+    finished_s: list[float | None]
+    status: list[str]
+    busy_s: float
+    overhead_s: float
+    lost_s: float
+    capacity_s: float
+    tick_ms: list[float] = field(default_factory=list)
+    tick_jobs: list[int] = field(default_factory=list)
+    preemptions: int = 0
+    lost_jobs: list[int] = field(default_factory=list)
+    """Jobs whose running chunk died with the failed worker."""
+    wall_s: float = 0.0
+
+
+class ClusterSim:
+    """The adapter, the queues and the workers on a virtual clock (one policy, one trace)."""
+
+    def __init__(self, config: SimConfig, trace: Sequence[SimArrival], policy: PolicyConfig,
+                 check_invariants: bool = False) -> None:
+        self.config, self.trace, self.policy = config, trace, policy
+        self.check_invariants = check_invariants
+        self.kind = policy.policy
+        self.now = 0.0
+        self.events: list[tuple[float, int, int, Any]] = []
+        self.seq = 0
+        self.workers = [_Worker(f"w{k:03d}") for k in range(config.workers)]
+        self.by_name = {w.name: w for w in self.workers}
+        self.idle: dict[str, _Worker] = {w.name: w for w in self.workers}
+        self.queues: dict[str, deque[tuple[_Job, int]]] = {
+            q: deque() for q in NORMAL_WORKER_QUEUES}
+        self.jobs = [_Job(a) for a in trace]
+        self.live: dict[str, _Job] = {}
+        self.state = PolicyState()
+        self.admission: AdmissionStatus | None = None
+        self.cost = policy.new_cost_model()
+        self.status = ["unfinished"] * len(trace)
+        self.lost_s = 0.0
+        self.orphans: list[_Job] = []
+        self.ticks = 0
+        self.result = SimResult([None] * len(trace), self.status, 0.0, 0.0, 0.0, 0.0)
+
+    # -- event loop -------------------------------------------------------------------------
+
+    def _push(self, at_s: float, kind: int, payload: Any) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (at_s, self.seq, kind, payload))
+
+    def run(self) -> SimResult:
+        started = time.perf_counter()
+        for job in self.jobs:
+            self._push(job.arrival.arrival_s, _ARRIVE, job)
+        self._push(0.0, _TICK, None)
+        if self.config.fail_at_s is not None:
+            self._push(self.config.fail_at_s, _FAIL, None)
+        end_s = self.config.end_s
+        handlers = (self._arrive, self._tick, self._wake, self._end, self._fail)
+        while self.events:
+            at_s, _, kind, payload = heapq.heappop(self.events)
+            if at_s > end_s:
+                break
+            self.now = at_s
+            handlers[kind](payload)
+        self.now = end_s
+        return self._finish(time.perf_counter() - started)
+
+    def _finish(self, wall_s: float) -> SimResult:
+        r = self.result
+        for w in self.workers:
+            if w.job is not None and w.alive:  # count the part of the chunk run by the end
+                w.busy_s += max(self.now - w.run_start_s, 0.0)
+        r.busy_s = sum(w.busy_s for w in self.workers)
+        r.overhead_s = sum(w.overhead_s for w in self.workers)
+        r.lost_s = self.lost_s
+        fail_s = self.config.fail_at_s
+        lost_worker_s = self.now - fail_s if fail_s is not None and fail_s < self.now else 0.0
+        r.capacity_s = len(self.workers) * self.now - lost_worker_s
+        r.preemptions = sum(j.preemptions for j in self.jobs)
+        r.wall_s = wall_s
+        return r
+
+    # -- submission (JobService.submit) -----------------------------------------------------
+
+    def _arrive(self, job: _Job) -> None:
+        self.live[job.id] = job
+        if self.kind is PolicyKind.FIFO:
+            job.atomic = True
+            self._release(job, "batch")
+            return
+        if self.kind is PolicyKind.STEPLINE and self.admission is not None:
+            verdict = admit(job.job_view(), self.admission, self.policy, self.now).verdict
+            if verdict is Admission.SHED_OVERLOAD:
+                self._end_job(job, JobState.EXPIRED, "shed")
+                return
+            if verdict is Admission.SUSPEND:
+                self._set_state(job, JobState.SUSPENDED)
+                return
+        self._release(job, CLASS_QUEUE[job.arrival.shape.slo])
+
+    # -- queues and workers -----------------------------------------------------------------
+
+    def _set_state(self, job: _Job, state: JobState) -> None:
+        job.state = state
+        job.view = None
+
+    def _publish(self, job: _Job, queue: str) -> None:
+        self.queues[queue].append((job, job.epoch))
+        for w in self.idle.values():
+            if queue in w.queues:
+                del self.idle[w.name]
+                self._wake(w)
+                return
+
+    def _release(self, job: _Job, queue: str, bump_epoch: bool = False) -> None:
+        """``tasks.dispatch.release``: QUEUED on ``queue``, flag cleared, chunk published."""
+        job.epoch += 1 if bump_epoch else 0
+        job.state, job.queue, job.preempt = JobState.QUEUED, queue, False
+        job.waiting_since_s = self.now
+        job.view = None
+        self._publish(job, queue)
+
+    def _wake(self, w: _Worker) -> None:
+        """The worker takes the first message its queues offer, in their order."""
+        if not w.alive or w.job is not None:
+            return
+        for q in w.queues:
+            pending = self.queues[q]
+            if pending:
+                job, epoch = pending.popleft()
+                if epoch == job.epoch and job.state is JobState.QUEUED and job.queue == q:
+                    self._claim(w, job)
+                else:  # a fenced (stale) message: one hop's overhead for nothing
+                    w.overhead_s += self.config.dispatch_overhead_s
+                    self._push(self.now + self.config.dispatch_overhead_s, _WAKE, w)
+                return
+        self.idle[w.name] = w
+
+    def _claim(self, w: _Worker, job: _Job) -> None:
+        overhead_s = self.config.dispatch_overhead_s
+        w.overhead_s += overhead_s
+        start_s = self.now + overhead_s
+        if job.preempt:  # flagged while queued: yields at claim, having run nothing
+            self._push(start_s, _WAKE, w)
+            self._preempted(job, start_s)
+            return
+        job.state, job.running_on = JobState.RUNNING, w.name
+        job.view = None
+        w.job, w.run_start_s, w.start_groups = job, start_s, job.groups_done
+        w.token += 1
+        if job.atomic:
+            end_s = start_s + sum(job.arrival.chunk_s[job.next_chunk:]) - self._group_s(
+                job) * job.groups_done
+            w.stop_groups = -1
+        else:
+            w.stop_groups = job.arrival.shape.block_groups
+            end_s = start_s + self._group_s(job) * (w.stop_groups - job.groups_done)
+        self._push(end_s, _END, (w, w.token))
+
+    def _group_s(self, job: _Job) -> float:
+        shape = job.arrival.shape
+        return job.arrival.chunk_s[job.next_chunk] / shape.block_groups
+
+    def _end(self, payload: tuple[_Worker, int]) -> None:
+        w, token = payload
+        if token != w.token or w.job is None or not w.alive:
+            return
+        job = w.job
+        ran_s = self.now - w.run_start_s
+        w.busy_s += ran_s
+        w.job = None
+        if job.state is JobState.RUNNING and job.running_on == w.name:
+            job.service_s += ran_s
+            job.running_on = None
+            if w.stop_groups < 0:
+                self._chunks_done(job, job.arrival.shape.chunks - job.next_chunk)
+            elif w.stop_groups < job.arrival.shape.block_groups:
+                job.groups_done = w.stop_groups
+                self._preempted(job, self.now)
+            else:
+                self._chunks_done(job, 1)
+        self._wake(w)
+
+    def _chunks_done(self, job: _Job, count: int) -> None:
+        shape = job.arrival.shape
+        job.next_chunk += count
+        job.groups_done = 0
+        job.units_left = (shape.chunks - job.next_chunk) * shape.units_per_chunk
+        job.view = None
+        if job.next_chunk >= shape.chunks:
+            self._end_job(job, JobState.DONE, "done")
+        elif job.preempt:
+            self._preempted(job, self.now)
+        else:  # hop: the next chunk goes to the back of the job's current queue
+            job.state = JobState.QUEUED
+            job.waiting_since_s = self.now
+            self._publish(job, job.queue or CLASS_QUEUE[shape.slo])
+
+    def _preempted(self, job: _Job, at_s: float) -> None:
+        job.state, job.preempt, job.running_on = JobState.PREEMPTED, False, None
+        job.preemptions += 1
+        job.waiting_since_s = at_s
+        job.view = None
+
+    def _end_job(self, job: _Job, state: JobState, status: str) -> None:
+        job.state, job.finished_s = state, self.now
+        job.view = None
+        self.live.pop(job.id, None)
+        self.status[job.arrival.index] = status
+        if state is JobState.DONE:
+            self.result.finished_s[job.arrival.index] = self.now
+
+    # -- failure and the lease watchdog -----------------------------------------------------
+
+    def _fail(self, _: object) -> None:
+        busy = [w for w in self.workers if w.alive and w.job is not None] or [
+            w for w in self.workers if w.alive]
+        if not busy:
+            return
+        w = random.Random(self.config.seed).choice(busy)
+        w.alive = False
+        w.dead_until_s = self.now + self.config.lease_s
+        self.idle.pop(w.name, None)
+        job = w.job
+        if job is None:
+            return
+        ran_s = max(self.now - w.run_start_s, 0.0)
+        if w.stop_groups < 0:  # atomic: the chunks it finished were checkpointed one by one
+            kept = self._checkpointed_chunks(job, ran_s)
+            job.service_s += kept
+            ran_s -= kept
+        w.busy_s += ran_s
+        self.lost_s += ran_s
+        self.orphans.append(job)
+        self.result.lost_jobs.append(job.arrival.index)
+
+    def _checkpointed_chunks(self, job: _Job, ran_s: float) -> float:
+        kept_s, chunks = 0.0, job.arrival.chunk_s
+        while job.next_chunk < len(chunks) and kept_s + chunks[job.next_chunk] <= ran_s:
+            kept_s += chunks[job.next_chunk]
+            job.next_chunk += 1
+        job.units_left = (len(chunks) - job.next_chunk) * job.arrival.shape.units_per_chunk
+        job.view = None
+        return kept_s
+
+    def _heal(self) -> None:
+        """``requeue_lost_chunks``: a lapsed lease requeues the job from its checkpoint."""
+        for job in [j for j in self.orphans if self.now >= self.by_name[
+                j.running_on or ""].dead_until_s]:
+            self.orphans.remove(job)
+            dead = self.by_name[job.running_on or ""]
+            dead.job = None
+            if job.state is JobState.RUNNING:
+                job.running_on = None
+                self._release(job, job.queue or CLASS_QUEUE[job.arrival.shape.slo],
+                              bump_epoch=True)
+
+    # -- the tick (tasks/adapter.run_tick) --------------------------------------------------
+
+    def _tick(self, _: object) -> None:
+        self.ticks += 1
+        self._push(self.ticks * self.config.tick_s, _TICK, None)
+        if self.orphans:
+            self._heal()
+        snapshot = ClusterSnapshot(tuple(j.job_view() for j in self.live.values()),
+                                   self._worker_views(), self.cost, self.state)
+        started = time.perf_counter()
+        plan = plan_tick(snapshot, self.policy, self.now)
+        self.result.tick_ms.append((time.perf_counter() - started) * 1e3)
+        self.result.tick_jobs.append(len(snapshot.jobs))
+        if self.check_invariants:
+            check_plan_invariants(plan, snapshot, self.policy)
+        self._apply(plan)
+
+    def _worker_views(self) -> tuple[WorkerView, ...]:
+        return tuple(WorkerView(w.name, True, w.job.id if w.job is not None else None,
+                                w.queues, "cuda")
+                     for w in self.workers if w.alive or self.now < w.dead_until_s)
+
+    def _apply(self, plan: TickPlan) -> None:
+        live = self.live
+        for job_id, mark in plan.levels.items():
+            job = live[job_id]
+            job.level, job.level_service_s, job.view = mark.level, mark.service_mark_s, None
+        for expiry in plan.expire:
+            self._end_job(live[expiry.job_id], JobState.EXPIRED, "expired")
+        for job_id in plan.suspend:
+            self._set_state(live[job_id], JobState.SUSPENDED)
+        for job_id in plan.preempt:
+            self._flag(live[job_id])
+        for req in plan.requeues:
+            self._release(live[req.job_id], req.to_queue, bump_epoch=True)
+        for ret in plan.retargets:
+            live[ret.job_id].queue, live[ret.job_id].view = ret.to_queue, None
+        for job_id in plan.standby:
+            job = live[job_id]
+            if job.state is JobState.QUEUED:
+                self._release(job, STANDBY_QUEUE, bump_epoch=True)
+            else:
+                job.queue, job.view = STANDBY_QUEUE, None
+        for rel in plan.releases:
+            job = live[rel.job_id]
+            job.atomic = job.atomic or plan.atomic_release
+            self._release(job, rel.queue)
+        self._apply_worker_queues(plan.worker_queues)
+        self.state, self.admission = plan.state, plan.admission
+
+    def _flag(self, job: _Job) -> None:
+        """Preempt flag: a running chunk stops at its next block-group boundary."""
+        job.preempt, job.view = True, None
+        w = self.by_name.get(job.running_on or "")
+        if w is None or not w.alive or w.job is not job or w.stop_groups < 0:
+            return
+        group_s = self._group_s(job)
+        # It checks the flag before each group but the first; the group under way completes.
+        groups_run = max(math.ceil((self.now - w.run_start_s) / group_s - 1e-9), 1)
+        stop = min(w.start_groups + groups_run, job.arrival.shape.block_groups)
+        if stop < w.stop_groups:
+            w.stop_groups = stop
+            w.token += 1
+            self._push(w.run_start_s + group_s * (stop - w.start_groups), _END, (w, w.token))
+
+    def _apply_worker_queues(self, wanted: Mapping[str, tuple[str, ...]]) -> None:
+        for name, queues in wanted.items():
+            w = self.by_name[name]
+            if w.queues != queues:
+                w.queues = queues
+                if w.alive and w.job is None:
+                    self.idle.pop(name, None)
+                    self._wake(w)
+
+
+# -- runs and metrics --------------------------------------------------------------------------
+
+def simulate_policy(config: SimConfig, trace: Sequence[SimArrival], policy: str) -> SimResult:
+    """One policy (or oracle) on ``trace``."""
+    if policy in ORACLES:
+        return _oracle_result(config, trace, Discipline(policy.removeprefix("oracle-")))
+    return ClusterSim(config, trace, PolicyConfig(policy=PolicyKind(policy))).run()
+
+
+def _oracle_result(config: SimConfig, trace: Sequence[SimArrival],
+                   discipline: Discipline) -> SimResult:
+    started = time.perf_counter()
+    jobs = [OracleJob(a.arrival_s, sum(a.chunk_s), a.deadline_s) for a in trace]
+    finished = run_oracle(jobs, config.workers, discipline, config.end_s, config.fail_at_s)
+    status = ["done" if f is not None else "unfinished" for f in finished]
+    busy_s = sum(min(j.size_s, config.end_s - j.arrival_s) for j in jobs)
+    fail_s = config.fail_at_s
+    capacity_s = config.workers * config.end_s - (
+        config.end_s - fail_s if fail_s is not None else 0.0)
+    return SimResult(finished, status, min(busy_s, capacity_s), 0.0, 0.0, capacity_s,
+                     wall_s=time.perf_counter() - started)
+
+
+def _quantile(ordered: Sequence[float], q: float) -> float | None:
+    if not ordered:
+        return None
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def group_metrics(trace: Sequence[SimArrival], result: SimResult, duration_s: float,
+                  end_s: float) -> dict[str, dict[str, Any]]:
+    """Per report row: attainment (met ÷ submitted jobs due by the end of the run), latency
+    quantiles of completed jobs, goodput (jobs meeting their SLO per second of arrivals) and
+    what happened to the rest."""
+    rows: dict[str, dict[str, Any]] = {}
+    for group in GROUPS:
+        picked = [a for a in trace if group == "all" or a.group == group]
+        if not picked:
+            continue
+        lat = sorted(f - a.arrival_s for a in picked
+                     if (f := result.finished_s[a.index]) is not None)
+        met = sum(1 for a in picked if (f := result.finished_s[a.index]) is not None
+                  and f <= a.deadline_s + 1e-9)
+        counts = {s: sum(1 for a in picked if result.status[a.index] == s)
+                  for s in ("shed", "expired", "unfinished")}
+        # unfinished when the run ended but not yet due: neither met nor missed
+        undecided = sum(1 for a in picked if result.status[a.index] == "unfinished"
+                        and a.deadline_s > end_s)
+        rows[group] = {
+            "submitted": len(picked), "completed": len(lat), "met_slo": met,
+            "undecided": undecided,
+            "slo_attainment": met / max(len(picked) - undecided, 1),
+            "p50_latency_s": _quantile(lat, 0.50), "p95_latency_s": _quantile(lat, 0.95),
+            "p99_latency_s": _quantile(lat, 0.99),
+            "mean_latency_s": statistics.fmean(lat) if lat else None,
+            "goodput_jobs_per_s": met / duration_s, **counts,
+        }
+    return rows
+
+
+def _tick_stats(result: SimResult) -> dict[str, Any] | None:
+    if not result.tick_ms:
+        return None
+    ordered = sorted(result.tick_ms)
+    return {"ticks": len(ordered), "p50_ms": _quantile(ordered, 0.5),
+            "p99_ms": _quantile(ordered, 0.99), "max_ms": ordered[-1],
+            "mean_ms": statistics.fmean(ordered), "max_jobs_in_snapshot": max(result.tick_jobs)}
+
+
+def policy_report(config: SimConfig, trace: Sequence[SimArrival],
+                  result: SimResult) -> dict[str, Any]:
+    capacity_s = max(result.capacity_s, 1e-9)
+    return {
+        "simulated": True,
+        "groups": group_metrics(trace, result, config.duration_s, config.end_s),
+        "utilisation": result.busy_s / capacity_s,
+        "dispatch_overhead_share": result.overhead_s / capacity_s,
+        "lost_work_s": result.lost_s,
+        "preemptions": result.preemptions,
+        "plan_tick": _tick_stats(result),
+        "wall_s": result.wall_s,
+    }
+
+
+def run_config(config: SimConfig, policies: Sequence[str]) -> dict[str, Any]:
+    """Every policy on one seeded trace."""
+    trace = generate_trace(config)
+    jobs = [OracleJob(a.arrival_s, sum(a.chunk_s), a.deadline_s) for a in trace]
+    return {
+        "simulated": True,
+        "note": NOTE,
+        "workers": config.workers, "rate_per_s": config.rate_per_s,
+        "duration_s": config.duration_s, "drain_s": config.drain_s, "seed": config.seed,
+        "stress": config.urgent_share > 0 or config.fail_at_s is not None,
+        "urgent_share": config.urgent_share, "fail_at_s": config.fail_at_s,
+        "dispatch_overhead_ms": config.dispatch_overhead_s * 1e3, "jitter": config.jitter,
+        "jobs": len(trace), "offered_load": offered_load(config),
+        "mean_latency_lower_bound_s": mean_response_lower_bound_s(jobs, config.workers),
+        "policies": {p: policy_report(config, trace, simulate_policy(config, trace, p))
+                     for p in policies},
+    }
+
+
+def check_policies(policies: Sequence[str]) -> None:
+    """Raise ValueError naming any policy the simulation does not know."""
+    unknown = set(policies) - set(ALL_POLICIES)
+    if unknown or not policies:
+        raise ValueError(f"unknown policies {sorted(unknown)}; use {', '.join(ALL_POLICIES)}")
+
+
+def run_simulation(configs: Sequence[SimConfig], policies: Sequence[str]) -> dict[str, Any]:
+    """The whole study, as written to ``simulation.json``."""
+    check_policies(policies)
+    return {
+        "simulated": True,
+        "note": NOTE,
+        "oracles": ("clairvoyant preemptive global EDF / SRPT on the same workers: exact sizes, "
+                    "preemption and migration at any instant (not only at step boundaries), "
+                    "no dispatch overhead, no tick delay, no work lost on failure. Not a "
+                    "theorem-grade bound for several workers; mean_latency_lower_bound_s "
+                    "(SRPT on one worker N times as fast) is one for mean latency"),
+        "mix": [{"name": s.name, "share": s.share, "class": s.slo.value, "chunks": s.chunks,
+                 "chunk_s": s.units_per_chunk * s.s_per_unit, "block_groups": s.block_groups,
+                 "service_s": s.service_s,
+                 "slo_s": s.deadline_s or CLASS_TARGET_S[s.slo]} for s in (*MIX, URGENT)],
+        "runs": [run_config(c, policies) for c in configs],
+    }
+
+
+def grid_configs(workers: Sequence[int], rates: Sequence[float], duration_s: float,
+                 stress: bool, seed: int = 1, **overrides: Any) -> list[SimConfig]:
+    """One config per (workers, rate); ``stress`` adds urgent jobs and a worker failure."""
+    make = SimConfig.stress if stress else SimConfig
+    return [make(workers=w, rate_per_s=r, duration_s=duration_s, seed=seed, **overrides)
+            for w in workers for r in rates]
+
+
+def summary_table(run: dict[str, Any]) -> Any:
+    """A rich table of one run: per policy and report row, attainment, latency, goodput."""
+    from rich.table import Table
+
+    stress = " stress (urgent < 100 ms, a worker fails)" if run["stress"] else ""
+    table = Table("policy", "class", "jobs", "SLO met", "p50 s", "p95 s", "p99 s", "goodput/s",
+                  "util", "tick p50/p99 ms",
+                  title=f"SIMULATED: {run['workers']} workers, {run['rate_per_s']:g} jobs/s, "
+                        f"offered load {run['offered_load']:.2f}{stress}")
+    for name, rep in run["policies"].items():
+        tick = rep["plan_tick"]
+        ticks = f"{tick['p50_ms']:.1f}/{tick['p99_ms']:.1f}" if tick else "-"
+        rows = list(rep["groups"].items())
+        for k, (group, g) in enumerate(rows):
+            table.add_row(name, group, str(g["submitted"]), f"{100 * g['slo_attainment']:.1f}%",
+                          *(_fmt(g[q]) for q in ("p50_latency_s", "p95_latency_s",
+                                                 "p99_latency_s")),
+                          f"{g['goodput_jobs_per_s']:.1f}",
+                          f"{rep['utilisation']:.2f}" if group == "all" else "",
+                          ticks if group == "all" else "", end_section=k == len(rows) - 1)
+    return table
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"

@@ -1,0 +1,609 @@
+"""``stepline reliability``: start a private embedded stack, run a mixed load of simulated jobs,
+inject each fault in turn, try bad inputs, and report whether any accepted job was lost.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import httpx
+import redis
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from app.artifacts import ArtifactStore
+from app.faults import (
+    MALFORMED_LOG,
+    REFUSAL_LOG,
+    MemorySampler,
+    api_burst,
+    audit_job,
+    publish_malformed,
+    publish_pickle,
+)
+from app.jobs import JobService
+from app.schemas import JobSpec
+from app.settings import Settings
+from app.stack import Stack, beat_command, wait_for_api, worker_command
+from app.store import JobStore
+from scheduler.lifecycle import JobState, SloClass
+
+log = logging.getLogger(__name__)
+console = Console()
+
+OPS_KEY = "ops-" + secrets.token_hex(12)
+FLOOD_KEY = "flood-" + secrets.token_hex(12)
+WORKERS = ("w1", "w2", "w3")
+SCHEDULERS = ("scheduler", "scheduler2")
+# (class, steps, step_ms, block groups): urgent short jobs among long, splittable batch jobs.
+LOAD_CYCLE = [
+    (SloClass.REALTIME, 3, 10.0, 1), (SloClass.INTERACTIVE, 8, 40.0, 1),
+    (SloClass.REALTIME, 3, 10.0, 1), (SloClass.BATCH, 30, 100.0, 1),
+    (SloClass.REALTIME, 3, 10.0, 1), (SloClass.INTERACTIVE, 8, 40.0, 1),
+    (SloClass.REALTIME, 3, 10.0, 1), (SloClass.BATCH, 20, 150.0, 3),
+]
+
+
+@dataclass
+class Fault:
+    """One injected fault and what became of it."""
+
+    kind: str
+    injected: bool = False
+    survived: bool | None = None
+    detail: str = ""
+    seconds: float = 0.0
+    victims: list[str] = field(default_factory=list)
+    """Jobs the fault hit directly; survived also requires each of them to end exact."""
+
+
+@dataclass
+class BadInput:
+    """One hostile or malformed request and how it was answered."""
+
+    name: str
+    expected: int
+    status: int | None
+    ok: bool
+    detail: str
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _tolerant(predicate: Callable[[], bool]) -> Callable[[], bool]:
+    def check() -> bool:
+        try:
+            return predicate()
+        except (redis.ConnectionError, redis.TimeoutError):
+            return False
+
+    return check
+
+
+def _wait(predicate: Callable[[], Any], timeout_s: float, period_s: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = _tolerant(predicate)()
+        if value:
+            return value
+        time.sleep(period_s)
+    return None
+
+
+class Load(threading.Thread):
+    """Submits the load cycle every ``period_s`` through the job service until stopped; a submit
+    that fails (Redis down) is counted, not accepted."""
+
+    def __init__(self, service: JobService, period_s: float = 0.3) -> None:
+        super().__init__(daemon=True, name="load")
+        self.service = service
+        self.period_s = period_s
+        self.accepted: dict[str, SloClass] = {}
+        self.refused = 0
+        self.halt = threading.Event()
+        self._lock = threading.Lock()
+
+    def run(self) -> None:
+        index = 0
+        while not self.halt.wait(self.period_s):
+            slo, steps, step_ms, groups = LOAD_CYCLE[index % len(LOAD_CYCLE)]
+            index += 1
+            spec = JobSpec(kind="simulated", slo=slo, deadline_s=None if slo is not
+                           SloClass.BATCH else 600,
+                           params={"steps": steps, "step_ms": step_ms, "block_groups": groups})
+            try:
+                job_id, _ = self.service.submit(spec)
+            except (redis.ConnectionError, redis.TimeoutError):
+                self.refused += 1
+                continue
+            with self._lock:
+                self.accepted[job_id] = slo
+
+    def ids(self) -> list[str]:
+        with self._lock:
+            return list(self.accepted)
+
+
+class Drill:
+    """The stack under test, the load on it, and the faults injected into it."""
+
+    def __init__(self, stack: Stack, settings: Settings) -> None:
+        self.stack = stack
+        self.settings = settings
+        assert stack.redis is not None
+        self.client = redis.Redis.from_url(stack.redis.url, socket_timeout=10)
+        self.store = JobStore(self.client)
+        self.service = JobService(self.store, settings)
+        self.artifacts = ArtifactStore(settings.artifacts_path)
+        self.load = Load(self.service)
+        self.cancelled: set[str] = set()
+        self.extra_jobs: list[str] = []
+        self.faults: list[Fault] = []
+        self.healed: list[str] = []
+
+    # processes --------------------------------------------------------------------------------
+    def proc(self, name: str) -> subprocess.Popen[bytes]:
+        return next(p for n, p in self.stack.procs if n == name)
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        proc = self.proc(name)
+        os.killpg(proc.pid, sig)
+        proc.wait(timeout=30)
+        self.stack.procs.remove((name, proc))
+
+    def respawn(self, name: str) -> None:
+        if name in WORKERS:
+            self.stack.spawn(name, worker_command(f"{name}@%h"))
+        elif name in SCHEDULERS:
+            self.stack.spawn(name, worker_command(f"{name}@%h", queues=("control",),
+                                                  loglevel="WARNING"))
+        elif name == "beat":
+            self.stack.spawn(name, beat_command(self.stack.run_dir))
+
+    def log_text(self, name: str) -> str:
+        return (self.stack.run_dir / "logs" / f"{name}.log").read_text(errors="replace")
+
+    def workers_ready(self, names: tuple[str, ...] = WORKERS + SCHEDULERS) -> bool:
+        from tasks.context import WORKER_KEY
+
+        live = {k.decode().removeprefix(WORKER_KEY).split("@")[0]
+                for k in self.client.scan_iter(WORKER_KEY + "*")}
+        return set(names) <= live
+
+    # picking victims --------------------------------------------------------------------------
+    def running_job(self, groups: int, lo_s: float, hi_s: float) -> dict[str, str] | None:
+        """A running job with ``groups`` block groups whose chunk started lo_s..hi_s ago."""
+        now = time.time()
+        for fields in self.store.many_fields(self.store.active_ids()):
+            params = json.loads(fields["params"])
+            if (fields["state"] == JobState.RUNNING.value and fields.get("chunk_started_at")
+                    and int(params.get("block_groups", 1)) == groups
+                    and int(fields["next_chunk"]) >= 1
+                    and lo_s <= now - float(fields["chunk_started_at"]) <= hi_s):
+                return fields
+        return None
+
+    @contextmanager
+    def fault(self, kind: str) -> Iterator[Fault]:
+        fault = Fault(kind)
+        started = time.monotonic()
+        console.print(f"[bold]fault[/bold] {kind} …")
+        try:
+            yield fault
+        except Exception as exc:  # a fault that could not be driven is reported, not fatal
+            log.exception("fault %s", kind)
+            fault.survived = False
+            fault.detail += f" (drill error: {exc!r})"
+        fault.seconds = round(time.monotonic() - started, 2)
+        self.faults.append(fault)
+        console.print(f"  → {fault.detail}")
+
+    # the faults -------------------------------------------------------------------------------
+    def kill_worker_mid_chunk(self, kind: str, groups: int, lo_s: float, hi_s: float) -> None:
+        with self.fault(kind) as fault:
+            victim = _wait(lambda: self.running_job(groups, lo_s, hi_s), 30, 0.01)
+            if victim is None:
+                fault.detail = "no running job of that shape appeared in 30 s"
+                return
+            worker = victim["running_on"].split("@")[0]
+            chunk, epoch = victim["next_chunk"], int(victim["epoch"])
+            into_s = time.time() - float(victim["chunk_started_at"])
+            self.kill(worker)
+            fault.injected, fault.victims = True, [victim["id"]]
+            killed = time.monotonic()
+            requeued = _wait(lambda: int(self.store.fields(victim["id"])["epoch"]) > epoch, 30)
+            requeue_s = time.monotonic() - killed
+            self.respawn(worker)
+            fault.survived = bool(requeued)
+            fault.detail = (f"SIGKILLed {worker} {into_s:.2f}s into chunk {chunk} of job "
+                            f"{victim['id']}; requeued under a new epoch after {requeue_s:.1f}s")
+
+    def kill_tick_holder(self) -> None:
+        from tasks.tick import LEASE_KEY
+
+        with self.fault("scheduler_kill") as fault:
+            holder = _wait(lambda: self.client.get(LEASE_KEY), 10)
+            if holder is None:
+                fault.detail = "no scheduler held the tick lease"
+                return
+            name = holder.decode().split("@")[0]
+            self.kill(name)
+            fault.injected = True
+            killed = time.monotonic()
+            def new_holder() -> str | None:
+                raw = cast(bytes | None, self.client.get(LEASE_KEY))
+                holder = raw.decode() if raw is not None else None
+                return holder if holder and holder.split("@")[0] != name else None
+
+            other = _wait(new_holder, 15)
+            takeover_s = time.monotonic() - killed
+            self.respawn(name)
+            fault.survived = bool(other)
+            fault.detail = (f"SIGKILLed the tick lease holder {name}; "
+                            + (f"{other} took the lease after {takeover_s:.2f}s"
+                               if other else "no scheduler took the lease in 15 s"))
+
+    def kill_beat(self) -> None:
+        from tasks.tick import STATS_KEY
+
+        def ticks_since(since: float) -> int:
+            entries = cast(list[tuple[bytes, dict[bytes, bytes]]],
+                           self.client.xrevrange(STATS_KEY, count=200))
+            return sum(1 for _, f in entries if float(f[b"ts"]) > since)
+
+        with self.fault("beat_kill") as fault:
+            self.kill("beat")
+            fault.injected = True
+            time.sleep(0.3)
+            silent_from = time.time()
+            time.sleep(1.5)
+            silent = ticks_since(silent_from) == 0
+            restarted = time.monotonic()
+            self.respawn("beat")
+            resumed = _wait(lambda: ticks_since(silent_from) >= 3, 30)
+            fault.survived = silent and bool(resumed)
+            fault.detail = (f"SIGKILLed beat: {'no' if silent else 'still'} ticks while down; "
+                            f"restarted, ticks resumed after {time.monotonic() - restarted:.1f}s")
+
+    def restart_redis(self, sig: int) -> None:
+        assert self.stack.redis is not None
+        kind = "redis_restart_sigterm" if sig == signal.SIGTERM else "redis_restart_sigkill"
+        with self.fault(kind) as fault:
+            pid = int(self.client.info("server")["process_id"])
+            os.kill(pid, sig)
+            fault.injected = True
+            down = time.monotonic()
+            time.sleep(0.3)
+            answers = self.outage_answers()
+            time.sleep(1.0)
+            self.stack.redis.stop()
+            self.stack.redis.start()
+            back = _wait(lambda: httpx.get(self.stack.api_url + "/healthz",
+                                           timeout=2).status_code == 200, 20)
+            ready = _wait(self.workers_ready, 30)
+            fault.survived = bool(back and ready and answers["ok"])
+            fault.detail = (f"redis-server {'SIGTERM' if sig == signal.SIGTERM else 'SIGKILL'}, "
+                            f"down {time.monotonic() - down:.1f}s; API during outage: "
+                            f"{answers['seen']}; workers back: {bool(ready)}")
+
+    def outage_answers(self) -> dict[str, Any]:
+        seen, ok = [], True
+        headers = {"X-API-Key": OPS_KEY}
+        for method, path in (("GET", "/healthz"), ("POST", "/v1/jobs")):
+            try:
+                response = httpx.request(method, self.stack.api_url + path, headers=headers,
+                                         json={"kind": "simulated", "params": {}}, timeout=10)
+            except httpx.HTTPError as exc:
+                seen.append(f"{path}: {exc.__class__.__name__}")
+                ok = False
+                continue
+            good = (response.status_code == 503 and "Retry-After" in response.headers
+                    and "Traceback" not in response.text)
+            ok = ok and good
+            seen.append(f"{path} {response.status_code} Retry-After="
+                        f"{response.headers.get('Retry-After')}")
+        return {"ok": ok, "seen": ", ".join(seen)}
+
+    def duplicate_delivery(self) -> None:
+        from tasks.dispatch import publish_chunk
+
+        with self.fault("duplicate_delivery") as fault:
+            victim = _wait(lambda: self.running_job(1, 0.0, 0.05), 30, 0.01)
+            if victim is None:
+                fault.detail = "no running job to duplicate"
+                return
+            job_id, chunk, epoch = victim["id"], int(victim["next_chunk"]), int(victim["epoch"])
+            publish_chunk(self.store, job_id, chunk=chunk, epoch=epoch, queue=victim["queue"])
+            _wait(lambda: int(self.store.fields(job_id)["next_chunk"]) > chunk, 30)
+            publish_chunk(self.store, job_id, chunk=chunk, epoch=epoch, queue=victim["queue"])
+            fault.injected, fault.victims, fault.survived = True, [job_id], True
+            fault.detail = (f"chunk {chunk} of job {job_id} published twice while running, "
+                            "and once more after it committed")
+
+    def poison_messages(self) -> None:
+        from app.celery import app as celery_app
+
+        with self.fault("poison_messages") as fault:
+            canary = self.stack.run_dir / "unpickled-canary"
+            for queue in ("realtime", "batch", "control"):
+                publish_pickle(celery_app, queue, canary=canary)
+            sent = publish_malformed(celery_app, "interactive")
+            fault.injected = True
+            names = WORKERS + SCHEDULERS
+            refused = _wait(lambda: sum(REFUSAL_LOG in self.log_text(n) for n in names) >= 2
+                            and any(MALFORMED_LOG in self.log_text(n) for n in WORKERS), 20)
+            alive = not set(self.stack.dead()) & set(names)
+            fault.survived = bool(refused) and alive and not canary.exists()
+            fault.detail = (f"3 pickle + {len(sent)} malformed messages: refusals logged "
+                            f"{bool(refused)}, nothing unpickled {not canary.exists()}, "
+                            f"every consumer alive {alive}")
+
+    def cancel_some(self, count: int = 2) -> None:
+        """Intentional cancellations: these jobs may end CANCELLED without counting as lost."""
+        spec = JobSpec(kind="simulated", slo=SloClass.BATCH, deadline_s=600,
+                       params={"steps": 40, "step_ms": 100})
+        for _ in range(count):
+            job_id, _ = self.service.submit(spec)
+            self.cancelled.add(job_id)
+            self.extra_jobs.append(job_id)
+        time.sleep(0.5)
+        for job_id in self.cancelled:
+            self.store.request_cancel(job_id)
+
+    def burst(self, rate_per_s: int, duration_s: float) -> dict[str, Any]:
+        with self.fault("api_burst") as fault:
+            redis_pid = int(self.client.info("server")["process_id"])
+            pids = {"redis": redis_pid, "api": self.proc("api").pid}
+            before = set(self.load.ids())
+            with MemorySampler(pids) as memory:
+                result = api_burst(self.stack.api_url, FLOOD_KEY,
+                                   {"kind": "simulated", "slo": "batch",
+                                    "params": {"steps": 1, "step_ms": 5}},
+                                   rate_per_s=rate_per_s, duration_s=duration_s, concurrency=32)
+            self.extra_jobs.extend(result.accepted)
+            during = [j for j in self.load.ids() if j not in before]
+            summary = {**result.summary(), "memory": memory.summary_mb(),
+                       "realtime_during_burst": during}
+            server_errors = sum(n for s, n in result.statuses.items() if s >= 500)
+            fault.injected = True
+            fault.survived = server_errors == 0 and result.errors == 0
+            fault.detail = (f"{result.sent}/{result.offered} sent (bound 32 in flight), "
+                            f"statuses {dict(result.statuses)}, p99 "
+                            f"{summary['p99_ms']} ms, RSS max api "
+                            f"{summary['memory'].get('api', {}).get('max_mb')} MB / redis "
+                            f"{summary['memory'].get('redis', {}).get('max_mb')} MB")
+        return summary
+
+
+# bad inputs ----------------------------------------------------------------------------------
+def try_bad_inputs(api_url: str, flower_url: str) -> list[BadInput]:
+    """Hostile and malformed requests: each must get a clear 4xx, never a 5xx or a trace."""
+    good = {"Authorization": f"Bearer {OPS_KEY}"}
+    cases: list[tuple[str, int, str, str, dict[str, str], Any]] = [
+        ("no API key", 401, "POST", "/v1/jobs", {}, {"kind": "simulated"}),
+        ("unknown API key", 401, "GET", "/v1/jobs", {"X-API-Key": "x" * 32}, None),
+        ("unknown kind", 422, "POST", "/v1/jobs", good, {"kind": "shell", "params": {}}),
+        ("negative steps", 422, "POST", "/v1/jobs", good,
+         {"kind": "simulated", "params": {"steps": -1}}),
+        ("absurd steps", 422, "POST", "/v1/jobs", good,
+         {"kind": "simulated", "params": {"steps": 10**12}}),
+        ("unknown field", 422, "POST", "/v1/jobs", good,
+         {"kind": "simulated", "params": {}, "exec": "rm -rf /"}),
+        ("params of the wrong type", 422, "POST", "/v1/jobs", good,
+         {"kind": "simulated", "params": {"steps": "many"}}),
+        ("path in idempotency key", 422, "POST", "/v1/jobs", good,
+         {"kind": "simulated", "params": {}, "idempotency_key": "../../x"}),
+        ("unknown dependency", 422, "POST", "/v1/jobs", good,
+         {"kind": "simulated", "params": {}, "depends_on": ["0123456789abcdef"]}),
+        ("traversal in job id", 404, "GET", "/v1/jobs/..%2F..%2Fetc%2Fpasswd/result", good, None),
+        ("unknown job", 404, "GET", "/v1/jobs/ffffffffffffffff", good, None),
+    ]
+    results = []
+    with httpx.Client(base_url=api_url, timeout=10) as client:
+        for name, expected, method, path, headers, body in cases:
+            results.append(_probe(client, name, expected, method, path, headers, body))
+        results.append(_probe(client, "malformed JSON body", 422, "POST", "/v1/jobs",
+                              {**good, "Content-Type": "application/json"}, b"{nope"))
+    with httpx.Client(base_url=flower_url, timeout=10) as client:
+        results.append(_probe(client, "Flower API without login", 401, "GET", "/api/workers",
+                              {}, None))
+        results.append(_probe(client, "Flower API with a wrong login", 401, "GET",
+                              "/api/workers", {"Authorization": "Basic c3RlcGxpbmU6bm9wZQ=="},
+                              None))
+    return results
+
+
+def _probe(client: httpx.Client, name: str, expected: int, method: str, path: str,
+           headers: dict[str, str], body: Any) -> BadInput:
+    try:
+        if isinstance(body, bytes):
+            response = client.request(method, path, headers=headers, content=body)
+        else:
+            response = client.request(method, path, headers=headers, json=body)
+    except httpx.HTTPError as exc:
+        return BadInput(name, expected, None, False, exc.__class__.__name__)
+    text = response.text
+    ok = response.status_code == expected and "Traceback" not in text
+    return BadInput(name, expected, response.status_code, ok, text[:160])
+
+
+# the run -------------------------------------------------------------------------------------
+def _configure(run_dir: Path) -> Settings:
+    """Settings for the drill's private stack: fast failure detection, free ports, two
+    tenants (an operator, and a flood tenant with the default-ish rate limit)."""
+    from app.celery import app as celery_app
+    from app.celery import celery_config
+    from app.runtime import current_settings
+
+    config = run_dir / "reliability.yaml"
+    config.write_text(yaml.safe_dump({
+        "run_dir": str(run_dir),
+        "broker": {"visibility_timeout": "4s", "unacked_restore_interval": "1s",
+                   "chunk_lease": "1.5s", "stuck_min_s": "2s"},
+        "service": {"api_port": _free_port(), "flower_port": _free_port()},
+        "api": {"keys": [
+            {"key": OPS_KEY, "tenant": "ops", "tier": "gold", "rate_limit_per_s": 1000,
+             "burst": 1000, "max_queued": 100000},
+            {"key": FLOOD_KEY, "tenant": "flood", "rate_limit_per_s": 20, "burst": 40,
+             "max_queued": 200},
+        ], "flower_password": secrets.token_urlsafe(16)},
+    }))
+    os.environ.pop("REDIS_URL", None)  # always a private embedded Redis
+    os.environ["STEPLINE_RUN_DIR"] = str(run_dir)
+    os.environ["STEPLINE_CONFIG"] = str(config)
+    current_settings.cache_clear()
+    settings = current_settings()
+    celery_app.conf.update(celery_config(settings))
+    return settings
+
+
+def _healer(drill: Drill, halt: threading.Event) -> None:
+    """Runs the healer as the tick would, while the tick does not run it itself yet."""
+    from tasks.healing import heal
+
+    while not halt.wait(0.2):
+        try:
+            drill.healed += heal(drill.store, drill.store.many_fields(drill.store.active_ids()),
+                                 time.time(), drill.settings)
+        except (redis.ConnectionError, redis.TimeoutError):
+            continue
+
+
+def _tick_heals() -> bool:
+    from tasks import adapter
+
+    return "heal" in adapter.run_tick.__code__.co_names
+
+
+def run_reliability(out_dir: Path, burst_s: float = 10.0, burst_rate_per_s: int = 1000) -> int:
+    """The whole drill; writes ``out_dir/reliability.json``; returns the exit code."""
+    import tempfile
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=out_dir)).resolve()
+    settings = _configure(run_dir)
+    began = time.monotonic()
+    stack = Stack(settings=settings, run_dir=run_dir, workers=len(WORKERS))
+    halt = threading.Event()
+    with stack:
+        stack.spawn("scheduler2", worker_command("scheduler2@%h", queues=("control",),
+                                                 loglevel="WARNING"))
+        drill = Drill(stack, settings)
+        if not (_wait(drill.workers_ready, 90, 0.2) and wait_for_api(stack.api_url, 60)):
+            console.print(f"[red]the stack did not start; see {run_dir / 'logs'}")
+            return 2
+        healer_in_tick = _tick_heals()
+        if not healer_in_tick:
+            threading.Thread(target=_healer, args=(drill, halt), daemon=True).start()
+        console.print(f"[bold]Stepline reliability drill[/bold]: {len(WORKERS)} workers, 2 "
+                      f"schedulers, beat, API, Flower; run dir {run_dir}")
+        drill.load.start()
+        time.sleep(4)
+        drill.cancel_some()
+        for inject in (
+            lambda: drill.kill_worker_mid_chunk("worker_sigkill_mid_step", 1, 0.02, 0.06),
+            lambda: drill.kill_worker_mid_chunk("worker_sigkill_mid_block_group", 3, 0.06, 0.09),
+            drill.kill_tick_holder, drill.kill_beat, drill.duplicate_delivery,
+            drill.poison_messages, lambda: drill.restart_redis(signal.SIGTERM),
+            lambda: drill.restart_redis(signal.SIGKILL),
+        ):
+            inject()
+            time.sleep(3)  # steady load between faults: recovery must not need a quiet system
+        burst = drill.burst(burst_rate_per_s, burst_s) if burst_s > 0 else {}
+        drill.load.halt.set()
+        drill.load.join(timeout=5)
+        bad_inputs = try_bad_inputs(stack.api_url, stack.flower_url)
+        report = _settle(drill, burst, bad_inputs, healer_in_tick)
+        halt.set()
+    report["duration_s"] = round(time.monotonic() - began, 1)
+    report["run_dir"] = str(run_dir)
+    (out_dir / "reliability.json").write_text(json.dumps(report, indent=2))
+    _print_summary(report, out_dir)
+    failed = (report["jobs_lost"] or report["jobs_inexact"]
+              or any(f["survived"] is not True for f in report["faults"]))
+    return 1 if failed else 0
+
+
+def _settle(drill: Drill, burst: dict[str, Any], bad_inputs: list[BadInput],
+            healer_in_tick: bool) -> dict[str, Any]:
+    """Wait for every accepted job to end, then audit each one."""
+    every = drill.load.ids() + drill.extra_jobs
+    console.print(f"waiting for {len(every)} accepted jobs to end …")
+    _wait(lambda: all(drill.store.state(j).is_terminal for j in every), 120, 0.5)
+    audits = {j: audit_job(drill.store, drill.artifacts, j) for j in every}
+    lost = [j for j, a in audits.items() if a.state is not JobState.DONE
+            and not (j in drill.cancelled and a.state is JobState.CANCELLED)]
+    inexact = [a.problem() for j, a in audits.items()
+               if a.state is JobState.DONE and not a.exact]
+    for fault in drill.faults:
+        if fault.survived and any(not audits[v].exact for v in fault.victims if v in audits):
+            fault.survived = False
+            fault.detail += "; a victim job did not end exact"
+    by_class: dict[str, Counter[str]] = {}
+    for job_id, slo in drill.load.accepted.items():
+        record = drill.store.get(job_id)
+        counts = by_class.setdefault(slo.value, Counter())
+        counts["submitted"] += 1
+        counts["done"] += record.state is JobState.DONE
+        counts["slo_met"] += bool(record.finished_at and record.finished_at <= record.deadline_at)
+    rt_burst = [drill.store.get(j) for j in burst.get("realtime_during_burst", [])
+                if drill.load.accepted.get(j) is SloClass.REALTIME]
+    if burst:
+        met = sum(1 for r in rt_burst if r.finished_at and r.finished_at <= r.deadline_at)
+        burst["realtime_during_burst"] = {"jobs": len(rt_burst), "slo_met": met}
+    states = Counter(a.state.value for a in audits.values())
+    return {
+        "jobs_submitted": len(every), "jobs_completed": states.get("DONE", 0),
+        "jobs_cancelled": states.get("CANCELLED", 0), "jobs_lost": len(lost),
+        "lost_ids": lost, "jobs_inexact": len(inexact), "inexact": inexact[:20],
+        "faults": [asdict(f) for f in drill.faults],
+        "bad_inputs": [asdict(b) for b in bad_inputs],
+        "load": {"by_class": {k: dict(v) for k, v in by_class.items()},
+                 "submits_refused_while_redis_down": drill.load.refused, "burst": burst,
+                 "healer": "tick" if healer_in_tick else "drill (the tick does not heal yet)",
+                 "healed_by_drill": drill.healed},
+    }
+
+
+def _print_summary(report: dict[str, Any], out_dir: Path) -> None:
+    faults = Table("fault", "injected", "survived", "s", "detail", title="Faults")
+    for f in report["faults"]:
+        mark = {True: "[green]yes", False: "[red]NO", None: "[yellow]?"}[f["survived"]]
+        faults.add_row(f["kind"], "yes" if f["injected"] else "no", mark, str(f["seconds"]),
+                       f["detail"])
+    console.print(faults)
+    bad = Table("bad input", "expected", "got", "ok", title="Bad inputs")
+    for b in report["bad_inputs"]:
+        bad.add_row(b["name"], str(b["expected"]), str(b["status"]),
+                    "[green]yes" if b["ok"] else "[red]NO")
+    console.print(bad)
+    load = Table("class", "submitted", "done", "SLO met", title="Load")
+    for slo, c in sorted(report["load"]["by_class"].items()):
+        load.add_row(slo, str(c.get("submitted", 0)), str(c.get("done", 0)),
+                     str(c.get("slo_met", 0)))
+    console.print(load)
+    colour = "green" if report["jobs_lost"] == 0 and report["jobs_inexact"] == 0 else "red"
+    console.print(
+        f"[bold {colour}]jobs submitted {report['jobs_submitted']}, completed "
+        f"{report['jobs_completed']}, cancelled on purpose {report['jobs_cancelled']}, lost "
+        f"{report['jobs_lost']}, inexact {report['jobs_inexact']}[/] in {report['duration_s']}s; "
+        f"report: {out_dir / 'reliability.json'}")
