@@ -11,9 +11,12 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import redis
 
 from app.artifacts import ArtifactStore
 from app.store import JobStore
@@ -59,6 +62,19 @@ class JobAudit:
         missing = sorted(set(range(self.num_chunks)) - set(self.commits))
         return (f"job {self.job_id} {self.state.value}: chunks committed twice {twice}, "
                 f"missing {missing}, applied {self.applied}")
+
+
+def tolerant(predicate: Callable[[], bool]) -> Callable[[], bool]:
+    """A wait predicate that reads a Redis which may still be coming back: an unreachable
+    Redis answers False instead of raising."""
+
+    def check() -> bool:
+        try:
+            return predicate()
+        except (redis.ConnectionError, redis.TimeoutError):
+            return False
+
+    return check
 
 
 def audit_job(store: JobStore, artifacts: ArtifactStore, job_id: str) -> JobAudit:

@@ -35,6 +35,7 @@ from app.faults import (
     audit_job,
     publish_malformed,
     publish_pickle,
+    tolerant,
 )
 from app.jobs import JobService
 from app.schemas import JobSpec
@@ -89,20 +90,10 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _tolerant(predicate: Callable[[], bool]) -> Callable[[], bool]:
-    def check() -> bool:
-        try:
-            return predicate()
-        except (redis.ConnectionError, redis.TimeoutError):
-            return False
-
-    return check
-
-
 def _wait(predicate: Callable[[], Any], timeout_s: float, period_s: float = 0.05) -> Any:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        value = _tolerant(predicate)()
+        value = tolerant(predicate)()
         if value:
             return value
         time.sleep(period_s)

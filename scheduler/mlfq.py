@@ -19,6 +19,16 @@ def join_level(slo_class: SloClass, remaining_s: float, policy: PolicyConfig) ->
     return max(slo_class.rank, size_level)
 
 
+def mark_level(job: JobView, remaining_s: float, policy: PolicyConfig) -> int:
+    """``current_mark(...).level`` without building the mark: the tick asks it of many jobs."""
+    level = job.level
+    if level is None:
+        return join_level(job.slo_class, remaining_s, policy)
+    if level < LOWEST_LEVEL and job.service_s - job.level_service_s >= policy.level_quanta_s[level]:
+        return level + 1
+    return level
+
+
 def current_mark(job: JobView, remaining_s: float, policy: PolicyConfig) -> LevelMark:
     """The job's MLFQ mark now: joined if new, demoted one level once its quantum is used."""
     if job.level is None:

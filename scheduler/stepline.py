@@ -21,8 +21,8 @@ from scheduler.admission import (
 )
 from scheduler.inheritance import inherit_levels
 from scheduler.lifecycle import JobState, SloClass
-from scheduler.mlfq import aged_level, current_mark
-from scheduler.model import ClusterSnapshot, WorkerView
+from scheduler.mlfq import aged_level, current_mark, mark_level
+from scheduler.model import ClusterSnapshot, JobView, WorkerView
 from scheduler.plan import Expiry, LevelMark, Release, Requeue, Retarget, TickPlan
 from scheduler.policy import PolicyConfig
 from scheduler.preemption import pick_victims
@@ -46,6 +46,10 @@ def realtime_guarantee(cap: int, share: float) -> int:
 def plan_stepline(snapshot: ClusterSnapshot, policy: PolicyConfig, now_s: float) -> TickPlan:
     """The Stepline policy's plan for this tick."""
     return _Planner(snapshot, policy, now_s).plan()
+
+
+def _job_ids(live: list[JobView], indices: list[int]) -> tuple[str, ...]:
+    return tuple([live[i].job_id for i in indices])  # a list first: faster than a generator
 
 
 class _Planner:
@@ -74,8 +78,13 @@ class _Planner:
         suspend = self._suspend() if self.converging else []
         standby = self._standby() if self.converging else []
         gone = {*self.expired, *suspend, *standby, *blocked}
-        urgent_pool, rest_pool = self._pools(gone)
         staying = [i for i in self.sv.inflight if i not in gone]
+        # Pools exclude the origin too: it is placed alone. `gone` grows in place, not copied
+        # (under overload it holds thousands of suspended jobs).
+        if self.origin is not None:
+            gone.add(self.origin)
+        self.excluded = gone
+        urgent_pool, rest_pool = self._pools()
         reserved = self._reserve(staying, urgent_pool)
         cap = len(self.alive) * self.policy.slots_per_worker
         rest_cap = (len(self.alive) - len(reserved)) * self.policy.slots_per_worker
@@ -95,8 +104,8 @@ class _Planner:
         """MLFQ level after aging; 0 for the origin; inheritance not applied."""
         if i == self.origin:
             return 0
-        level = self.mark(i).level
         job = self.sv.live[i]
+        level = mark_level(job, self.sv.remaining_s[i], self.policy)
         if level == 0 or job.state is JobState.RUNNING:
             return level
         return aged_level(level, self.now_s - job.waiting_since_s, job.slo_class, self.policy)
@@ -150,10 +159,13 @@ class _Planner:
     def _suspend(self) -> list[int]:
         """Overload: waiting batch work — batch class, or demoted to the batch level — is held
         back, unless it is the origin or something more urgent waits on it."""
-        live, batch = self.sv.live, SloClass.BATCH
-        return [i for i in self.sv.waiting_other
-                if i != self.origin and i not in self.inherited and i not in self.expired
-                and (live[i].slo_class is batch or self._at_lowest_level(i))]
+        live, batch, at_lowest = self.sv.live, SloClass.BATCH, self._at_lowest_level
+        kept = {*self.inherited, *self.expired, self.origin}
+        held = [i for i in self.sv.waiting_other
+                if i not in kept and (live[i].slo_class is batch or at_lowest(i))]
+        # A realtime-class job too big for the realtime quantum skip-joins the batch level: under
+        # overload it is held back like any other batch-level work.
+        return held + [i for i in self.sv.waiting_realtime if i not in kept and at_lowest(i)]
 
     def _at_lowest_level(self, i: int) -> bool:
         # Fast path for new jobs, same answer as level(): a job joins the lowest level when it
@@ -171,11 +183,10 @@ class _Planner:
         return [i for i in self.sv.inflight
                 if i not in self.expired and self.level(i) == LOWEST_LEVEL]
 
-    def _pools(self, gone: set[int]) -> tuple[list[int], list[int]]:
+    def _pools(self) -> tuple[list[int], list[int]]:
         """Release candidates: realtime-level ones and the rest (the origin is placed alone).
         Excluded jobs stay in the pools; :meth:`_priorities` ranks them out (cheaper than
         filtering 10 000 indices)."""
-        self.excluded = gone | ({self.origin} if self.origin is not None else set())
         promoted = {i for i, level in self.inherited.items()
                     if level == 0 and self.sv.live[i].state in _WAITING}
         urgent = list(promoted)
@@ -315,9 +326,9 @@ class _Planner:
             atomic_release=False,
             requeues=requeues,
             retargets=retargets,
-            preempt=tuple(live[i].job_id for i in self.victims),
-            suspend=tuple(live[i].job_id for i in suspend),
-            standby=tuple(live[i].job_id for i in standby),
+            preempt=_job_ids(live, self.victims),
+            suspend=_job_ids(live, suspend),
+            standby=_job_ids(live, standby),
             expire=tuple(Expiry(live[i].job_id, reason) for i, reason in self.expired.items()),
             levels=self._changed_marks(touched),
             reserved_workers=reserved,

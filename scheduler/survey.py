@@ -128,24 +128,41 @@ def survey_jobs(snapshot: ClusterSnapshot, alive: Sequence[WorkerView], policy: 
         add_remaining(rem)
         if state is not suspended:
             outstanding += rem
-        sub, deadline = job.submitted_at_s, job.deadline_s
-        if now_s + rem > deadline + grace_s:
+        finish_s, deadline = now_s + rem, job.deadline_s
+        if finish_s > deadline + grace_s:
             add_late(index)
         if job.depends_on:
             add_with_deps(index)
         if job.job_id == incumbent_id:
             sv.incumbent = index
-        score = ((w_gold if job.tier is gold else 0.0)
-                 + (w_rt if cls is realtime else (w_ia if cls is interactive else 0.0))
-                 + (w_mem if job.resource_profile is memory else 0.0)
-                 + impact[job.kind])
+        # Each term is >= 0.0 and x + 0.0 == x exactly: a zero term is skipped, not added, and
+        # the sum is still score_jobs' float, term for term, in the same order.
+        score = w_gold if job.tier is gold else 0.0
+        if cls is realtime:
+            score += w_rt
+        elif cls is interactive:
+            score += w_ia
+        if job.resource_profile is memory:
+            score += w_mem
+        score += impact[job.kind]
+        sub = job.submitted_at_s
         budget = deadline - sub
-        spent = (now_s + rem - sub) / budget if budget > 0.0 else 1.0
-        score += w_slack if spent >= 1.0 else (w_slack * spent if spent > 0.0 else 0.0)
+        if budget <= 0.0:
+            score += w_slack
+        else:
+            spent = (finish_s - sub) / budget
+            if spent >= 1.0:
+                score += w_slack
+            elif spent > 0.0:
+                score += w_slack * spent
         score += wait_term
+        tail = w_short / (rem + short_s)
+        done = job.next_chunk
+        if done:
+            tail = w_prog * done / job.num_chunks + tail
         pre = job.preemptions
-        score += (w_prog * job.next_chunk / job.num_chunks + w_short / (rem + short_s)
-                  + (w_pre_max if pre >= max_pre else w_pre * pre))
-        add_score(score)
+        if pre:
+            tail += w_pre_max if pre >= max_pre else w_pre * pre
+        add_score(score + tail)
     sv.outstanding_s = outstanding
     return sv

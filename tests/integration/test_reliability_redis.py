@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -19,7 +18,7 @@ from redis.retry import Retry
 from app.api.server import ThreadedServer
 from app.artifacts import ArtifactStore
 from app.embedded_redis import EmbeddedRedis
-from app.faults import audit_job
+from app.faults import audit_job, tolerant
 from app.jobs import JobService
 from app.runtime import current_settings
 from app.schemas import JobSpec
@@ -31,18 +30,6 @@ from tests.conftest import Processes, wait_for, wait_for_workers
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
 KEY = "reliability-key-0123456789"
-
-
-def _tolerant(predicate: Callable[[], bool]) -> Callable[[], bool]:
-    """A wait_for predicate that reads a Redis which may still be coming back."""
-
-    def check() -> bool:
-        try:
-            return predicate()
-        except (redis.ConnectionError, redis.TimeoutError):
-            return False
-
-    return check
 
 
 def _submit_mix(service: JobService) -> list[str]:
@@ -107,9 +94,9 @@ def test_every_accepted_job_survives_redis_restarts_after_sigterm_and_sigkill(
         _outage(redis_server, redis_client, signal.SIGTERM, api, first[0])
 
         # then the API answers again, and jobs accepted before and after the restart finish
-        wait_for(_tolerant(lambda: api.get("/healthz").status_code == 200), 10, "the API")
+        wait_for(tolerant(lambda: api.get("/healthz").status_code == 200), 10, "the API")
         second = _submit_mix(service)
-        wait_for(_tolerant(lambda: int(store.fields(second[0])["next_chunk"]) >= 4), 30,
+        wait_for(tolerant(lambda: int(store.fields(second[0])["next_chunk"]) >= 4), 30,
                  "progress after the first restart")
 
         # when redis-server is SIGKILLed (no shutdown: whatever the AOF holds is what survives)
@@ -118,7 +105,7 @@ def test_every_accepted_job_survives_redis_restarts_after_sigterm_and_sigkill(
         # then the same holds: every accepted job is DONE, each chunk applied exactly once
         third = _submit_mix(service)
         every = first + second + third
-        wait_for(_tolerant(lambda: all(store.state(j).is_terminal for j in every)), 90,
+        wait_for(tolerant(lambda: all(store.state(j).is_terminal for j in every)), 90,
                  "every job to end")
     artifacts = ArtifactStore(current_settings().artifacts_path)
     for job_id in every:

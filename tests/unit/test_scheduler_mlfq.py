@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
 
-from scheduler import JobState, PolicyConfig, SloClass, plan_tick
-from scheduler.mlfq import aged_level, current_mark, join_level
-from tests.unit.test_scheduler_support import NOW_S, make_job, make_snapshot, running
+from scheduler import ClusterSnapshot, JobState, PolicyConfig, SloClass, plan_tick
+from scheduler.mlfq import aged_level, current_mark, join_level, mark_level
+from tests.unit.test_scheduler_support import NOW_S, make_job, make_snapshot, running, snapshots
 
 pytestmark = pytest.mark.timeout(30)
 POLICY = PolicyConfig(level_quanta_s=(1.0, 5.0), aging_bound_s=10.0)
@@ -84,3 +85,13 @@ def test_fast_level_paths_agree_with_the_full_level_computation() -> None:
         assert planner._at_lowest_level(i) == (planner.level(i) == 2), job.job_id
         if job.slo_class is SloClass.REALTIME and planner.sv.remaining_s[i] <= 1.0:
             assert planner.level(i) == 0, job.job_id
+
+
+@settings(max_examples=100, deadline=None)
+@given(snapshot=snapshots())
+def test_mark_level_is_the_level_of_the_current_mark(snapshot: ClusterSnapshot) -> None:
+    # given any job and remaining work; then the tick's allocation-free level agrees
+    for job in snapshot.jobs:
+        for remaining_s in (0.5, 3.0, 30.0):
+            assert mark_level(job, remaining_s, POLICY) == current_mark(job, remaining_s,
+                                                                        POLICY).level

@@ -6,8 +6,11 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from scheduler import (
+    ClusterSnapshot,
     JobState,
     PolicyConfig,
     PolicyKind,
@@ -19,7 +22,14 @@ from scheduler import (
     plan_tick,
 )
 from scheduler.errors import PlanInvariantViolated
-from tests.unit.test_scheduler_support import NOW_S, make_job, make_snapshot, running
+from scheduler.queues import STANDBY_QUEUE
+from tests.unit.test_scheduler_support import (
+    NOW_S,
+    make_job,
+    make_snapshot,
+    running,
+    snapshots,
+)
 
 pytestmark = pytest.mark.timeout(30)
 POLICY = PolicyConfig()
@@ -182,3 +192,29 @@ def test_invariant_check_rejects_preempting_the_origin() -> None:
     plan = replace(plan_tick(snapshot, POLICY, NOW_S), origin_id="r", preempt=("r",))
     with pytest.raises(PlanInvariantViolated, match="origin"):
         check_plan_invariants(plan, snapshot)
+
+
+@settings(max_examples=100, deadline=None)
+@given(snapshot=snapshots(), extra=st.integers(0, 6))
+def test_invariant_check_counts_capacity_as_the_set_of_jobs_in_flight_after_the_plan(
+        snapshot: ClusterSnapshot, extra: int) -> None:
+    # given a plan with up to `extra` more releases of pending jobs it left alone
+    plan = plan_tick(snapshot, POLICY, NOW_S)
+    acted = {*(r.job_id for r in plan.releases), *plan.suspend, *(e.job_id for e in plan.expire)}
+    more = [Release(j.job_id, "batch") for j in snapshot.jobs
+            if j.state is JobState.PENDING and j.job_id not in acted][:extra]
+    grown = replace(plan, releases=(*plan.releases, *more))
+    # when it is checked, then it fails on capacity exactly when the set definition says so
+    jobs = {j.job_id: j for j in snapshot.jobs}
+    before = {i for i, j in jobs.items() if j.state in (JobState.QUEUED, JobState.RUNNING)
+              and not j.preempt_requested and j.queue != STANDBY_QUEUE}
+    removed = {*grown.preempt, *grown.standby, *(e.job_id for e in grown.expire)}
+    added = {r.job_id for r in grown.releases} | {
+        r.job_id for r in (*grown.requeues, *grown.retargets) if r.from_queue == STANDBY_QUEUE}
+    over = bool(added) and len((before - removed) | added) > (grown.capacity_slots or 0)
+    try:
+        check_plan_invariants(grown, snapshot)
+        failed = ""
+    except PlanInvariantViolated as exc:
+        failed = str(exc)
+    assert ("capacity" in failed) == over, failed
