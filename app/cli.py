@@ -367,6 +367,78 @@ def reliability(
     raise typer.Exit(run_reliability(out.resolve(), burst_s=burst_s))
 
 
+experts_cli = typer.Typer(help="Expert hot updates of MoE models (canary with rollback).",
+                          no_args_is_help=True)
+cli.add_typer(experts_cli, name="experts")
+
+
+def _expert_updates() -> Any:
+    from app.expert_updates import ExpertUpdates, update_policy
+    from app.runtime import connect, current_settings, redis_url
+
+    settings = current_settings()
+    return ExpertUpdates(connect(redis_url(settings)), update_policy(settings.moe.versions))
+
+
+@experts_cli.command("update")
+def experts_update(
+    model: Annotated[str, typer.Option(help="Model recipe name (configs/models).")],
+    from_file: Annotated[Path, typer.Option("--from", help="Safetensors file of expert tensors "
+                                            "(layers.<i>.gate_up_proj / down_proj), readable "
+                                            "at this path by every worker.")],
+    name: Annotated[Optional[str], typer.Option(help="Version name (default: file stem).")] = None,
+    run_dir: RunDir = None,
+) -> None:
+    """Load a new expert version beside the live one on every worker and shift traffic to it in
+    steps (moe.versions), rolling back automatically if latency or errors degrade."""
+    _setup(run_dir, None)
+    from safetensors import safe_open
+
+    from workers.moe.recipes import MODELS_DIR, load_recipe
+
+    load_recipe(model, MODELS_DIR)  # an unknown model fails here, naming the known ones
+    path = from_file.resolve()
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            keys = list(handle.keys())
+    except Exception as exc:
+        raise typer.BadParameter(f"{path} is not a readable safetensors file: {exc}") from exc
+    if not keys or not all(k.startswith("layers.") for k in keys):
+        raise typer.BadParameter(f"{path} holds no layers.<i>.gate_up_proj/down_proj tensors")
+    record = _expert_updates().begin(model, name or path.stem, path, time.time())
+    state = record.state
+    console.print(f"{model}: {state['candidate']} takes {state['share']:.0%} of new jobs "
+                  f"(live {state['live']}); follow with `stepline experts status --model {model}`")
+
+
+@experts_cli.command("status")
+def experts_status(
+    model: Annotated[str, typer.Option(help="Model recipe name.")], run_dir: RunDir = None
+) -> None:
+    """Live and candidate versions, traffic share, kept versions and the recent decisions."""
+    _setup(run_dir, None)
+    record = _expert_updates().record(model)
+    if record is None:
+        console.print(f"{model}: never updated; live version base")
+        return
+    s = record.state
+    console.print(f"{model}: live {s['live']}, candidate {s.get('candidate') or '-'} at "
+                  f"{s.get('share', 0.0):.0%}, kept {', '.join(s.get('kept', []))}")
+    for item in record.history[-10:]:
+        console.print(f"  {item['decision']:<16} {item.get('version', '')} "
+                      f"{item.get('share', 0.0):.0%} {item.get('reason', '')}")
+
+
+@experts_cli.command("rollback")
+def experts_rollback(
+    model: Annotated[str, typer.Option(help="Model recipe name.")], run_dir: RunDir = None
+) -> None:
+    """Stop the update in progress, or else make the previous kept version live again."""
+    _setup(run_dir, None)
+    record = _expert_updates().roll_back(model, time.time())
+    console.print(f"{model}: live {record.state['live']}")
+
+
 def main() -> None:
     logging.basicConfig(level=os.environ.get("STEPLINE_LOG_LEVEL", "WARNING"))
     try:

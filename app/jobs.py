@@ -110,8 +110,11 @@ class JobService:
 
     def _release_now(self, job_id: str) -> None:
         """Admitted work goes straight to its class queue; the tick re-plans from there."""
+        from tasks.affinity import WorkerDirectory, release_queue
         from tasks.dispatch import release
 
         fields = self.store.fields(job_id)
         if fields["state"] == JobState.PENDING.value:
-            release(self.store, job_id, queue=fields["queue"], by="submit", reason="admitted")
+            directory = WorkerDirectory.read(self.store) if fields["kind"] == "text" else None
+            queue = release_queue(self.settings, fields, fields["queue"], directory)
+            release(self.store, job_id, queue=queue, by="submit", reason=f"admitted to {queue}")

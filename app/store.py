@@ -29,6 +29,8 @@ ACTIVE_KEY = PREFIX + "jobs:active"
 INDEX_KEY = PREFIX + "jobs:index"
 TIMINGS_KEY = PREFIX + "timings"
 POLICY_KEY = PREFIX + "policy"
+EXPERT_UPDATES_KEY = PREFIX + "experts:updating"
+"""Models with an expert hot update in progress (see ``app.expert_updates``)."""
 DONE_KEY = PREFIX + "done"
 """A stream of (job id, final state): clients block on it instead of polling every job."""
 EVENTS_MAXLEN = 512

@@ -18,7 +18,7 @@ from typing import cast
 from app.celery import app
 from app.errors import JobNotFound
 from app.settings import Settings
-from app.store import PREFIX, TIMINGS_KEY, JobStore
+from app.store import EXPERT_UPDATES_KEY, PREFIX, TIMINGS_KEY, JobStore
 from scheduler import (
     AdmissionState,
     AdmissionStatus,
@@ -38,10 +38,17 @@ from scheduler import (
 )
 from scheduler.errors import SchedulerError
 from scheduler.lifecycle import JobState, SloClass
+from tasks.affinity import (
+    WorkerDirectory,
+    common_prefix,
+    expand_worker_queues,
+    release_queue,
+    requeue_parked,
+)
 from tasks.context import WORKER_KEY, WorkerContext
 from tasks.dispatch import publish_chunk, release
 from tasks.healing import cost_model_estimate, heal
-from tasks.routing import STANDBY
+from tasks.routing import STANDBY, class_queue_of
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +73,8 @@ def run_tick(ctx: WorkerContext, now_s: float) -> TickPlan:
     policy = policy_config(settings, store)
     jobs = store.many_fields(store.active_ids())
     requeue_lost_chunks(store, jobs, now_s)
+    if settings.affinity.enabled:
+        requeue_parked(store, jobs, now_s, settings.affinity.max_wait)
     cost = learned_cost_model(store, policy)
     heal(store, jobs, now_s, settings, estimate_s=cost_model_estimate(cost))
     jobs = [f for f in jobs if not fail_orphaned_dependent(store, f)]
@@ -76,8 +85,21 @@ def run_tick(ctx: WorkerContext, now_s: float) -> TickPlan:
     except SchedulerError:
         log.exception("the plan broke an invariant; applying nothing this tick")
         return plan
-    apply_plan(store, plan, snapshot)
+    apply_plan(store, plan, snapshot, settings)
+    advance_expert_updates(store, settings, now_s)
     return plan
+
+
+def advance_expert_updates(store: JobStore, settings: Settings, now_s: float) -> None:
+    """Judge every expert hot update in progress: step its traffic up, promote or roll back."""
+    if not store.redis.exists(EXPERT_UPDATES_KEY):
+        return
+    from app.expert_updates import ExpertUpdates, update_policy  # loads torch: only when needed
+
+    try:
+        ExpertUpdates(store.redis, update_policy(settings.moe.versions)).advance_all(now_s)
+    except Exception:  # an update's bookkeeping must never stop the scheduler
+        log.exception("advancing the expert updates failed; retrying next tick")
 
 
 # snapshot -------------------------------------------------------------------------------------
@@ -90,7 +112,8 @@ def build_snapshot(
 
 
 def job_view(f: Mapping[str, str]) -> JobView | None:
-    """A job's view for the policy (None for a record it cannot read, which is logged)."""
+    """A job's view for the policy (None for a record it cannot read, which is logged). A job
+    parked in a worker's affinity queue shows its class queue: the policy plans classes."""
     try:
         units = json.loads(f["cost_units"])
         next_chunk = int(f["next_chunk"])
@@ -100,7 +123,8 @@ def job_view(f: Mapping[str, str]) -> JobView | None:
             submitted_at_s=float(f["submitted_at"]), deadline_s=float(f["deadline_at"]),
             cost_key=f["cost_key"], num_chunks=int(f["num_chunks"]), next_chunk=next_chunk,
             remaining_cost_units=float(sum(units[next_chunk:])),
-            queue=f.get("queue") or None, running_on=f.get("running_on") or None,
+            queue=class_queue_of(f.get("queue", "")) or None,
+            running_on=f.get("running_on") or None,
             service_s=float(f.get("service_s", 0)),
             waiting_since_s=float(f.get("queued_at") or f.get("preempted_at")
                                   or f["submitted_at"]),
@@ -177,7 +201,8 @@ def load_admission(store: JobStore) -> AdmissionStatus | None:
 
 
 # apply ----------------------------------------------------------------------------------------
-def apply_plan(store: JobStore, plan: TickPlan, snapshot: ClusterSnapshot) -> None:
+def apply_plan(store: JobStore, plan: TickPlan, snapshot: ClusterSnapshot,
+               settings: Settings) -> None:
     states = {job.job_id: job.state for job in snapshot.jobs}
     for job_id, mark in plan.levels.items():
         store.set_fields(job_id, level=str(mark.level), level_mark=repr(mark.service_mark_s))
@@ -190,12 +215,13 @@ def apply_plan(store: JobStore, plan: TickPlan, snapshot: ClusterSnapshot) -> No
     for job_id in plan.preempt:
         store.request_preempt(job_id)
     _move_queues(store, plan, states)
+    directory = WorkerDirectory.read(store) if plan.releases else None
     for rel in plan.releases:
         if plan.atomic_release:
             store.set_fields(rel.job_id, atomic="1")
-        release(store, rel.job_id, queue=rel.queue, by="scheduler",
-                reason=f"released to {rel.queue}")
-    apply_worker_queues(store, plan.worker_queues)
+        queue = release_queue(settings, store.fields(rel.job_id), rel.queue, directory)
+        release(store, rel.job_id, queue=queue, by="scheduler", reason=f"released to {queue}")
+    apply_worker_queues(store, expand_worker_queues(settings, plan.worker_queues))
     _publish_decisions(store, plan)
 
 
@@ -231,7 +257,8 @@ def _publish_decisions(store: JobStore, plan: TickPlan) -> None:
 
 
 def apply_worker_queues(store: JobStore, wanted: Mapping[str, tuple[str, ...]]) -> None:
-    """Reserve or restore workers with Celery's remote control, only where something changed.
+    """Reserve or restore workers with Celery's remote control, only where something changed
+    (``wanted`` already holds each worker's affinity queues in place).
 
     ``add_consumer`` appends, so restoring strict order means re-adding the dropped queues in
     priority order; a worker's own heartbeat reports what it consumes now.
@@ -255,21 +282,12 @@ def _heartbeat_queues(store: JobStore, worker: str) -> tuple[str, ...]:
 
 def _reconsume(worker: str, current: Iterable[str], wanted: tuple[str, ...]) -> None:
     current = tuple(current)
-    keep = _common_prefix(current, wanted)
+    keep = common_prefix(current, wanted)
     for queue in current[len(keep):]:
         app.control.cancel_consumer(queue, destination=[worker], reply=False)
     for queue in wanted[len(keep):]:
         app.control.add_consumer(queue, destination=[worker], reply=False)
     log.info("worker %s: queues %s -> %s", worker, ",".join(current), ",".join(wanted))
-
-
-def _common_prefix(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
-    prefix: list[str] = []
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        prefix.append(x)
-    return tuple(prefix)
 
 
 def fail_orphaned_dependent(store: JobStore, fields: dict[str, str]) -> bool:
@@ -300,19 +318,22 @@ def requeue_lost_chunks(store: JobStore, jobs: list[dict[str, str]], now_s: floa
         if fields["state"] != JobState.RUNNING.value or lease_until >= now_s:
             continue
         epoch = int(fields["epoch"]) + 1
+        queue = class_queue_of(fields["queue"])  # not the dead worker's own queue
         moved = store.try_transition(
             fields["id"], JobState.QUEUED, by="watchdog",
             reason=f"lease of {fields.get('running_on')} lapsed; requeued from checkpoint",
             expect={"state": JobState.RUNNING.value, "epoch": fields["epoch"],
                     "seq": fields["seq"]},
-            updates={"epoch": str(epoch), "queued_at": repr(time.time()), "running_on": ""},
+            updates={"epoch": str(epoch), "queued_at": repr(time.time()), "running_on": "",
+                     "queue": queue},
         )
         if moved:
             log.warning("job %s: worker %s lost; requeued chunk %s", fields["id"],
                         fields.get("running_on"), fields["next_chunk"])
             publish_chunk(store, fields["id"], chunk=int(fields["next_chunk"]), epoch=epoch,
-                          queue=fields["queue"])
-            fields.update(state=JobState.QUEUED.value, epoch=str(epoch), running_on="")
+                          queue=queue)
+            fields.update(state=JobState.QUEUED.value, epoch=str(epoch), running_on="",
+                          queue=queue)
             healed.append(fields["id"])
     return healed
 

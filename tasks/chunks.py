@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field, ValidationError
 from app.celery import CHUNK_TASK, app
 from app.store import Claim, JobStore
 from scheduler.lifecycle import JobState
+from tasks.affinity import hop_queue
 from tasks.context import WorkerContext, worker_context
 from tasks.dispatch import publish_chunk
 from workers.checkpoint import Checkpoint
@@ -63,6 +64,8 @@ def execute_chunk(
         return _run_claimed(ctx, job_id, chunk, epoch, claim, task_id)
     finally:
         ctx.busy_job = None
+        if ctx.runner_loaded("text"):
+            ctx.refresh_residency()
 
 
 def _run_claimed(
@@ -79,16 +82,33 @@ def _run_claimed(
     state = _load_state(ctx, job_id, claim, chunk, runner, params)
     seq, num_chunks = claim.seq, int(fields["num_chunks"])
     cost_units = json.loads(fields["cost_units"])
+    version = None
     while True:
         started = time.monotonic()
         try:
+            if fields["kind"] == "text" and version is None:
+                from tasks.experts import choose_version  # loads transformers: text jobs only
+
+                version = choose_version(store, ctx.settings, ctx.text_runner(), job_id, fields,
+                                         params, state)
+                params = {**params, "expert_version": version}
             result = runner.run_chunk(params, chunk, state, lambda: store.preempt_requested(job_id))
         except redis.RedisError:
             raise  # the store went away, not the job: leave it RUNNING for the lease watchdog
         except Exception as exc:
             log.exception("job %s chunk %d failed", job_id, chunk)
+            if fields["kind"] == "text":
+                from tasks.experts import record_outcome
+
+                record_outcome(store, ctx.settings, params["model"],
+                               version or fields.get("expert_version") or "base", 0.0, ok=False)
             return _stop(store, job_id, JobState.FAILED, ctx.name, f"chunk {chunk}: {exc}"[:500])
         elapsed_s = time.monotonic() - started
+        if version is not None and chunk > 0 and result.metrics.get("tokens"):
+            from tasks.experts import record_outcome
+
+            record_outcome(store, ctx.settings, params["model"], version,
+                           result.metrics["latency_ms"] / result.metrics["tokens"], ok=True)
         stopping = not result.complete or store.preempt_requested(job_id)
         last = result.complete and chunk + 1 == num_chunks
         durable = stopping or last or (chunk + 1) % ctx.settings.diffusion.checkpoint_every == 0
@@ -114,7 +134,7 @@ def _run_claimed(
             return _yield(store, job_id, ctx.name)
         chunk, seq, state = commit.next_chunk, commit.seq, result.state
         if fields.get("atomic") != "1":
-            return _hop(store, job_id, chunk, epoch, ctx.name)
+            return _hop(ctx, job_id, chunk, epoch)
 
 
 def _load_state(
@@ -138,19 +158,28 @@ def _load_state(
     return state
 
 
-def _hop(store: JobStore, job_id: str, chunk: int, epoch: int, worker: str) -> str:
-    """Queue the next chunk on the job's current queue (the scheduler may have changed it)."""
-    moved = store.try_transition(
-        job_id, JobState.QUEUED, by=worker, reason=f"next chunk {chunk}",
-        expect={"state": JobState.RUNNING.value, "epoch": str(epoch)},
-        updates={"queued_at": repr(time.time())},
-    )
-    if not moved:
-        log.info("job %s: not hopping to chunk %d; the scheduler moved it", job_id, chunk)
-        return "moved"
-    queue = store.fields(job_id)["queue"]
-    publish_chunk(store, job_id, chunk=chunk, epoch=epoch, queue=queue)
-    return "hop"
+def _hop(ctx: WorkerContext, job_id: str, chunk: int, epoch: int) -> str:
+    """Queue the next chunk on the job's current class (the scheduler may have changed it):
+    on this worker's own queue for that class when affinity applies, else the class queue."""
+    store = ctx.store
+    for _ in range(3):  # a retarget between read and move changes "queue": read it again
+        fields = store.fields(job_id)
+        queue = hop_queue(ctx.settings, ctx.name, ctx.consuming(), fields["kind"],
+                          fields["queue"])
+        moved = store.try_transition(
+            job_id, JobState.QUEUED, by=ctx.name, reason=f"next chunk {chunk} on {queue}",
+            expect={"state": JobState.RUNNING.value, "epoch": str(epoch),
+                    "queue": fields["queue"]},
+            updates={"queued_at": repr(time.time()), "queue": queue},
+        )
+        if moved:
+            publish_chunk(store, job_id, chunk=chunk, epoch=epoch, queue=queue)
+            return "hop"
+        now = store.fields(job_id)
+        if now["state"] != JobState.RUNNING.value or now["epoch"] != str(epoch):
+            break
+    log.info("job %s: not hopping to chunk %d; the scheduler moved it", job_id, chunk)
+    return "moved"
 
 
 def _yield(store: JobStore, job_id: str, worker: str) -> str:

@@ -12,6 +12,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from functools import cache
+from typing import TYPE_CHECKING, Any
 
 from app.artifacts import ArtifactStore
 from app.runtime import connect, current_settings, redis_url
@@ -20,6 +21,10 @@ from app.store import PREFIX, JobStore
 from workers.kinds import RunnerOptions, get_runner, limit_threads
 from workers.local_cache import LocalCheckpointCache
 from workers.runner import JobRunner
+
+if TYPE_CHECKING:
+    from tasks.experts import VersionSync
+    from workers.moe.runner import TextRunner
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +43,19 @@ class WorkerContext:
     queues: tuple[str, ...] = ()
     busy_job: str | None = None
     chunks_run: int = 0
+    consumer: Any = None
+    """Celery's consumer of this worker (set once ready): what it consumes right now."""
+    experts: dict[str, dict[str, object]] = field(default_factory=dict)
+    """Residency summary of each loaded MoE model, refreshed after every text chunk."""
+    _kinds_run: set[str] = field(default_factory=set)
+    _versions: VersionSync | None = None
     _beat: threading.Thread | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def runner(self, kind: str) -> JobRunner:
         """The runner for ``kind``, built with this worker's device settings."""
         s = self.settings
+        self._kinds_run.add(kind)
         if kind == "text":
             from workers import moe
 
@@ -54,6 +66,34 @@ class WorkerContext:
             video_fps=s.diffusion.video_fps, torch_threads=s.torch_threads,
         ))
 
+    def text_runner(self) -> TextRunner:
+        """The MoE runner of this worker, with its expert-version sync thread running."""
+        from tasks.experts import VersionSync
+        from workers.moe.runner import TextRunner as Runner
+
+        runner = self.runner("text")
+        assert isinstance(runner, Runner)
+        if self._versions is None:
+            self._versions = VersionSync(self.store, self.settings, runner)
+            self._versions.start(period_s=min(1.0, self.settings.broker.chunk_lease / 3))
+        return runner
+
+    def runner_loaded(self, kind: str) -> bool:
+        return kind in self._kinds_run
+
+    def consuming(self) -> tuple[str, ...]:
+        """The queues this worker consumes now (remote control may have changed them)."""
+        try:
+            return tuple(q.name for q in self.consumer.task_consumer.queues)
+        except AttributeError:  # not a Celery worker (tests), or reconnecting
+            return self.queues
+
+    def refresh_residency(self) -> None:
+        """Re-read what the expert caches hold (on the worker thread, between chunks)."""
+        from workers import moe
+
+        self.experts = moe.residency()
+
     def start_heartbeat(self) -> None:
         if self._beat is None:
             self._beat = threading.Thread(target=self._heartbeat_loop, daemon=True, name="hb")
@@ -62,9 +102,11 @@ class WorkerContext:
     def heartbeat_once(self) -> None:
         lease_s = self.settings.broker.chunk_lease
         body = {
-            "name": self.name, "busy_job": self.busy_job, "queues": list(self.queues),
+            "name": self.name, "busy_job": self.busy_job, "queues": list(self.consuming()),
             "device": self.settings.device, "ts": time.time(), "chunks_run": self.chunks_run,
-            "ckpt_cache": {"hits": self.cache.hits, "misses": self.cache.misses},
+            "ckpt_cache": {"hits": self.cache.hits, "misses": self.cache.misses,
+                           "hit_rate": round(self.cache.hit_rate, 4)},
+            "experts": self.experts,
         }
         pipe = self.store.redis.pipeline(transaction=False)
         pipe.set(WORKER_KEY + self.name, json.dumps(body), px=int(lease_s * 1000))
@@ -82,6 +124,8 @@ class WorkerContext:
 
     def stop(self) -> None:
         self._stop.set()
+        if self._versions is not None:
+            self._versions.stop()
         try:
             self.store.redis.delete(WORKER_KEY + self.name)
         except Exception:

@@ -10,9 +10,12 @@ import logging
 import time
 import uuid
 
+from kombu import Exchange, Queue
+
 from app.celery import CHUNK_TASK, app
 from app.store import JobStore
 from scheduler.lifecycle import JobState
+from tasks.routing import affinity_worker
 
 log = logging.getLogger(__name__)
 
@@ -28,11 +31,21 @@ def publish_chunk(store: JobStore, job_id: str, *, chunk: int, epoch: int, queue
         CHUNK_TASK,
         args=[job_id, chunk, epoch],
         kwargs={"chunk_name": chunk_name, "slo": fields["slo"], "kind": fields["kind"]},
-        queue=queue,
+        queue=declared_queue(queue),
         task_id=task_id,
     )
     store.set_fields(job_id, published=str(chunk), last_task_id=task_id)
     return task_id
+
+
+def declared_queue(name: str) -> str | Queue:
+    """A class queue by name (it is in ``task_queues``); a per-worker affinity queue as a
+    queue object on its own direct exchange, declared on publish, since Celery would refuse a
+    name missing from ``task_queues`` (``task_create_missing_queues`` stays off: a typo in a
+    class queue must fail, not silently create a queue nobody reads)."""
+    if affinity_worker(name) is None:
+        return name
+    return Queue(name, Exchange(name, type="direct"), routing_key=name)
 
 
 def release(

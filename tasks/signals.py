@@ -7,7 +7,9 @@ from typing import Any
 
 from celery.signals import worker_ready, worker_shutdown
 
+from tasks.affinity import consume_in_affinity_order
 from tasks.context import worker_context
+from tasks.routing import AFFINITY_CLASSES
 
 log = logging.getLogger(__name__)
 
@@ -20,6 +22,10 @@ def _advertise(sender: Any = None, **_: Any) -> None:
         ctx.queues = tuple(q.name for q in sender.task_consumer.queues)
     except AttributeError:
         ctx.queues = ()
+    else:
+        ctx.consumer = sender
+        if ctx.settings.affinity.enabled and set(ctx.queues) & set(AFFINITY_CLASSES):
+            ctx.queues = consume_in_affinity_order(sender, ctx.name)
     ctx.heartbeat_once()
     ctx.start_heartbeat()
     log.info("worker %s ready on %s", ctx.name, ",".join(ctx.queues))

@@ -19,3 +19,11 @@ class ParamsError(WorkerError):
 
 class ExpertCacheError(WorkerError):
     """Raised when the expert cache's budget cannot hold what a forward pass needs."""
+
+
+class ExpertVersionError(WorkerError):
+    """Raised when an expert version cannot be loaded or used (missing, unreadable, wrong shape)."""
+
+
+class NonFiniteOutput(WorkerError):
+    """Raised when a model produces NaN or infinite logits (broken weights, e.g. a bad version)."""

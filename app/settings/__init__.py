@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from app.errors import SettingsError
+from app.settings.affinity import AffinitySettings
 from app.settings.api import ApiSettings
 from app.settings.diffusion import DiffusionSettings
 from app.settings.durations import Seconds
@@ -88,6 +89,8 @@ class Settings(BaseSettings):
     """Diffusion jobs."""
     broker: BrokerSettings = Field(default_factory=BrokerSettings)
     """Celery transport."""
+    affinity: AffinitySettings = Field(default_factory=AffinitySettings)
+    """Same-worker continuation of chunks (expert and checkpoint affinity)."""
     service: ServiceSettings = Field(default_factory=ServiceSettings)
     """API and Flower addresses."""
     api: ApiSettings = Field(default_factory=ApiSettings)
@@ -157,6 +160,6 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
 
 
 __all__ = [
-    "ApiSettings", "DiffusionSettings", "MoeSettings", "SchedulerSettings", "Settings",
-    "load_settings",
+    "AffinitySettings", "ApiSettings", "DiffusionSettings", "MoeSettings", "SchedulerSettings",
+    "Settings", "load_settings",
 ]

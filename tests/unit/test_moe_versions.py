@@ -44,7 +44,8 @@ def test_latency_degraded_more_than_fifteen_percent_rolls_back() -> None:
     versions = ExpertVersions(live="v1", policy=POLICY)
     versions.begin_update("v2", now_s=0.0)
     _feed(versions, 100.0, 116.0)
-    assert versions.advance(now_s=1.0) is UpdateDecision.ROLLED_BACK
+    assert versions.advance(now_s=1.0) is UpdateDecision.HOLD  # judged on the whole step
+    assert versions.advance(now_s=10.0) is UpdateDecision.ROLLED_BACK
     assert versions.live == "v1" and versions.route("any-job") == "v1"
     assert "latency" in versions.last_reason
 
@@ -53,7 +54,7 @@ def test_errors_on_the_candidate_roll_back() -> None:
     versions = ExpertVersions(live="v1", policy=POLICY)
     versions.begin_update("v2", now_s=0.0)
     _feed(versions, 100.0, 100.0, cand_ok=False)
-    assert versions.advance(now_s=10.0) is UpdateDecision.ROLLED_BACK
+    assert versions.advance(now_s=1.0) is UpdateDecision.ROLLED_BACK  # errors: at once
     assert "error rate" in versions.last_reason
 
 

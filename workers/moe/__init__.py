@@ -36,6 +36,14 @@ def get_runner(settings: MoeSettings | None = None, device: str = "cpu") -> JobR
     return _RUNNERS[key]
 
 
+def residency(hot_experts: int = 16) -> dict[str, dict[str, object]]:
+    """What this process's expert caches hold, per model (empty before any text job ran)."""
+    merged: dict[str, dict[str, object]] = {}
+    for runner in _RUNNERS.values():
+        merged.update(runner.residency(hot_experts))
+    return merged
+
+
 def router_config(settings: MoeSettings) -> RouterConfig:
     """The router block of the settings as a :class:`RouterConfig`."""
     r = settings.router
@@ -73,6 +81,7 @@ __all__ = [
     "TextParams",
     "TextRunner",
     "get_runner",
+    "residency",
     "residency_fit",
     "validate_params",
 ]

@@ -162,6 +162,19 @@ class ExpertCache:
         """The (layer, expert) pairs resident now: cheap, for expert-affinity routing."""
         return frozenset((layer, e) for layer, s in self._layers.items() for e in s.resident)
 
+    def residency_summary(self, hot_experts: int = 16) -> dict[str, object]:
+        """A compact, JSON-ready view for a worker's heartbeat: a hex bitmask of resident
+        experts per layer, and the most frequently routed experts with their shares."""
+        masks = {str(layer): format(sum(1 << e for e in s.resident), "x")
+                 for layer, s in self._layers.items()}
+        total = float(self.history.frequency.sum())
+        hot = []
+        for layer, expert in self.history.ranking()[:hot_experts]:
+            count = float(self.history.frequency[self.history.layers.index(layer), expert])
+            if count > 0:
+                hot.append([layer, expert, round(count / total, 6)])
+        return {"resident": masks, "hot": hot}
+
     def resident_bytes(self) -> int:
         return len(self.resident_signature()) * self.host.expert_bytes
 
@@ -205,6 +218,22 @@ class ExpertCache:
                 self._load(layer, expert, protected=set())
                 slots.last_use_s[expert] = self.now_s
                 loaded += 1
+        return loaded
+
+    def mirror(self, other: ExpertCache) -> int:
+        """Load the experts resident in ``other`` (another version of the same model), hottest
+        first, so a new version does not start cold against the live one; returns how many."""
+        resident = other.resident_signature()
+        ranked = [key for key in other.history.ranking() if key in resident]
+        loaded = 0
+        for layer, expert in ranked:
+            slots = self._layers[layer]
+            if expert not in slots.resident and len(slots.resident) < slots.capacity:
+                self._load(layer, expert, protected=set())
+                slots.last_use_s[expert] = self.now_s
+                loaded += 1
+        self.history.frequency += other.history.frequency
+        self.history.transitions += other.history.transitions
         return loaded
 
     def tick(self, now_s: float) -> int:
@@ -271,6 +300,15 @@ def slots_per_layer(host: HostExperts, config: CacheConfig) -> int:
             f"layer; set moe.cache.budget_mb to at least {need_mib:.2f}"
         )
     return min(per_layer, host.num_experts)
+
+
+def signature_from_masks(masks: Mapping[str, str]) -> frozenset[ExpertKey]:
+    """The residency signature a :meth:`ExpertCache.residency_summary` advertised."""
+    keys: set[ExpertKey] = set()
+    for layer, mask in masks.items():
+        bits = int(mask, 16)
+        keys.update((int(layer), e) for e in range(bits.bit_length()) if bits >> e & 1)
+    return frozenset(keys)
 
 
 def residency_fit(

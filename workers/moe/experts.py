@@ -14,23 +14,30 @@ from torch import nn
 from torch.nn import functional as F
 
 from workers.moe.expert_cache import ExpertCache
+from workers.moe.versioned import VersionedExperts
 
 
 class CachedExperts(nn.Module):
-    """Runs the experts a batch routes to, a slot-pool-sized group at a time, pinned while used."""
+    """Runs the experts a batch routes to, a slot-pool-sized group at a time, pinned while used.
+    With :class:`VersionedExperts` the weights come from the active version's cache."""
 
     def __init__(
         self,
-        cache: ExpertCache,
+        cache: ExpertCache | VersionedExperts,
         layer: int,
         num_experts: int,
         act_fn: Callable[[torch.Tensor], torch.Tensor],
     ) -> None:
         super().__init__()
-        self.cache = cache
+        self._source = cache
         self.layer = layer
         self.num_experts = num_experts
         self.act_fn = act_fn
+
+    @property
+    def cache(self) -> ExpertCache:
+        source = self._source
+        return source.active if isinstance(source, VersionedExperts) else source
 
     def forward(
         self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
@@ -40,11 +47,12 @@ class CachedExperts(nn.Module):
             mask = F.one_hot(top_k_index, num_classes=self.num_experts + 1).permute(2, 1, 0)
             hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero().reshape(-1)
         needed = [int(e) for e in hit if int(e) < self.num_experts]
-        group_size = self.cache.slots_per_layer
+        cache = self.cache  # one version for the whole pass
+        group_size = cache.slots_per_layer
         # Ascending expert order in every group keeps the native accumulation order.
         for start in range(0, len(needed), group_size):
             group = needed[start : start + group_size]
-            weights = self.cache.acquire(self.layer, group)
+            weights = cache.acquire(self.layer, group)
             try:
                 for expert in group:
                     gate_up, down = weights[expert]
@@ -54,6 +62,6 @@ class CachedExperts(nn.Module):
                     out = out * top_k_weights[token_idx, top_k_pos, None]
                     final.index_add_(0, token_idx, out.to(final.dtype))
             finally:
-                self.cache.release(self.layer, group)
-        self.cache.observe_routing(self.layer, needed)
+                cache.release(self.layer, group)
+        cache.observe_routing(self.layer, needed)
         return final

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -18,8 +19,9 @@ Routing = Literal["configured", "native"]
 
 _KNOWN = {
     "prompt", "inputs", "max_new_tokens", "temperature", "top_p", "seed", "chunk_tokens",
-    "model", "routing",
+    "model", "routing", "expert_version",
 }
+_VERSION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +36,8 @@ class TextParams:
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS
     model: str = DEFAULT_MODEL
     routing: Routing = "configured"
+    expert_version: str | None = None
+    """Run on this expert version; None: the hot update routes the job (else the live one)."""
 
     @property
     def num_decode_chunks(self) -> int:
@@ -59,10 +63,18 @@ def validate_params(params: Mapping[str, Any]) -> TextParams:
         chunk_tokens=_int(params, "chunk_tokens", DEFAULT_CHUNK_TOKENS, 1, MAX_CHUNK_TOKENS),
         model=_model(params),
         routing=_routing(params),
+        expert_version=_version(params),
     )
     if result.top_p <= 0.0:
         raise ParamsError("top_p must be in (0, 1]; use 1.0 to sample from the full distribution")
     return result
+
+
+def _version(params: Mapping[str, Any]) -> str | None:
+    value = params.get("expert_version")
+    if value is None or (isinstance(value, str) and _VERSION_NAME.match(value)):
+        return value
+    raise ParamsError(f"expert_version {value!r}: give a version name (letters, digits, . _ -)")
 
 
 def _prompt(params: Mapping[str, Any]) -> str:

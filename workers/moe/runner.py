@@ -19,7 +19,7 @@ import torch
 from transformers import DynamicCache
 
 from workers.checkpoint import Checkpoint
-from workers.errors import CheckpointError, ParamsError
+from workers.errors import CheckpointError, NonFiniteOutput, ParamsError
 from workers.moe.expert_cache import CacheConfig
 from workers.moe.generation import (
     generator_from_state,
@@ -33,6 +33,7 @@ from workers.moe.recipes import MODELS_DIR, build_model, load_recipe
 from workers.moe.router import RouterConfig
 from workers.moe.session import ModelSession, open_session
 from workers.moe.tokenizer import encode_prompt
+from workers.moe.versioned import BASE_VERSION
 from workers.runner import Artifact, ChunkPlan, ChunkResult, ShouldYield
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ class _Job:
     kv: DynamicCache
     rng: torch.Generator
     router: RouterConfig
+    version: str = BASE_VERSION
     finished: bool = False
     latency_ms: float = 0.0
     cache_stats: dict[str, int] = field(default_factory=dict)
@@ -100,10 +102,19 @@ class TextRunner:
             self._sessions[model] = session
         return self._sessions[model]
 
+    def residency(self, hot_experts: int = 16) -> dict[str, dict[str, object]]:
+        """Per loaded model, what its expert cache holds (for the worker's heartbeat)."""
+        return {name: session.cache.residency_summary(hot_experts)
+                for name, session in self._sessions.items()}
+
     def tick(self, now_s: float) -> int:
         """Idle-unload experts of every loaded model (call from the worker's heartbeat with
         ``time.monotonic()``); returns how many experts were unloaded."""
-        return sum(session.cache.tick(now_s) for session in self._sessions.values())
+        return sum(session.experts.tick(now_s) for session in self._sessions.values())
+
+    def loaded_sessions(self) -> dict[str, ModelSession]:
+        """The models this runner has loaded, by name."""
+        return dict(self._sessions)
 
     def run_chunk(
         self,
@@ -117,6 +128,8 @@ class TextRunner:
         if index < 0 or index > p.num_decode_chunks:
             raise ParamsError(f"chunk {index} is outside this job's 0..{p.num_decode_chunks}")
         session = self.session(p.model)
+        version = _version_of(p, state, session)
+        session.experts.use(version)
         started_s = time.perf_counter()
         session.cache.tick(self._clock_s())
         before = session.cache.counters.as_dict()
@@ -131,7 +144,8 @@ class TextRunner:
         job.latency_ms += chunk_ms
         job.finished = job.finished or job.generated >= p.max_new_tokens
         artifact = _artifact(p, session, job) if job.finished else None
-        metrics = {"tokens": produced, "latency_ms": chunk_ms, "finished": job.finished}
+        metrics = {"tokens": produced, "latency_ms": chunk_ms, "finished": job.finished,
+                   "expert_version": version}
         return ChunkResult(_encode(p, session, job), complete, artifact, metrics)
 
     # -- chunk steps -------------------------------------------------------------------------
@@ -147,7 +161,8 @@ class TextRunner:
         router = RouterConfig.native() if p.routing == "native" else self.router
         session.new_context(router)
         kv = DynamicCache(config=session.loaded.model.config)
-        job = _Job(ids, len(ids), kv, new_generator(p.seed), router)
+        job = _Job(ids, len(ids), kv, new_generator(p.seed), router,
+                   version=session.experts.active_version)
         self._step(p, session, job, ids)
         return job
 
@@ -169,6 +184,7 @@ class TextRunner:
             kv=kv,
             rng=generator_from_state(state.tensors["rng"]),
             router=router,
+            version=session.experts.active_version,
             finished=bool(meta["finished"]),
             latency_ms=float(meta["latency_ms"]),
             cache_stats={str(k): int(v) for k, v in meta["cache"].items()},
@@ -197,6 +213,11 @@ class TextRunner:
             )
         session.cache.end_forward()
         job.kv = out.past_key_values
+        if not bool(torch.isfinite(out.logits[0, -1]).all()):
+            raise NonFiniteOutput(
+                f"{p.model} produced non-finite logits on expert version {job.version!r}; "
+                "its weights are broken (the hot update rolls such a version back)"
+            )
         token = sample_next(out.logits[0, -1], p.temperature, p.top_p, job.rng)
         job.ids.append(token)
         if token == session.loaded.tokenizer.eos_token_id:
@@ -217,11 +238,20 @@ def _encode(p: TextParams, session: ModelSession, job: _Job) -> Checkpoint:
         "finished": job.finished,
         "latency_ms": job.latency_ms,
         "router": job.router.to_meta(),
+        "expert_version": job.version,
         "score_sum": context.score_sum,
         "score_count": context.score_count,
         "cache": job.cache_stats,
     }
     return Checkpoint(tensors=tensors, meta=meta)
+
+
+def _version_of(p: TextParams, state: Checkpoint | None, session: ModelSession) -> str:
+    """A resumed job keeps the version its checkpoint names; a new one takes the version its
+    params name (the hot update's routing), else the live one."""
+    if state is not None:
+        return str(state.meta.get("expert_version", BASE_VERSION))
+    return p.expert_version or session.experts.live_version
 
 
 def _artifact(p: TextParams, session: ModelSession, job: _Job) -> Artifact:
@@ -238,6 +268,7 @@ def _artifact(p: TextParams, session: ModelSession, job: _Job) -> Artifact:
         "routing_score": round(context.routing_score, 6),
         "latency_ms": round(job.latency_ms, 3),
         "tokens": job.generated,
+        "expert_version": job.version,
         "cache": {**stats, "hit_rate": hit_rate},
     }
     body = {"output": text, "metrics": metrics}

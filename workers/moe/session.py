@@ -1,4 +1,4 @@
-"""A loaded MoE model wired for serving: its experts moved into an :class:`ExpertCache` and its
+"""A loaded MoE model wired for serving: its experts moved into versioned expert caches and its
 routers replaced by :class:`StepRouter`, sharing one :class:`RoutingContext` per request."""
 
 from __future__ import annotations
@@ -14,19 +14,25 @@ from workers.moe.experts import CachedExperts
 from workers.moe.recipes import LoadedModel
 from workers.moe.router import RouterConfig, RoutingContext, StepRouter
 from workers.moe.tokenizer import encode_prompt
+from workers.moe.versioned import VersionedExperts
 
 _CALIBRATION_PROMPT = "Explain quantum computing in simple terms. Tell me a story about a dragon."
 
 
 @dataclass(slots=True)
 class ModelSession:
-    """One model on one worker: model, tokenizer, expert cache and the routing context."""
+    """One model on one worker: model, tokenizer, expert versions and the routing context."""
 
     loaded: LoadedModel
-    cache: ExpertCache
+    experts: VersionedExperts
     context: RoutingContext
     moe_layers: list[int]
     device: torch.device
+
+    @property
+    def cache(self) -> ExpertCache:
+        """The active expert version's cache."""
+        return self.experts.active
 
     @property
     def name(self) -> str:
@@ -58,16 +64,16 @@ def open_session(
     """Move ``loaded``'s experts into a cache and install cache-backed experts and routers."""
     layers = _moe_layers(loaded.model)
     host = _extract_host_experts(layers, pin=device.startswith("cuda"))
-    cache = ExpertCache(host, cache_config, device=device)
+    experts = VersionedExperts(host, cache_config, device=device)
     context = RoutingContext(
         config=RouterConfig.native(),
         expert_counts=torch.zeros(len(layers), loaded.num_experts, dtype=torch.int64),
         layer_order={layer: row for row, layer in enumerate(sorted(layers))},
     )
     for layer, block in layers.items():
-        _install(block, layer, loaded, cache, context)
+        _install(block, layer, loaded, experts, context)
     loaded.model.to(torch.device(device))  # type: ignore[arg-type]
-    return ModelSession(loaded, cache, context, sorted(layers), torch.device(device))
+    return ModelSession(loaded, experts, context, sorted(layers), torch.device(device))
 
 
 def _moe_layers(model: nn.Module) -> dict[int, nn.Module]:
@@ -92,13 +98,14 @@ def _extract_host_experts(layers: dict[int, nn.Module], pin: bool) -> HostExpert
 
 
 def _install(
-    block: nn.Module, layer: int, loaded: LoadedModel, cache: ExpertCache, context: RoutingContext
+    block: nn.Module, layer: int, loaded: LoadedModel, experts: VersionedExperts,
+    context: RoutingContext,
 ) -> None:
     act_fn = block.get_submodule("experts").act_fn
     weight = _tensor(block.get_submodule("gate"), "weight")
     if not callable(act_fn) or not isinstance(weight, nn.Parameter):
         raise ModelConfigError(f"layer {layer}: the MoE block is not a transformers 5 fused block")
-    block.experts = CachedExperts(cache, layer, loaded.num_experts, act_fn)
+    block.experts = CachedExperts(experts, layer, loaded.num_experts, act_fn)
     block.gate = StepRouter(weight, layer, loaded.native_top_k, loaded.normalises_top_k, context)
 
 

@@ -8,9 +8,11 @@ A state machine of its inputs: time (``now_s``) and request outcomes are passed 
 from __future__ import annotations
 
 import hashlib
+import statistics
 from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 _ERROR_RATE_FLOOR = 0.01  # relative error-rate change is judged against at least 1 %
 
@@ -43,20 +45,31 @@ class UpdatePolicy:
 
 @dataclass(slots=True)
 class VersionStats:
-    """Outcomes of one version within the current step."""
+    """Outcomes of one version within the current step; latency counts successes only (a
+    request that failed fast must not make its version look quick)."""
 
     requests: int = 0
     errors: int = 0
     latency_ms_sum: float = 0.0
+    latencies_ms: list[float] = field(default_factory=list)
 
     def record(self, latency_ms: float, ok: bool) -> None:
         self.requests += 1
         self.errors += 0 if ok else 1
-        self.latency_ms_sum += latency_ms
+        if ok:
+            self.latency_ms_sum += latency_ms
+            self.latencies_ms.append(latency_ms)
 
     @property
     def mean_latency_ms(self) -> float:
-        return self.latency_ms_sum / self.requests if self.requests else 0.0
+        ok = self.requests - self.errors
+        return self.latency_ms_sum / ok if ok else 0.0
+
+    @property
+    def median_latency_ms(self) -> float:
+        """The judged latency: the median, so one cold-cache request or a pause of the
+        process does not roll back a healthy version on a small sample."""
+        return statistics.median(self.latencies_ms) if self.latencies_ms else 0.0
 
     @property
     def error_rate(self) -> float:
@@ -110,10 +123,15 @@ class ExpertVersions:
         live, cand = self.stats[self.live], self.stats[self.candidate]
         if min(live.requests, cand.requests) < self.policy.min_samples:
             return UpdateDecision.HOLD
-        reason = degradation(live, cand, self.policy.rollback_degradation)
+        step_over = now_s - self.step_started_s >= self.policy.step_interval_s
+        # Errors are judged at once; latency, a noisy statistic, once per step on the whole
+        # step's samples: judging it on every tick as samples arrive would roll back healthy
+        # versions on chance alone (repeated peeking).
+        reason = degradation(live, cand, self.policy.rollback_degradation,
+                             latency=step_over)
         if reason:
             return self._roll_back(reason)
-        if now_s - self.step_started_s < self.policy.step_interval_s:
+        if not step_over:
             return UpdateDecision.HOLD
         if self.share + self.policy.traffic_step >= 1.0 - 1e-9:
             return self._promote()  # the live version keeps a share until this last judgement
@@ -129,6 +147,23 @@ class ExpertVersions:
         self.live = self.kept[-1]
         self.candidate, self.share = None, 0.0
         return self.live
+
+    def to_json(self) -> dict[str, Any]:
+        """The state without the step's samples (those are kept where they are recorded)."""
+        return {"live": self.live, "candidate": self.candidate, "share": self.share,
+                "step_started_s": self.step_started_s, "kept": list(self.kept),
+                "last_reason": self.last_reason}
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any], policy: UpdatePolicy) -> ExpertVersions:
+        """The state of :meth:`to_json` under ``policy``, with empty stats for this step."""
+        versions = cls(live=str(body["live"]), policy=policy,
+                       candidate=body.get("candidate"), share=float(body.get("share", 0.0)),
+                       step_started_s=float(body.get("step_started_s", 0.0)),
+                       kept=deque(str(v) for v in body.get("kept", ())),
+                       last_reason=str(body.get("last_reason", "")))
+        versions.stats = {v: VersionStats() for v in (versions.live, versions.candidate) if v}
+        return versions
 
     def _promote(self) -> UpdateDecision:
         assert self.candidate is not None
@@ -151,12 +186,15 @@ class ExpertVersions:
             self.stats[self.candidate] = VersionStats()
 
 
-def degradation(live: VersionStats, cand: VersionStats, threshold: float) -> str:
-    """Why ``cand`` is worse than ``live`` by more than ``threshold`` (relative), or ''."""
-    if live.mean_latency_ms > 0:
-        slower = cand.mean_latency_ms / live.mean_latency_ms - 1.0
+def degradation(live: VersionStats, cand: VersionStats, threshold: float,
+                latency: bool = True) -> str:
+    """Why ``cand`` is worse than ``live`` by more than ``threshold`` (relative), or ''
+    (``latency=False`` judges the error rate only)."""
+    if latency and live.median_latency_ms > 0 and cand.latencies_ms:
+        slower = cand.median_latency_ms / live.median_latency_ms - 1.0
         if slower > threshold:
-            return f"latency {cand.mean_latency_ms:.1f} ms is {slower:.0%} above live"
+            return (f"median latency {cand.median_latency_ms:.2f} ms is {slower:.0%} above "
+                    f"live's {live.median_latency_ms:.2f} ms")
     base_error = max(live.error_rate, _ERROR_RATE_FLOOR)
     worse = (cand.error_rate - live.error_rate) / base_error
     if worse > threshold:

@@ -1,0 +1,107 @@
+"""Expert affinity on real workers: a text job's chunks stay on the worker that holds its experts
+and checkpoint; a chunk parked behind a busy worker moves to its class queue within max_wait."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import redis
+
+from app.jobs import JobService
+from app.runtime import current_settings
+from app.schemas import JobSpec
+from app.store import JobStore
+from scheduler.lifecycle import JobState, SloClass
+from tasks.context import WORKER_KEY
+from tests.conftest import Processes, wait_for, wait_for_workers
+from tests.integration.test_model_jobs import uninterrupted_artifact
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+TEXT = {"inputs": "Explain quantum computing in simple terms", "max_new_tokens": 25,
+        "chunk_tokens": 2, "routing": "native", "model": "qwen3-moe-tiny"}
+
+
+def _commits(store: JobStore, job_id: str) -> list[dict[str, str]]:
+    return [e for e in store.events(job_id) if e["kind"] == "commit"]
+
+
+def _heartbeat(client: redis.Redis, worker: str) -> dict[str, Any]:
+    raw = client.get(WORKER_KEY + worker)
+    assert raw is not None
+    return dict(json.loads(raw))
+
+
+def _output(store: JobStore, job_id: str) -> dict[str, Any]:
+    record = store.get(job_id)
+    return dict(json.loads((current_settings().artifacts_path / str(record.artifact)).read_bytes()))
+
+
+def test_a_text_jobs_chunks_all_run_on_one_worker_while_another_is_idle(
+    processes: Processes, redis_client: redis.Redis
+) -> None:
+    processes.worker("w1")
+    processes.worker("w2")
+    wait_for_workers(redis_client, ["w1", "w2"])
+    service = JobService(JobStore(redis_client), current_settings())
+    queues = _heartbeat(redis_client, "w1@test")["queues"]
+    assert queues == ["realtime", "w1@test.interactive", "interactive", "w1@test.batch", "batch",
+                      "standby"]
+
+    job_id, _ = service.submit(JobSpec(kind="text", slo=SloClass.INTERACTIVE, params=TEXT,
+                                       deadline_s=300))
+
+    wait_for(lambda: service.store.state(job_id) is JobState.DONE, 60, "the text job")
+    commits = _commits(service.store, job_id)
+    assert len(commits) == 13  # prefill + 12 decode chunks
+    (worker,) = {e["by"] for e in commits}
+    beat = wait_for(lambda: (b := _heartbeat(redis_client, worker))["ckpt_cache"]["hits"] >= 12
+                    and b, 5, "the heartbeat to report the checkpoint-cache hits")
+    assert isinstance(beat, dict) and beat["ckpt_cache"]["misses"] == 0
+    assert beat["ckpt_cache"]["hit_rate"] == 1.0
+    assert "qwen3-moe-tiny" in beat["experts"]
+    metrics = _output(service.store, job_id)["metrics"]
+    assert metrics["cache"]["hits"] > 0 and metrics["cache"]["hit_rate"] > 0.9
+    assert _output(service.store, job_id)["output"] == json.loads(
+        uninterrupted_artifact("text", TEXT))["output"]
+
+
+def test_a_chunk_parked_behind_a_busy_worker_moves_to_its_class_queue_and_finishes_elsewhere(
+    processes: Processes, redis_client: redis.Redis
+) -> None:
+    processes.env["STEPLINE_SCHEDULER__RESOURCE_RESERVE_RATIO"] = "0"  # no worker held back
+    processes.worker("w1")
+    processes.worker("w2")
+    processes.scheduler()
+    wait_for_workers(redis_client, ["w1", "w2", "scheduler"])
+    service = JobService(JobStore(redis_client), current_settings())
+    store = service.store
+    params = {**TEXT, "max_new_tokens": 201}
+    text, _ = service.submit(JobSpec(kind="text", slo=SloClass.INTERACTIVE, params=params,
+                                     deadline_s=300))
+    wait_for(lambda: int(store.fields(text)["next_chunk"]) >= 2, 60, "the text job to start")
+    first = _commits(store, text)[0]["by"]
+
+    # Two realtime jobs: the idle worker takes the short one at once, the text job's worker
+    # the long one right after its current chunk, parking the text job's next chunk. (Both
+    # stay under the tests' 4 s visibility timeout, past which a message is redelivered.)
+    short, _ = service.submit(JobSpec(kind="simulated", slo=SloClass.REALTIME, deadline_s=60,
+                                      params={"steps": 1, "step_ms": 500}))
+    long, _ = service.submit(JobSpec(kind="simulated", slo=SloClass.REALTIME, deadline_s=60,
+                                     params={"steps": 1, "step_ms": 3000}))
+
+    wait_for(lambda: store.state(text) is JobState.DONE, 60, "the text job to finish")
+    assert {e["by"] for e in _commits(store, long)} == {first}
+    runs_on = [e["by"] for e in _commits(store, text)]
+    assert set(runs_on) == {"w1@test", "w2@test"} and runs_on[-1] != first
+    events = store.events(text)
+    parked = [e for e in events if e.get("to") == "QUEUED" and f"on {first}." in e["reason"]]
+    moved = next(e for e in events if e.get("reason", "").startswith(f"affinity: {first} busy"))
+    last_parked = max(float(e["ts"]) for e in parked if float(e["ts"]) < float(moved["ts"]))
+    max_wait_s = current_settings().affinity.max_wait
+    assert float(moved["ts"]) - last_parked <= max_wait_s + 0.1 + 0.25  # + a tick + slack
+    assert store.state(short) is JobState.DONE
+    assert _output(store, text)["output"] == json.loads(
+        uninterrupted_artifact("text", params))["output"]
