@@ -210,10 +210,9 @@ class BurstResult:
     duration_s: float = 0.0
 
     def percentile_s(self, q: float) -> float | None:
-        if not self.latencies_s:
-            return None
-        ordered = sorted(self.latencies_s)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+        from app.bench.report import percentile
+
+        return percentile(self.latencies_s, 100 * q)
 
     def summary(self) -> dict[str, Any]:
         p50, p99 = self.percentile_s(0.5), self.percentile_s(0.99)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.bench.oracle import Discipline, OracleJob, mean_response_lower_bound_s, run_oracle
+from app.bench.report import percentile
 from scheduler import (
     Admission,
     AdmissionStatus,
@@ -631,12 +632,6 @@ def _oracle_result(config: SimConfig, trace: Sequence[SimArrival],
                      wall_s=time.perf_counter() - started)
 
 
-def _quantile(ordered: Sequence[float], q: float) -> float | None:
-    if not ordered:
-        return None
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
-
-
 def group_metrics(trace: Sequence[SimArrival], result: SimResult, duration_s: float,
                   end_s: float) -> dict[str, dict[str, Any]]:
     """Per report row: attainment (met ÷ submitted jobs due by the end of the run), latency
@@ -660,8 +655,8 @@ def group_metrics(trace: Sequence[SimArrival], result: SimResult, duration_s: fl
             "submitted": len(picked), "completed": len(lat), "met_slo": met,
             "undecided": undecided,
             "slo_attainment": met / max(len(picked) - undecided, 1),
-            "p50_latency_s": _quantile(lat, 0.50), "p95_latency_s": _quantile(lat, 0.95),
-            "p99_latency_s": _quantile(lat, 0.99),
+            "p50_latency_s": percentile(lat, 50), "p95_latency_s": percentile(lat, 95),
+            "p99_latency_s": percentile(lat, 99),
             "mean_latency_s": statistics.fmean(lat) if lat else None,
             "goodput_jobs_per_s": met / duration_s, **counts,
         }
@@ -672,8 +667,8 @@ def _tick_stats(result: SimResult) -> dict[str, Any] | None:
     if not result.tick_ms:
         return None
     ordered = sorted(result.tick_ms)
-    return {"ticks": len(ordered), "p50_ms": _quantile(ordered, 0.5),
-            "p99_ms": _quantile(ordered, 0.99), "max_ms": ordered[-1],
+    return {"ticks": len(ordered), "p50_ms": percentile(ordered, 50),
+            "p99_ms": percentile(ordered, 99), "max_ms": ordered[-1],
             "mean_ms": statistics.fmean(ordered), "max_jobs_in_snapshot": max(result.tick_jobs)}
 
 
