@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import cast
@@ -46,7 +45,7 @@ from tasks.affinity import (
     requeue_parked,
 )
 from tasks.context import WORKER_KEY, WorkerContext
-from tasks.dispatch import publish_chunk, release
+from tasks.dispatch import release, requeue_from_checkpoint
 from tasks.healing import cost_model_estimate, heal
 from tasks.routing import STANDBY, class_queue_of
 
@@ -317,23 +316,15 @@ def requeue_lost_chunks(store: JobStore, jobs: list[dict[str, str]], now_s: floa
         lease_until = float(fields.get("lease_until") or "inf")
         if fields["state"] != JobState.RUNNING.value or lease_until >= now_s:
             continue
-        epoch = int(fields["epoch"]) + 1
-        queue = class_queue_of(fields["queue"])  # not the dead worker's own queue
-        moved = store.try_transition(
-            fields["id"], JobState.QUEUED, by="watchdog",
+        queue = requeue_from_checkpoint(
+            store, fields, by="watchdog",
             reason=f"lease of {fields.get('running_on')} lapsed; requeued from checkpoint",
-            expect={"state": JobState.RUNNING.value, "epoch": fields["epoch"],
-                    "seq": fields["seq"]},
-            updates={"epoch": str(epoch), "queued_at": repr(time.time()), "running_on": "",
-                     "queue": queue},
         )
-        if moved:
+        if queue is not None:
             log.warning("job %s: worker %s lost; requeued chunk %s", fields["id"],
                         fields.get("running_on"), fields["next_chunk"])
-            publish_chunk(store, fields["id"], chunk=int(fields["next_chunk"]), epoch=epoch,
-                          queue=queue)
-            fields.update(state=JobState.QUEUED.value, epoch=str(epoch), running_on="",
-                          queue=queue)
+            fields.update(state=JobState.QUEUED.value, epoch=str(int(fields["epoch"]) + 1),
+                          running_on="", queue=queue)
             healed.append(fields["id"])
     return healed
 

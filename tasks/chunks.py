@@ -173,7 +173,7 @@ def _hop(ctx: WorkerContext, job_id: str, chunk: int, epoch: int) -> str:
             updates={"queued_at": repr(time.time()), "queue": queue},
         )
         if moved:
-            publish_chunk(store, job_id, chunk=chunk, epoch=epoch, queue=queue)
+            publish_chunk(store, job_id, chunk=chunk, epoch=epoch, queue=queue, fields=fields)
             return "hop"
         now = store.fields(job_id)
         if now["state"] != JobState.RUNNING.value or now["epoch"] != str(epoch):
@@ -220,4 +220,5 @@ def _republish_if_lost(store: JobStore, job_id: str, chunk: int, epoch: int) -> 
     if (fields["state"] == JobState.QUEUED.value and fields["epoch"] == str(epoch)
             and nxt == chunk + 1 and int(fields.get("published", "-1")) < nxt):
         log.warning("job %s: chunk %d was never published; publishing it now", job_id, nxt)
-        publish_chunk(store, job_id, chunk=nxt, epoch=epoch, queue=fields["queue"])
+        publish_chunk(store, job_id, chunk=nxt, epoch=epoch, queue=fields["queue"],
+                      fields=fields)

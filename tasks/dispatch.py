@@ -9,20 +9,25 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Mapping
 
 from kombu import Exchange, Queue
 
 from app.celery import CHUNK_TASK, app
 from app.store import JobStore
 from scheduler.lifecycle import JobState
-from tasks.routing import affinity_worker
+from tasks.routing import affinity_worker, class_queue_of
 
 log = logging.getLogger(__name__)
 
 
-def publish_chunk(store: JobStore, job_id: str, *, chunk: int, epoch: int, queue: str) -> str:
-    """Send one chunk message; the task id names the job and chunk so Flower shows them."""
-    fields = store.fields(job_id)
+def publish_chunk(
+    store: JobStore, job_id: str, *, chunk: int, epoch: int, queue: str,
+    fields: Mapping[str, str] | None = None,
+) -> str:
+    """Send one chunk message; the task id names the job and chunk so Flower shows them.
+    ``fields`` is the job's record when the caller already read it (one Redis read less)."""
+    fields = store.fields(job_id) if fields is None else fields
     names = fields.get("chunk_names", "")
     chunk_names = names.split(",") if names else []
     chunk_name = chunk_names[chunk] if chunk < len(chunk_names) else f"chunk[{chunk}]"
@@ -65,8 +70,32 @@ def release(
                  "queued_at": repr(time.time())},
     )
     if moved:
-        publish_chunk(store, job_id, chunk=int(fields["next_chunk"]), epoch=epoch, queue=queue)
+        publish_chunk(store, job_id, chunk=int(fields["next_chunk"]), epoch=epoch, queue=queue,
+                      fields=fields)
         if bump_epoch and fields.get("last_task_id"):
             app.control.revoke(fields["last_task_id"])  # hygiene only: the epoch already fences
     return moved
 
+
+
+def requeue_from_checkpoint(
+    store: JobStore, fields: Mapping[str, str], *, by: str, reason: str,
+    expect: Mapping[str, str] | None = None, updates: Mapping[str, str] | None = None,
+) -> str | None:
+    """Requeue a job's next chunk from its checkpoint under a new epoch, on its class queue (never
+    a lost worker's own queue), only if nothing moved since ``fields`` was read: its state,
+    epoch and sequence number, plus ``expect``. Returns the queue, or None if the job moved."""
+    job_id, epoch = fields["id"], int(fields["epoch"]) + 1
+    queue = class_queue_of(fields["queue"])
+    moved = store.try_transition(
+        job_id, JobState.QUEUED, by=by, reason=reason,
+        expect={"state": fields["state"], "epoch": fields["epoch"], "seq": fields["seq"],
+                **(expect or {})},
+        updates={"epoch": str(epoch), "queued_at": repr(time.time()), "running_on": "",
+                 "queue": queue, **(updates or {})},
+    )
+    if not moved:
+        return None
+    publish_chunk(store, job_id, chunk=int(fields["next_chunk"]), epoch=epoch, queue=queue,
+                  fields=fields)
+    return queue

@@ -8,14 +8,13 @@ from __future__ import annotations
 import json
 import logging
 import statistics
-import time
 from collections.abc import Callable, Mapping
 
 from app.settings import Settings
 from app.store import JobStore
 from scheduler.cost import CostModel
 from scheduler.lifecycle import JobState
-from tasks.dispatch import publish_chunk
+from tasks.dispatch import requeue_from_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -127,18 +126,13 @@ def _requeue(
     store: JobStore, fields: Mapping[str, str], state: str, reason: str, *, stuck: bool
 ) -> bool:
     """Requeue the job's next chunk under a new epoch, only if nothing moved since ``fields``."""
-    job_id, epoch = fields["id"], int(fields["epoch"]) + 1
-    expect = {"state": state, "epoch": fields["epoch"], "seq": fields["seq"]}
-    for name in ("last_task_id", "chunk_started_at"):  # the same attempt, not a newer one
-        if name in fields:
-            expect[name] = fields[name]
-    updates = {"epoch": str(epoch), "queued_at": repr(time.time()), "running_on": ""}
-    if stuck:
-        updates["stuck"] = str(int(fields.get("stuck", "0")) + 1)
-    if not store.try_transition(job_id, JobState.QUEUED, by="healer", reason=reason,
-                                expect=expect, updates=updates):
+    # the same attempt, not a newer one
+    expect = {"state": state, **{name: fields[name] for name in ("last_task_id",
+                                                                  "chunk_started_at")
+                                 if name in fields}}
+    updates = {"stuck": str(int(fields.get("stuck", "0")) + 1)} if stuck else {}
+    if requeue_from_checkpoint(store, fields, by="healer", reason=reason, expect=expect,
+                               updates=updates) is None:
         return False
-    log.warning("job %s: %s", job_id, reason)
-    publish_chunk(store, job_id, chunk=int(fields["next_chunk"]), epoch=epoch,
-                  queue=fields["queue"])
+    log.warning("job %s: %s", fields["id"], reason)
     return True
