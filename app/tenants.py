@@ -14,9 +14,9 @@ from pathlib import Path
 
 import redis
 
-from app.settings import Settings
-from app.settings.api import ApiKeySettings
-from app.store import PREFIX, JobStore
+from tasks import keys
+from tasks.settings import Settings
+from tasks.settings.api import ApiKeySettings
 
 log = logging.getLogger(__name__)
 
@@ -123,18 +123,18 @@ class TenantLimits:
 
     @staticmethod
     def live_key(tenant: str) -> str:
-        return f"{PREFIX}tenant:{tenant}:live"
+        return keys.tenant_live(tenant)
 
     def take_token(self, tenant: Tenant) -> float:
         """Spend one submission token; returns 0, or the seconds until one is available."""
-        wait = self._take(keys=[f"{PREFIX}tenant:{tenant.name}:bucket"],
+        wait = self._take(keys=[keys.tenant_bucket(tenant.name)],
                           args=[repr(tenant.rate_limit_per_s), tenant.burst])
         return float(wait)
 
     def unfinished(self, tenant: Tenant) -> int:
         """Jobs of ``tenant`` submitted through the API that have not ended."""
         return int(self._count(keys=[self.live_key(tenant.name)],
-                               args=[JobStore.job_key("")]))
+                               args=[keys.job("")]))
 
     def track(self, tenant: Tenant, job_id: str) -> None:
         self.redis.sadd(self.live_key(tenant.name), job_id)

@@ -46,7 +46,8 @@ def _fail(rule: str) -> None:
 def _acted_on(plan: TickPlan) -> list[str]:
     return [*(r.job_id for r in plan.releases), *(r.job_id for r in plan.requeues),
             *(r.job_id for r in plan.retargets), *plan.preempt, *plan.suspend, *plan.standby,
-            *(e.job_id for e in plan.expire)]
+            *(e.job_id for e in plan.expire), *(r.job_id for r in plan.recoveries),
+            *(f.job_id for f in plan.failures)]
 
 
 def _check_disjoint(plan: TickPlan) -> None:
@@ -67,6 +68,13 @@ def _check_actions(plan: TickPlan, jobs: Mapping[str, JobView]) -> None:
         _check_transitions(job_ids, target, jobs)
     if any(jobs[r.job_id].state not in _RELEASABLE for r in plan.releases):
         _fail("only PENDING, PREEMPTED or SUSPENDED jobs may be released")
+    for recovery in plan.recoveries:
+        job = jobs.get(recovery.job_id)
+        if job is None or job.state not in (_S.QUEUED, _S.RUNNING):
+            _fail(f"job {recovery.job_id} recovered but neither QUEUED nor RUNNING")
+    for failure in plan.failures:
+        if failure.job_id in jobs:
+            _check_transition(failure.job_id, _S.FAILED, jobs)
     _check_moves(plan, jobs)
 
 

@@ -75,6 +75,24 @@ class JobView:
     """``service_s`` when the job entered ``level``; the quantum used is the difference."""
     preempt_requested: bool = False
     """A preempt flag is set and the job has not stopped yet."""
+    # facts for recovery (scheduler/recovery.py)
+    epoch: int = 0
+    lease_until_s: float | None = None
+    """A RUNNING job's chunk lease; its worker's heartbeat renews it."""
+    chunk_running_since_s: float | None = None
+    """When the running chunk began: its claim or the last commit, whichever is later."""
+    stuck_requeues: int = 0
+    next_chunk_cost_units: float = 0.0
+    own_s_per_unit: float | None = None
+    """The job's own median seconds per cost unit over its commits (None: too few, or not
+    gathered because its chunk is not long-running)."""
+    parked_on: str | None = None
+    """The worker whose own (affinity) queue holds the job's next chunk."""
+    published: tuple[int, int] | None = None
+    """(chunk, epoch) of the last chunk message published for the job; (-1, -1) when none was;
+    None when not known (then the job is never judged unpublished)."""
+    failed_dependency: str | None = None
+    """Why a dependency can never let this job run (it failed, was cancelled or expired)."""
 
     def __post_init__(self) -> None:
         if self.num_chunks < 1 or not 0 <= self.next_chunk <= self.num_chunks:
@@ -113,3 +131,5 @@ class ClusterSnapshot:
     workers: tuple[WorkerView, ...]
     cost: CostModel
     state: PolicyState
+    unreadable: tuple[tuple[str, str], ...] = ()
+    """(job id, problem) of each live record the store could not parse."""

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from scheduler.policy import PolicyKind
+from scheduler.recovery import Failure, Recovery
 from scheduler.state import AdmissionState, PolicyState
 
 
@@ -96,3 +97,8 @@ class TickPlan:
     plan; None for the baselines, which release without a gate."""
     state: PolicyState
     """Store it; the next snapshot carries it back."""
+    recoveries: tuple[Recovery, ...] = ()
+    """Jobs requeued from their checkpoint under a new epoch (lost, stuck, unpublished, parked);
+    planned before everything else, and left out of the rest of the plan."""
+    failures: tuple[Failure, ...] = ()
+    """Jobs that can never run (a failed dependency, an unreadable record) → FAILED."""

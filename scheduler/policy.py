@@ -10,6 +10,7 @@ from enum import Enum
 from scheduler.cost import CostModel
 from scheduler.errors import InvalidPolicy
 from scheduler.model import JobKind
+from scheduler.recovery import RecoveryConfig
 
 
 class PolicyKind(str, Enum):
@@ -108,6 +109,8 @@ class PolicyConfig:
     default_s_per_unit: float = 0.05
     cost_ewma_alpha: float = 0.2
     cost_prior_samples: int = 1
+    recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
+    """When the tick requeues lost, stuck, unpublished and parked chunks."""
 
     def __post_init__(self) -> None:
         for name, value, low, high in self._bounds():

@@ -1,29 +1,26 @@
 """Expert and checkpoint affinity: a job's next chunk goes to the worker that ran its last one
 (``<worker>.<class>``, consumed right before the class queue), a new text job to an idle worker
-whose resident experts fit its model; a chunk parked too long moves back to its class queue.
+whose resident experts fit its model. A chunk parked too long is the tick's to move back to its
+class queue (``scheduler.recovery``).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.settings import Settings
-from app.store import JobStore
-from scheduler.lifecycle import JobState
-from tasks.context import WORKER_KEY
-from tasks.dispatch import release
+from scheduler.model import JobKind
+from tasks.record import JobRecord
 from tasks.routing import (
     AFFINITY_CLASSES,
     affinity_queue,
     affinity_worker,
-    class_queue_of,
     with_affinity,
 )
+from tasks.settings import Settings
+from tasks.store import JobStore
 
 log = logging.getLogger(__name__)
 
@@ -50,15 +47,15 @@ def consume_in_affinity_order(consumer: Any, worker: str) -> tuple[str, ...]:
     return wanted
 
 
-def hop_queue(settings: Settings, worker: str, consuming: Iterable[str], kind: str,
-              queue: str) -> str:
-    """Where this worker publishes a job's next chunk: its own queue for the job's class when
-    it consumes that queue now (a reserved worker does not), else the class queue."""
-    class_queue = class_queue_of(queue)
-    if not applies(settings, kind, class_queue):
-        return class_queue
-    mine = affinity_queue(worker, class_queue)
-    return mine if mine in set(consuming) else class_queue
+def hop_queues(settings: Settings, worker: str, consuming: Iterable[str],
+               kind: str) -> dict[str, str]:
+    """Where this worker publishes a job's next chunk, per class queue: its own queue for the
+    class when affinity applies and it consumes that queue now (a reserved worker does not);
+    a class missing from the map hops to its class queue. The commit picks the entry of the
+    job's class as it stands at commit time (the scheduler may have changed it)."""
+    mine = set(consuming)
+    return {cls: affinity_queue(worker, cls) for cls in AFFINITY_CLASSES
+            if applies(settings, kind, cls) and affinity_queue(worker, cls) in mine}
 
 
 def common_prefix(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
@@ -80,14 +77,7 @@ class WorkerDirectory:
 
     @classmethod
     def read(cls, store: JobStore) -> WorkerDirectory:
-        keys = sorted(store.redis.scan_iter(WORKER_KEY + "*", count=1000))
-        raws = store.redis.mget(keys) if keys else []
-        bodies = {}
-        for raw in raws:
-            if raw is not None:
-                body = json.loads(raw)
-                bodies[body["name"]] = body
-        return cls(bodies)
+        return cls(store.heartbeats())
 
     @property
     def alive(self) -> set[str]:
@@ -97,7 +87,10 @@ class WorkerDirectory:
         """The idle worker consuming its affinity queue for ``class_queue`` whose resident
         experts best cover ``model``'s most frequent experts (merged over every worker's
         routing history), if that fit reaches ``min_fit``."""
-        from workers.moe.expert_cache import residency_fit, signature_from_masks
+        from workers.moe.expert_cache import (  # deferred: loads torch
+            residency_fit,
+            signature_from_masks,
+        )
 
         expected = self._expected_experts(model)
         best: tuple[float, str] | None = None
@@ -124,45 +117,16 @@ class WorkerDirectory:
         return expected
 
 
-def release_queue(settings: Settings, fields: Mapping[str, str], class_queue: str,
+def release_queue(settings: Settings, job: JobRecord, class_queue: str,
                   directory: WorkerDirectory | None) -> str:
     """The queue a job's release goes to: for the first chunk of a text job, the affinity queue
     of the idle worker whose experts fit best; otherwise ``class_queue``."""
-    if (directory is None or fields.get("kind") != "text" or fields.get("next_chunk") != "0"
-            or fields.get("atomic") == "1"
+    if (directory is None or job.kind is not JobKind.TEXT or job.next_chunk != 0 or job.atomic
             or not applies(settings, "text", class_queue)):
         return class_queue
-    model = json.loads(fields.get("params", "{}")).get("model")
+    model = job.params.get("model")
     worker = directory.best_fit(str(model), class_queue, settings.affinity.prefill_min_fit)
     return affinity_queue(worker, class_queue) if worker else class_queue
-
-
-# the tick side --------------------------------------------------------------------------------
-def requeue_parked(store: JobStore, jobs: list[dict[str, str]], now_s: float,
-                   max_wait_s: float) -> list[str]:
-    """QUEUED jobs waiting in an affinity queue longer than ``max_wait_s``, or whose worker's
-    heartbeat is gone, move to their class queue under a new epoch (the parked message is then
-    stale). Updates ``jobs`` in place; returns the moved ids."""
-    parked = [f for f in jobs if f["state"] == JobState.QUEUED.value
-              and affinity_worker(f.get("queue", "")) is not None]
-    if not parked:
-        return []
-    alive = WorkerDirectory.read(store).alive
-    moved = []
-    for fields in parked:
-        worker = affinity_worker(fields["queue"])
-        waited_s = now_s - float(fields.get("queued_at") or 0.0)
-        if waited_s < max_wait_s and worker in alive:
-            continue
-        target = class_queue_of(fields["queue"])
-        why = "gone" if worker not in alive else f"busy for {waited_s * 1000:.0f} ms"
-        if release(store, fields["id"], queue=target, by="scheduler", bump_epoch=True,
-                   reason=f"affinity: {worker} {why}; moved to {target}"):
-            log.info("job %s: left %s (%s) for %s", fields["id"], fields["queue"], why, target)
-            fields.update(queue=target, epoch=str(int(fields["epoch"]) + 1),
-                          queued_at=repr(time.time()))
-            moved.append(fields["id"])
-    return moved
 
 
 def expand_worker_queues(settings: Settings,

@@ -7,20 +7,22 @@ on the job's sequence number, so at-least-once delivery never applies a chunk tw
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from typing import Any
 
 import redis
+from celery import shared_task
 from pydantic import BaseModel, Field, ValidationError
 
-from app.celery import CHUNK_TASK, app
-from app.store import Claim, JobStore
 from scheduler.lifecycle import JobState
-from tasks.affinity import hop_queue
+from scheduler.model import JobKind
+from tasks.affinity import hop_queues
 from tasks.context import WorkerContext, worker_context
 from tasks.dispatch import publish_chunk
+from tasks.record import JobRecord, encode
+from tasks.routing import CHUNK_TASK
+from tasks.store import Commit, CommitStatus, JobStore
 from workers.checkpoint import Checkpoint
 from workers.errors import CheckpointError
 from workers.runner import ChunkResult, JobRunner
@@ -36,7 +38,7 @@ class ChunkMessage(BaseModel):
     epoch: int = Field(ge=0)
 
 
-@app.task(name=CHUNK_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
+@shared_task(name=CHUNK_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
 def run_chunk(self: Any, job_id: Any, chunk: Any, epoch: Any, **info: Any) -> str:
     """Celery entry point (``info`` carries chunk name, class and kind for Flower)."""
     try:
@@ -54,171 +56,152 @@ def execute_chunk(
 ) -> str:
     """Run chunks of one job starting at ``chunk``; returns what happened, for logs and tests."""
     store = ctx.store
-    claim = store.claim_chunk(job_id, chunk, epoch, ctx.name, ctx.settings.broker.chunk_lease)
-    if isinstance(claim, str):
-        log.info("job %s chunk %d epoch %d: stale (%s)", job_id, chunk, epoch, claim)
+    claimed = store.claim_chunk(job_id, chunk, epoch, ctx.name, ctx.settings.broker.chunk_lease)
+    if isinstance(claimed, str):
+        log.info("job %s chunk %d epoch %d: stale (%s)", job_id, chunk, epoch, claimed)
         _republish_if_lost(store, job_id, chunk, epoch)
         return "stale"
     ctx.busy_job = job_id
     try:
-        return _run_claimed(ctx, job_id, chunk, epoch, claim, task_id)
+        return _run_claimed(ctx, claimed, task_id)
     finally:
         ctx.busy_job = None
         if ctx.runner_loaded("text"):
             ctx.refresh_residency()
 
 
-def _run_claimed(
-    ctx: WorkerContext, job_id: str, chunk: int, epoch: int, claim: Claim, task_id: str
-) -> str:
-    store = ctx.store
-    fields = store.fields(job_id)
-    if fields.get("cancel") == "1":
-        return _stop(store, job_id, JobState.CANCELLED, ctx.name, "cancelled by client")
-    if fields.get("preempt") == "1":
-        return _yield(store, job_id, ctx.name)
-    runner = ctx.runner(fields["kind"])
-    params = json.loads(fields["params"])
-    state = _load_state(ctx, job_id, claim, chunk, runner, params)
-    seq, num_chunks = claim.seq, int(fields["num_chunks"])
-    cost_units = json.loads(fields["cost_units"])
+def _run_claimed(ctx: WorkerContext, job: JobRecord, task_id: str) -> str:
+    """Run the claimed job's chunks: one, then a hop, or all of them for an atomic job."""
+    store, job_id, chunk, seq = ctx.store, job.job_id, job.next_chunk, job.seq
+    if job.cancel:
+        return _stop(store, job, JobState.CANCELLED, ctx.name, "cancelled by client")
+    if job.preempt:
+        return _stop(store, job, JobState.PREEMPTED, ctx.name, "preempt flag")
+    runner = ctx.runner(job.kind.value)
+    params = dict(job.params)
+    state = _load_state(ctx, job, runner, params)
     version = None
     while True:
         started = time.monotonic()
         try:
-            if fields["kind"] == "text" and version is None:
+            if job.kind is JobKind.TEXT and version is None:
                 from tasks.experts import choose_version  # loads transformers: text jobs only
 
-                version = choose_version(store, ctx.settings, ctx.text_runner(), job_id, fields,
-                                         params, state)
+                version = choose_version(store, ctx.settings, ctx.text_runner(), job, params,
+                                         state)
                 params = {**params, "expert_version": version}
             result = runner.run_chunk(params, chunk, state, lambda: store.preempt_requested(job_id))
         except redis.RedisError:
             raise  # the store went away, not the job: leave it RUNNING for the lease watchdog
         except Exception as exc:
             log.exception("job %s chunk %d failed", job_id, chunk)
-            if fields["kind"] == "text":
-                from tasks.experts import record_outcome
-
-                record_outcome(store, ctx.settings, params["model"],
-                               version or fields.get("expert_version") or "base", 0.0, ok=False)
-            return _stop(store, job_id, JobState.FAILED, ctx.name, f"chunk {chunk}: {exc}"[:500])
+            _record_text_outcome(ctx, job, version, None)
+            return _stop(store, job, JobState.FAILED, ctx.name, f"chunk {chunk}: {exc}"[:500])
         elapsed_s = time.monotonic() - started
-        if version is not None and chunk > 0 and result.metrics.get("tokens"):
-            from tasks.experts import record_outcome
-
-            record_outcome(store, ctx.settings, params["model"], version,
-                           result.metrics["latency_ms"] / result.metrics["tokens"], ok=True)
-        stopping = not result.complete or store.preempt_requested(job_id)
-        last = result.complete and chunk + 1 == num_chunks
-        durable = stopping or last or (chunk + 1) % ctx.settings.diffusion.checkpoint_every == 0
-        commit = store.commit_chunk(
-            job_id, chunk=chunk, epoch=epoch, seq=seq, complete=result.complete,
-            checkpoint=result.state.encode() if durable else None,
-            service_s=elapsed_s, worker=ctx.name, task_id=task_id,
-        )
-        if commit is None:
+        if chunk > 0:
+            _record_text_outcome(ctx, job, version, result)
+        commit = _commit(ctx, job, chunk, seq, result, elapsed_s, task_id)
+        if commit.status is CommitStatus.STALE:
             log.warning("job %s chunk %d: another delivery committed it first", job_id, chunk)
             return "duplicate"
         ctx.chunks_run += 1
-        ctx.cache.put(job_id, commit.seq, result.state)
-        if result.complete:
-            store.record_timing(fields["cost_key"], ctx.settings.device,
-                                elapsed_s / max(cost_units[chunk], 1e-9))
-        if last:
-            return _finish(ctx, job_id, result)
-        if stopping:
-            flags = store.fields(job_id)
-            if flags.get("cancel") == "1":
-                return _stop(store, job_id, JobState.CANCELLED, ctx.name, "cancelled by client")
-            return _yield(store, job_id, ctx.name)
+        if commit.status is CommitStatus.HOP:
+            ctx.cache.put(job_id, commit.seq, result.state)
+            publish_chunk(store, job, chunk=commit.next_chunk, epoch=job.epoch,
+                          queue=commit.queue)
+            return "hop"
+        if commit.status is not CommitStatus.CONTINUE:
+            ctx.cache.drop(job_id)  # done, or stopped: another worker may resume it
+            return commit.status.value
         chunk, seq, state = commit.next_chunk, commit.seq, result.state
-        if fields.get("atomic") != "1":
-            return _hop(ctx, job_id, chunk, epoch)
+
+
+def _commit(
+    ctx: WorkerContext, job: JobRecord, chunk: int, seq: int, result: ChunkResult,
+    elapsed_s: float, task_id: str,
+) -> Commit:
+    """Commit one chunk and take the job's next step. The durable checkpoint is written every
+    ``checkpoint_every`` chunks, and always when the job stops here (the store asks for it)."""
+    last = result.complete and chunk + 1 == job.num_chunks
+    every = ctx.settings.diffusion.checkpoint_every
+    durable = not result.complete or (not last and (chunk + 1) % every == 0)
+    artifact = None
+    if last and result.artifact is not None:  # stored first: the commit that ends the job names it
+        artifact = (ctx.artifacts.put(job.job_id, result.artifact), result.artifact.media_type)
+    units = job.cost_units[chunk]
+    timing = (ctx.settings.device, elapsed_s / max(units, 1e-9)) if result.complete else None
+    for with_checkpoint in (durable, True):
+        commit = ctx.store.commit_chunk(
+            job.job_id, chunk=chunk, epoch=job.epoch, seq=seq, complete=result.complete,
+            checkpoint=result.state.encode() if with_checkpoint else None,
+            service_s=elapsed_s, worker=ctx.name, task_id=task_id,
+            hop_queues=hop_queues(ctx.settings, ctx.name, ctx.consuming(), job.kind.value),
+            then_continue=job.atomic, artifact=artifact, timing=timing,
+        )
+        if commit.status is not CommitStatus.NEEDS_CHECKPOINT:
+            return commit
+    raise AssertionError("a commit with a checkpoint never asks for one")
+
+
+def _record_text_outcome(
+    ctx: WorkerContext, job: JobRecord, version: str | None, result: ChunkResult | None
+) -> None:
+    """A text chunk's outcome on its expert version (a failure when ``result`` is None)."""
+    if job.kind is not JobKind.TEXT:
+        return
+    from tasks.experts import record_outcome  # loads torch: text jobs only
+
+    model = str(job.params["model"])
+    if result is None:
+        record_outcome(ctx.store, ctx.settings, model,
+                       version or job.expert_version or "base", 0.0, ok=False)
+    elif version is not None and result.metrics.get("tokens"):
+        record_outcome(ctx.store, ctx.settings, model, version,
+                       result.metrics["latency_ms"] / result.metrics["tokens"], ok=True)
 
 
 def _load_state(
-    ctx: WorkerContext, job_id: str, claim: Claim, chunk: int, runner: JobRunner,
-    params: dict[str, Any],
+    ctx: WorkerContext, job: JobRecord, runner: JobRunner, params: dict[str, Any]
 ) -> Checkpoint | None:
-    """The job's state at ``claim.seq``: from this worker's memory, else Redis (+ replay)."""
-    if claim.seq == 0:
+    """The job's state at ``job.seq``: from this worker's memory, else Redis (+ replay)."""
+    if job.seq == 0:
         return None
-    cached = ctx.cache.get(job_id, claim.seq)
+    cached = ctx.cache.get(job.job_id, job.seq)
     if cached is not None:
         return cached
-    blob = ctx.store.load_checkpoint(job_id)
-    if blob is None or claim.ckpt_seq < 0:
-        raise CheckpointError(f"job {job_id}: no durable checkpoint at seq {claim.seq}")
+    blob = ctx.store.load_checkpoint(job.job_id)
+    if blob is None or job.ckpt_seq is None:
+        raise CheckpointError(f"job {job.job_id}: no durable checkpoint at seq {job.seq}")
     state = Checkpoint.decode(blob)
     # The durable copy may be a few steps behind (checkpoint_every > 1): replay them here.
-    for index in range(claim.ckpt_chunk, chunk):
-        log.info("job %s: replaying chunk %d from the durable checkpoint", job_id, index)
+    for index in range(job.ckpt_chunk or 0, job.next_chunk):
+        log.info("job %s: replaying chunk %d from the durable checkpoint", job.job_id, index)
         state = runner.run_chunk(params, index, state, lambda: False).state
     return state
 
 
-def _hop(ctx: WorkerContext, job_id: str, chunk: int, epoch: int) -> str:
-    """Queue the next chunk on the job's current class (the scheduler may have changed it):
-    on this worker's own queue for that class when affinity applies, else the class queue."""
-    store = ctx.store
-    for _ in range(3):  # a retarget between read and move changes "queue": read it again
-        fields = store.fields(job_id)
-        queue = hop_queue(ctx.settings, ctx.name, ctx.consuming(), fields["kind"],
-                          fields["queue"])
-        moved = store.try_transition(
-            job_id, JobState.QUEUED, by=ctx.name, reason=f"next chunk {chunk} on {queue}",
-            expect={"state": JobState.RUNNING.value, "epoch": str(epoch),
-                    "queue": fields["queue"]},
-            updates={"queued_at": repr(time.time()), "queue": queue},
-        )
-        if moved:
-            publish_chunk(store, job_id, chunk=chunk, epoch=epoch, queue=queue, fields=fields)
-            return "hop"
-        now = store.fields(job_id)
-        if now["state"] != JobState.RUNNING.value or now["epoch"] != str(epoch):
-            break
-    log.info("job %s: not hopping to chunk %d; the scheduler moved it", job_id, chunk)
-    return "moved"
-
-
-def _yield(store: JobStore, job_id: str, worker: str) -> str:
-    fields = store.fields(job_id)
-    store.try_transition(
-        job_id, JobState.PREEMPTED, by=worker, reason="preempt flag",
-        updates={"preempt": "0", "preemptions": str(int(fields["preemptions"]) + 1),
-                 "preempted_at": repr(time.time())},
-    )
-    return "preempted"
-
-
-def _stop(store: JobStore, job_id: str, target: JobState, worker: str, reason: str) -> str:
-    updates = {"error": reason} if target is JobState.FAILED else {}
-    store.try_transition(job_id, target, by=worker, reason=reason, updates=updates)
+def _stop(store: JobStore, job: JobRecord, target: JobState, worker: str, reason: str) -> str:
+    """End or pause the claimed attempt without a commit (a flag seen at claim, or a failure),
+    only if nothing moved since the claim."""
+    updates = encode(error=reason) if target is JobState.FAILED else {}
+    if target is JobState.PREEMPTED:
+        updates = encode(preempt=False, preemptions=job.preemptions + 1,
+                         preempted_at_s=time.time())
+    store.try_transition(job.job_id, target, by=worker, reason=reason,
+                         expect=encode(state=JobState.RUNNING, epoch=job.epoch, seq=job.seq),
+                         updates=updates)
     return target.value.lower()
-
-
-def _finish(ctx: WorkerContext, job_id: str, result: ChunkResult) -> str:
-    updates: dict[str, str] = {}
-    if result.artifact is not None:
-        updates["artifact"] = ctx.artifacts.put(job_id, result.artifact)
-        updates["media_type"] = result.artifact.media_type
-    ctx.cache.drop(job_id)
-    ctx.store.try_transition(job_id, JobState.DONE, by=ctx.name, reason="all chunks ran",
-                             updates=updates)
-    return "done"
 
 
 def _republish_if_lost(store: JobStore, job_id: str, chunk: int, epoch: int) -> None:
     """A redelivered chunk that already committed: make sure its successor was published
     (the worker may have died between commit and publish)."""
     try:
-        fields = store.fields(job_id)
+        job = store.record(job_id)
     except Exception:
         return
-    nxt = int(fields["next_chunk"])
-    if (fields["state"] == JobState.QUEUED.value and fields["epoch"] == str(epoch)
-            and nxt == chunk + 1 and int(fields.get("published", "-1")) < nxt):
+    nxt = job.next_chunk
+    if (job.state is JobState.QUEUED and job.epoch == epoch and nxt == chunk + 1
+            and (job.published if job.published is not None else -1) < nxt):
         log.warning("job %s: chunk %d was never published; publishing it now", job_id, nxt)
-        publish_chunk(store, job_id, chunk=nxt, epoch=epoch, queue=fields["queue"],
-                      fields=fields)
+        publish_chunk(store, job, chunk=nxt, epoch=epoch, queue=job.queue)

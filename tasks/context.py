@@ -14,10 +14,13 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from app.artifacts import ArtifactStore
-from app.runtime import connect, current_settings, redis_url
-from app.settings import Settings
-from app.store import PREFIX, JobStore
+from tasks import keys
+from tasks.artifacts import ArtifactStore
+from tasks.record import encode
+from tasks.runtime import connect, current_settings, redis_url
+from tasks.settings import Settings
+from tasks.settings.moe import cache_config, router_config
+from tasks.store import JobStore
 from workers.kinds import RunnerOptions, get_runner, limit_threads
 from workers.local_cache import LocalCheckpointCache
 from workers.runner import JobRunner
@@ -28,7 +31,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-WORKER_KEY = PREFIX + "worker:"
 
 
 @dataclass
@@ -57,10 +59,10 @@ class WorkerContext:
         s = self.settings
         self._kinds_run.add(kind)
         if kind == "text":
-            from workers import moe
+            from workers import moe  # deferred: loads torch
 
             limit_threads(s.torch_threads)
-            return moe.get_runner(s.moe, device=s.device)
+            return moe.get_runner(router_config(s.moe), cache_config(s.moe, s.device), s.device)
         return get_runner(kind, RunnerOptions(
             device=s.device, block_groups=s.diffusion.block_groups,
             video_fps=s.diffusion.video_fps, torch_threads=s.torch_threads,
@@ -68,8 +70,8 @@ class WorkerContext:
 
     def text_runner(self) -> TextRunner:
         """The MoE runner of this worker, with its expert-version sync thread running."""
-        from tasks.experts import VersionSync
-        from workers.moe.runner import TextRunner as Runner
+        from tasks.experts import VersionSync  # deferred: loads torch
+        from workers.moe.runner import TextRunner as Runner  # deferred: loads torch
 
         runner = self.runner("text")
         assert isinstance(runner, Runner)
@@ -90,7 +92,7 @@ class WorkerContext:
 
     def refresh_residency(self) -> None:
         """Re-read what the expert caches hold (on the worker thread, between chunks)."""
-        from workers import moe
+        from workers import moe  # deferred: loads torch
 
         self.experts = moe.residency()
 
@@ -109,9 +111,10 @@ class WorkerContext:
             "experts": self.experts,
         }
         pipe = self.store.redis.pipeline(transaction=False)
-        pipe.set(WORKER_KEY + self.name, json.dumps(body), px=int(lease_s * 1000))
+        pipe.set(keys.worker(self.name), json.dumps(body), px=int(lease_s * 1000))
         if self.busy_job is not None:
-            pipe.hset(JobStore.job_key(self.busy_job), "lease_until", repr(time.time() + lease_s))
+            lease = encode(lease_until_s=time.time() + lease_s)
+            pipe.hset(keys.job(self.busy_job), mapping=lease)  # type: ignore[arg-type]
         pipe.execute()
 
     def _heartbeat_loop(self) -> None:
@@ -127,7 +130,7 @@ class WorkerContext:
         if self._versions is not None:
             self._versions.stop()
         try:
-            self.store.redis.delete(WORKER_KEY + self.name)
+            self.store.redis.delete(keys.worker(self.name))
         except Exception:
             log.debug("could not remove worker key of %s", self.name, exc_info=True)
 

@@ -1,7 +1,8 @@
-"""Putting chunks on queues: release a job, hop to its next chunk, requeue with a new epoch.
+"""Putting chunks on queues: release a job, publish its next chunk, requeue with a new epoch.
 
 Every publish uses a fresh task id (a revoked id would be silently dropped if reused) and carries
-only references — job id, chunk index, epoch — never tensors.
+only references — job id, chunk index, epoch — never tensors. Every move is conditioned on the
+record the caller read (state, epoch, sequence number): a job that moved since is left alone.
 """
 
 from __future__ import annotations
@@ -9,37 +10,32 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Mapping
 
 from kombu import Exchange, Queue
 
-from app.celery import CHUNK_TASK, app
-from app.store import JobStore
 from scheduler.lifecycle import JobState
-from tasks.routing import affinity_worker, class_queue_of
+from tasks.record import JobRecord, encode
+from tasks.routing import CHUNK_TASK, affinity_worker, class_queue_of
+from tasks.runtime import celery
+from tasks.store import JobStore
 
 log = logging.getLogger(__name__)
 
 
-def publish_chunk(
-    store: JobStore, job_id: str, *, chunk: int, epoch: int, queue: str,
-    fields: Mapping[str, str] | None = None,
-) -> str:
-    """Send one chunk message; the task id names the job and chunk so Flower shows them.
-    ``fields`` is the job's record when the caller already read it (one Redis read less)."""
-    fields = store.fields(job_id) if fields is None else fields
-    names = fields.get("chunk_names", "")
-    chunk_names = names.split(",") if names else []
-    chunk_name = chunk_names[chunk] if chunk < len(chunk_names) else f"chunk[{chunk}]"
-    task_id = f"{job_id}.{chunk}.{epoch}.{uuid.uuid4().hex[:6]}"
-    app.send_task(
+def publish_chunk(store: JobStore, job: JobRecord, *, chunk: int, epoch: int, queue: str) -> str:
+    """Send one chunk message of ``job``; the task id names the job and chunk so Flower shows
+    them, and the record remembers what was published last (the healer compares it)."""
+    names = job.chunk_names
+    chunk_name = names[chunk] if chunk < len(names) else f"chunk[{chunk}]"
+    task_id = f"{job.job_id}.{chunk}.{epoch}.{uuid.uuid4().hex[:6]}"
+    celery().send_task(
         CHUNK_TASK,
-        args=[job_id, chunk, epoch],
-        kwargs={"chunk_name": chunk_name, "slo": fields["slo"], "kind": fields["kind"]},
+        args=[job.job_id, chunk, epoch],
+        kwargs={"chunk_name": chunk_name, "slo": job.slo.value, "kind": job.kind.value},
         queue=declared_queue(queue),
         task_id=task_id,
     )
-    store.set_fields(job_id, published=str(chunk), last_task_id=task_id)
+    store.set_fields(job.job_id, published=chunk, last_task_id=task_id)
     return task_id
 
 
@@ -54,48 +50,44 @@ def declared_queue(name: str) -> str | Queue:
 
 
 def release(
-    store: JobStore, job_id: str, *, queue: str, by: str, reason: str, bump_epoch: bool = False
+    store: JobStore, seen: JobRecord, *, queue: str, by: str, reason: str,
+    bump_epoch: bool = False, atomic: bool | None = None,
 ) -> bool:
-    """Move a waiting job to QUEUED on ``queue`` and publish its next chunk.
+    """Move a waiting job (as ``seen``) to QUEUED on ``queue`` and publish its next chunk.
 
-    ``bump_epoch`` fences any message of the job already on a queue (a requeue); returns False
-    if the job moved meanwhile.
+    ``bump_epoch`` fences any message of the job already on a queue (a requeue); ``atomic``
+    marks a FIFO-baseline job that runs every chunk in one task. Returns False if the job moved
+    since ``seen`` was read.
     """
-    fields = store.fields(job_id)
-    epoch = int(fields["epoch"]) + (1 if bump_epoch else 0)
-    moved = store.try_transition(
-        job_id, JobState.QUEUED, by=by, reason=reason,
-        expect={"state": fields["state"], "epoch": fields["epoch"]},
-        updates={"queue": queue, "epoch": str(epoch), "preempt": "0",
-                 "queued_at": repr(time.time())},
-    )
+    epoch = seen.epoch + (1 if bump_epoch else 0)
+    updates = encode(queue=queue, epoch=epoch, preempt=False, queued_at_s=time.time())
+    if atomic is not None:
+        updates.update(encode(atomic=atomic))
+    moved = store.transition_as_seen(seen, JobState.QUEUED, by=by, reason=reason,
+                                     updates=updates)
     if moved:
-        publish_chunk(store, job_id, chunk=int(fields["next_chunk"]), epoch=epoch, queue=queue,
-                      fields=fields)
-        if bump_epoch and fields.get("last_task_id"):
-            app.control.revoke(fields["last_task_id"])  # hygiene only: the epoch already fences
+        publish_chunk(store, seen, chunk=seen.next_chunk, epoch=epoch, queue=queue)
+        if bump_epoch and seen.last_task_id:
+            celery().control.revoke(seen.last_task_id)  # hygiene only: the epoch fences
     return moved
 
 
-
 def requeue_from_checkpoint(
-    store: JobStore, fields: Mapping[str, str], *, by: str, reason: str,
-    expect: Mapping[str, str] | None = None, updates: Mapping[str, str] | None = None,
+    store: JobStore, seen: JobRecord, *, by: str, reason: str, stuck: bool = False
 ) -> str | None:
     """Requeue a job's next chunk from its checkpoint under a new epoch, on its class queue (never
-    a lost worker's own queue), only if nothing moved since ``fields`` was read: its state,
-    epoch and sequence number, plus ``expect``. Returns the queue, or None if the job moved."""
-    job_id, epoch = fields["id"], int(fields["epoch"]) + 1
-    queue = class_queue_of(fields["queue"])
-    moved = store.try_transition(
-        job_id, JobState.QUEUED, by=by, reason=reason,
-        expect={"state": fields["state"], "epoch": fields["epoch"], "seq": fields["seq"],
-                **(expect or {})},
-        updates={"epoch": str(epoch), "queued_at": repr(time.time()), "running_on": "",
-                 "queue": queue, **(updates or {})},
-    )
-    if not moved:
+    a lost worker's own queue), only if nothing moved since ``seen`` — nor its running attempt:
+    the same claim (``chunk_started_at``) and the same last publish. Returns the queue, or None
+    if the job moved."""
+    queue = class_queue_of(seen.queue)
+    same_attempt = encode(chunk_started_at_s=seen.chunk_started_at_s,
+                          last_task_id=seen.last_task_id)
+    updates = encode(epoch=seen.epoch + 1, queued_at_s=time.time(), running_on=None,
+                     queue=queue)
+    if stuck:
+        updates.update(encode(stuck=seen.stuck + 1))
+    if not store.transition_as_seen(seen, JobState.QUEUED, by=by, reason=reason,
+                                    expect=same_attempt, updates=updates):
         return None
-    publish_chunk(store, job_id, chunk=int(fields["next_chunk"]), epoch=epoch, queue=queue,
-                  fields=fields)
+    publish_chunk(store, seen, chunk=seen.next_chunk, epoch=seen.epoch + 1, queue=queue)
     return queue

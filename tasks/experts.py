@@ -9,9 +9,10 @@ import logging
 import threading
 from typing import Any
 
-from app.expert_updates import ExpertUpdates, update_policy
-from app.settings import Settings
-from app.store import JobStore
+from tasks.expert_updates import ExpertUpdates, update_policy
+from tasks.record import JobRecord
+from tasks.settings import Settings
+from tasks.store import JobStore
 from workers.checkpoint import Checkpoint
 from workers.errors import ExpertVersionError
 from workers.moe.runner import TextRunner
@@ -32,9 +33,8 @@ def updates_of(store: JobStore, settings: Settings) -> ExpertUpdates:
     return _UPDATES[key]
 
 
-def choose_version(store: JobStore, settings: Settings, runner: TextRunner, job_id: str,
-                   fields: dict[str, str], params: dict[str, Any],
-                   state: Checkpoint | None) -> str:
+def choose_version(store: JobStore, settings: Settings, runner: TextRunner, job: JobRecord,
+                   params: dict[str, Any], state: Checkpoint | None) -> str:
     """The job's expert version, loaded on this worker. A resumed job keeps its checkpoint's;
     a new one keeps the version it was first given (a re-run prefill stays on it), else its
     pinned one, else the update's routing of its id; recorded on the job."""
@@ -42,10 +42,10 @@ def choose_version(store: JobStore, settings: Settings, runner: TextRunner, job_
     if state is not None:
         version = str(state.meta.get("expert_version", BASE_VERSION))
     else:
-        version = (fields.get("expert_version") or params.get("expert_version")
-                   or updates_of(store, settings).route(model, job_id))
-        if fields.get("expert_version") != version:
-            store.set_fields(job_id, expert_version=version)
+        version = (job.expert_version or params.get("expert_version")
+                   or updates_of(store, settings).route(model, job.job_id))
+        if job.expert_version != version:
+            store.set_fields(job.job_id, expert_version=version)
     ensure_loaded(store, settings, runner.session(model), version)
     return version
 

@@ -1,8 +1,11 @@
-"""Queue names and how a class maps to its queue."""
+"""Queue and task names, and how a class maps to its queue: defined here once."""
 
 from __future__ import annotations
 
 from scheduler.lifecycle import SloClass
+
+TICK_TASK = "scheduler.tick"
+CHUNK_TASK = "stepline.chunk"
 
 REALTIME, INTERACTIVE, BATCH, CONTROL, STANDBY = (
     "realtime", "interactive", "batch", "control", "standby",

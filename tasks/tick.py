@@ -13,17 +13,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from app.celery import TICK_TASK, app
-from app.store import PREFIX
+from celery import shared_task
+
+from tasks import keys
+from tasks.adapter import run_tick
 from tasks.context import worker_context
+from tasks.routing import TICK_TASK
 
 log = logging.getLogger(__name__)
 
-LEASE_KEY = PREFIX + "tick:lease"
-STATS_KEY = PREFIX + "tick:stats"
 
 
-@app.task(name=TICK_TASK, bind=True, ignore_result=True)
+@shared_task(name=TICK_TASK, bind=True, ignore_result=True)
 def tick(self: Any) -> str:
     """Run one scheduling tick if this worker holds (or wins) the tick lease."""
     ctx = worker_context()
@@ -31,7 +32,6 @@ def tick(self: Any) -> str:
     interval_s = ctx.settings.scheduler.origin_detection_interval
     if not _hold_lease(ctx.store.redis, me, ttl_s=max(10 * interval_s, 1.0)):
         return "standby"
-    from tasks.adapter import run_tick  # the adapter imports the policy; keep startup light
 
     started = time.perf_counter()
     with collector_paused():
@@ -68,11 +68,11 @@ return 0
 
 def _hold_lease(client: Any, me: str, ttl_s: float) -> bool:
     """Take or renew the tick lease; another live scheduler keeps it until it stops ticking."""
-    return bool(client.eval(_RENEW, 1, LEASE_KEY, me, int(ttl_s * 1000)))
+    return bool(client.eval(_RENEW, 1, keys.TICK_LEASE, me, int(ttl_s * 1000)))
 
 
 def _record(client: Any, duration_s: float) -> None:
     """Tick duration and start time, for the tick p99 and interval jitter figures."""
     now = time.time()
-    client.xadd(STATS_KEY, {"duration_ms": f"{duration_s * 1000:.3f}", "ts": repr(now)},
+    client.xadd(keys.TICK_STATS, {"duration_ms": f"{duration_s * 1000:.3f}", "ts": repr(now)},
                 maxlen=20_000, approximate=True)

@@ -17,8 +17,15 @@ from pathlib import Path
 import pytest
 import redis
 
+from app.celery import configure as configure_celery
 from app.embedded_redis import EmbeddedRedis
-from app.runtime import current_settings
+from scheduler import CostModel, plan_tick
+from tasks import keys
+from tasks.adapter import LiveTarget, policy_config
+from tasks.runtime import current_settings
+from tasks.settings import Settings
+from tasks.snapshot import read_snapshot
+from tasks.store import JobStore
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,11 +69,7 @@ def stack_env(
 
 def _reset_celery_app() -> None:
     """The in-process Celery app (used to publish) must see this test's broker."""
-    from app.celery import app, celery_config
-
-    config = celery_config(current_settings())
-    if app.conf.broker_url != config["broker_url"]:  # once per session: one redis-server
-        app.conf.update(config)
+    configure_celery(current_settings())  # once per session: one redis-server
 
 
 class Processes:
@@ -142,10 +145,22 @@ def wait_for(predicate: Callable[[], object], timeout_s: float, what: str) -> ob
 
 def wait_for_workers(client: redis.Redis, names: list[str], timeout_s: float = 60) -> None:
     """Workers advertise themselves once ready (their heartbeat key)."""
-    from tasks.context import WORKER_KEY
 
-    wait_for(lambda: all(client.exists(WORKER_KEY + f"{n}@test") for n in names), timeout_s,
+    wait_for(lambda: all(client.exists(keys.WORKER_PREFIX + f"{n}@test") for n in names), timeout_s,
              f"workers {names} to start")
 
 
 PY = sys.executable
+
+
+def recover_once(store: JobStore, settings: Settings, now_s: float,
+                 cost: CostModel | None = None) -> list[str]:
+    """The recovery part of one tick, as the tick runs it (snapshot, plan, apply its failures
+    and recoveries), at ``now_s``; returns the ids of the jobs requeued."""
+    policy = policy_config(settings, store)
+    seen = read_snapshot(store, cost or policy.new_cost_model(), policy, now_s)
+    plan = plan_tick(seen.snapshot, policy, now_s)
+    target = LiveTarget(store, seen.records, settings)
+    for failure in plan.failures:
+        target.fail(failure)
+    return [r.job_id for r in plan.recoveries if target.recover(r)]

@@ -7,6 +7,7 @@ from functools import cache
 
 from workers.errors import WorkerError
 from workers.runner import JobRunner
+from workers.simulated import SimulatedRunner
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,18 +24,16 @@ class RunnerOptions:
 def get_runner(kind: str, options: RunnerOptions = RunnerOptions()) -> JobRunner:
     """The process-wide runner for a job kind (models inside are built once per process)."""
     if kind == "simulated":
-        from workers.simulated import SimulatedRunner
-
         return SimulatedRunner()
     if kind in ("image", "video", "text"):
         limit_threads(options.torch_threads)
     if kind in ("image", "video"):
-        from workers import diffusion
+        from workers import diffusion  # deferred: loads torch
 
         return diffusion.get_runner(kind, block_groups=options.block_groups,
                                     device=options.device, video_fps=options.video_fps)
     if kind == "text":
-        from workers import moe
+        from workers import moe  # deferred: loads torch
 
         return moe.get_runner()
     raise WorkerError(f"unknown job kind {kind!r}; use simulated, image, video or text")

@@ -6,8 +6,10 @@ When the same worker continues the same job, the state comes from memory, not Re
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import TYPE_CHECKING
 
-from workers.checkpoint import Checkpoint
+if TYPE_CHECKING:
+    from workers.checkpoint import Checkpoint  # types only: the codec loads torch
 
 
 class LocalCheckpointCache:

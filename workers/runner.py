@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from workers.checkpoint import Checkpoint
+if TYPE_CHECKING:
+    from workers.checkpoint import Checkpoint  # types only: the codec loads torch
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +21,9 @@ class ChunkPlan:
     names: tuple[str, ...]
     cost_units: tuple[float, ...]
     cost_key: str  # (model, shape bucket) for the cost model, e.g. "dit-image:256x256"
+    resource_profile: str = "compute"
+    """What bounds the job's steps on the device: "compute" (diffusion) or "memory" (MoE decode
+    streams expert weights and the KV cache)."""
 
     def __post_init__(self) -> None:
         if len(self.names) != len(self.cost_units) or not self.names:

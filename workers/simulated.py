@@ -9,11 +9,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from workers.checkpoint import Checkpoint
 from workers.errors import WorkerError
 from workers.runner import Artifact, ChunkPlan, ChunkResult, ShouldYield
+
+if TYPE_CHECKING:
+    from workers.checkpoint import Checkpoint  # types only: the codec loads torch
 
 
 class SimulatedRunner:
@@ -37,6 +39,9 @@ class SimulatedRunner:
         state: Checkpoint | None,
         should_yield: ShouldYield,
     ) -> ChunkResult:
+        # a process that only plans jobs (the API) never needs the codec
+        from workers.checkpoint import Checkpoint  # deferred: loads torch
+
         fresh: dict[str, Any] = {"applied": [], "group": 0}
         meta = dict(state.meta) if state is not None else fresh
         if params.get("fail_at") is not None and int(params["fail_at"]) == index:

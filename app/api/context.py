@@ -7,13 +7,15 @@ from dataclasses import dataclass
 from fastapi import HTTPException, Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
-from app.artifacts import ArtifactStore
-from app.errors import JobNotFound
-from app.jobs import JobService
-from app.runtime import connect, redis_url
-from app.settings import Settings
-from app.store import JobStore
 from app.tenants import Tenant, TenantDirectory, TenantLimits
+from tasks import keys
+from tasks.artifacts import ArtifactStore
+from tasks.errors import JobNotFound
+from tasks.record import JobRecord, UnreadableRecord
+from tasks.runtime import connect, redis_url
+from tasks.settings import Settings
+from tasks.store import JobStore
+from tasks.submit import JobService
 
 
 @dataclass
@@ -36,12 +38,23 @@ class ApiContext:
             tenants=TenantDirectory.from_settings(settings), limits=TenantLimits(store.redis),
         )
 
-    def owned_fields(self, tenant: Tenant, job_id: str) -> dict[str, str]:
-        """The job's fields; :class:`JobNotFound` also for another tenant's job (no leak)."""
-        fields = self.store.fields(job_id)
-        if fields.get("tenant") != tenant.name:
+    def owned_record(self, tenant: Tenant, job_id: str) -> JobRecord:
+        """The job's record; :class:`JobNotFound` also for another tenant's job, so a caller
+        cannot learn that someone else's job id exists."""
+        try:
+            record = self.store.record(job_id)
+        except UnreadableRecord:
+            if not self._tenant_field_is(job_id, tenant):
+                raise JobNotFound(f"no job {job_id}") from None
+            raise
+        if record.tenant != tenant.name:
             raise JobNotFound(f"no job {job_id}")
-        return fields
+        return record
+
+    def _tenant_field_is(self, job_id: str, tenant: Tenant) -> bool:
+        """Whether an unparseable job is ``tenant``'s, from its raw tenant field: it must read as
+        missing to any other tenant, as a readable one does (its owner gets the parse error)."""
+        return self.store.redis.hget(keys.job(job_id), "tenant") == tenant.name.encode()
 
 
 def api_context(request: Request) -> ApiContext:

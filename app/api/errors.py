@@ -14,8 +14,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from app.artifacts import UnsafeArtifactPath
-from app.errors import InvalidJob, JobNotFound, Overloaded, RedisUnavailable
+from tasks.artifacts import UnsafeArtifactPath
+from tasks.errors import InvalidJob, JobNotFound, Overloaded, RedisUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import time
 from collections.abc import Iterator
@@ -15,21 +16,24 @@ from fastapi.responses import FileResponse
 
 from app.api.context import ApiContext, api_context, current_tenant
 from app.api.errors import JobUnfinished, ResultNotReady, TooManyRequests
-from app.errors import InvalidJob, JobNotFound
+from app.api.stats import readable_records
 from app.schemas import (
     ErrorBody,
     InferenceMetrics,
     InferenceRequest,
     InferenceResponse,
+    JobDetail,
     JobPage,
     JobSpec,
-    JobView,
 )
-from app.store import INDEX_KEY, PREFIX, record_from_fields
 from app.tenants import Tenant
 from scheduler.lifecycle import JobState, SloClass
+from tasks import keys
+from tasks.errors import InvalidJob, JobNotFound
+from tasks.record import JobRecord, UnreadableRecord
 from workers.errors import WorkerError
 
+log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1", tags=["jobs"])
 Ctx = Annotated[ApiContext, Depends(api_context)]
 Caller = Annotated[Tenant, Depends(current_tenant)]
@@ -49,15 +53,21 @@ LIMITED_RESPONSES: dict[int | str, dict[str, Any]] = {
 _CURSOR = re.compile(r"^(\d+(?:\.\d+)?(?:e[+-]?\d+)?),([0-9A-Za-z]{1,64})$")
 
 
-def job_view(fields: dict[str, str], origin_id: str | None) -> JobView:
-    record = record_from_fields(fields, origin_id)
-    done = record.state is JobState.DONE
-    return JobView(
-        **record.model_dump(),
-        turnaround_s=record.latency_s,
-        deadline_met=None if record.finished_at is None else (
-            done and record.finished_at <= record.deadline_at),
-        result_url=f"/v1/jobs/{record.id}/result" if done and record.artifact else None,
+def job_detail(record: JobRecord, origin_id: str | None) -> JobDetail:
+    """A job as the REST API returns it, from its stored record."""
+    r = record
+    done = r.state is JobState.DONE
+    return JobDetail(
+        id=r.job_id, kind=r.kind.value, state=r.state, slo=r.slo, tenant=r.tenant,
+        tier=r.tier.value, progress=r.next_chunk, total=r.num_chunks,
+        submitted_at=r.submitted_at_s, deadline_at=r.deadline_at_s, started_at=r.started_at_s,
+        finished_at=r.finished_at_s, queue=r.queue or None, epoch=r.epoch,
+        preemptions=r.preemptions, origin=r.job_id == origin_id, error=r.error,
+        artifact=r.artifact, media_type=r.media_type, params=dict(r.params),
+        turnaround_s=r.latency_s,
+        deadline_met=None if r.finished_at_s is None else (
+            done and r.finished_at_s <= r.deadline_at_s),
+        result_url=f"/v1/jobs/{r.job_id}/result" if done and r.artifact else None,
     )
 
 
@@ -65,9 +75,9 @@ def job_view(fields: dict[str, str], origin_id: str | None) -> JobView:
 def submit_for(ctx: ApiContext, tenant: Tenant, spec: JobSpec) -> tuple[str, bool]:
     """The one submit path of the API: replay, rate limit, quota, dependencies, submit."""
     if spec.idempotency_key:
-        raw = ctx.store.redis.get(f"{PREFIX}idem:{tenant.name}:{spec.idempotency_key}")
+        raw = ctx.store.redis.get(keys.idempotency(tenant.name, spec.idempotency_key))
         existing = cast(bytes, raw).decode() if raw is not None else None
-        if existing is not None and ctx.store.redis.exists(ctx.store.job_key(existing)):
+        if existing is not None and ctx.store.redis.exists(keys.job(existing)):
             return existing, False
     wait_s = ctx.limits.take_token(tenant)
     if wait_s > 0:
@@ -80,10 +90,7 @@ def submit_for(ctx: ApiContext, tenant: Tenant, spec: JobSpec) -> tuple[str, boo
             f"tenant {tenant.name!r} has {unfinished} unfinished jobs, its quota is "
             f"{tenant.max_queued}; wait for some to finish or cancel them", 1.0)
     for dep in spec.depends_on:
-        try:
-            ctx.owned_fields(tenant, dep)
-        except JobNotFound as exc:
-            raise InvalidJob(f"depends_on: no job {dep}") from exc
+        _check_dependency(ctx, tenant, dep)
     try:
         job_id, created = ctx.service.submit(spec, tenant=tenant.name, tier=tenant.tier)
     except WorkerError as exc:
@@ -93,32 +100,43 @@ def submit_for(ctx: ApiContext, tenant: Tenant, spec: JobSpec) -> tuple[str, boo
     return job_id, created
 
 
+def _check_dependency(ctx: ApiContext, tenant: Tenant, dep: str) -> None:
+    """A dependency must be one of the caller's jobs. An unreadable one still counts: the tick
+    fails it, and the dependent job with it, which tells the caller more than a 500 here."""
+    try:
+        ctx.owned_record(tenant, dep)
+    except JobNotFound as exc:
+        raise InvalidJob(f"depends_on: no job {dep}") from exc
+    except UnreadableRecord as exc:
+        log.warning("dependency %s of a new job: %s", dep, exc)
+
+
 @router.post(
-    "/jobs", status_code=201, response_model=JobView,
-    responses={200: {"model": JobView, "description": "Idempotency-key replay: the first job."},
+    "/jobs", status_code=201, response_model=JobDetail,
+    responses={200: {"model": JobDetail, "description": "Idempotency-key replay: the first job."},
                **COMMON_RESPONSES, **LIMITED_RESPONSES},
     summary="Submit a job of any kind",
 )
-def create_job(spec: JobSpec, ctx: Ctx, tenant: Caller, response: Response) -> JobView:
+def create_job(spec: JobSpec, ctx: Ctx, tenant: Caller, response: Response) -> JobDetail:
     job_id, created = submit_for(ctx, tenant, spec)
     if not created:
         response.status_code = 200
     response.headers["Location"] = f"/v1/jobs/{job_id}"
-    return job_view(ctx.store.fields(job_id), ctx.store.origin_id())
+    return job_detail(ctx.store.record(job_id), ctx.store.origin_id())
 
 
 # read -----------------------------------------------------------------------------------------
-@router.get("/jobs/{job_id}", response_model=JobView, responses=COMMON_RESPONSES, summary="A job")
-def get_job(job_id: JobId, ctx: Ctx, tenant: Caller) -> JobView:
-    return job_view(ctx.owned_fields(tenant, job_id), ctx.store.origin_id())
+@router.get("/jobs/{job_id}", response_model=JobDetail, responses=COMMON_RESPONSES, summary="A job")
+def get_job(job_id: JobId, ctx: Ctx, tenant: Caller) -> JobDetail:
+    return job_detail(ctx.owned_record(tenant, job_id), ctx.store.origin_id())
 
 
-@router.delete("/jobs/{job_id}", response_model=JobView, responses=COMMON_RESPONSES,
+@router.delete("/jobs/{job_id}", response_model=JobDetail, responses=COMMON_RESPONSES,
                summary="Cancel a job (a running one stops at its next chunk boundary)")
-def cancel_job(job_id: JobId, ctx: Ctx, tenant: Caller) -> JobView:
-    ctx.owned_fields(tenant, job_id)
+def cancel_job(job_id: JobId, ctx: Ctx, tenant: Caller) -> JobDetail:
+    ctx.owned_record(tenant, job_id)
     ctx.store.request_cancel(job_id)
-    return job_view(ctx.store.fields(job_id), ctx.store.origin_id())
+    return job_detail(ctx.store.record(job_id), ctx.store.origin_id())
 
 
 @router.get(
@@ -131,20 +149,23 @@ def cancel_job(job_id: JobId, ctx: Ctx, tenant: Caller) -> JobView:
     response_class=FileResponse, summary="The job's artifact",
 )
 def get_result(job_id: JobId, ctx: Ctx, tenant: Caller) -> FileResponse:
-    fields = ctx.owned_fields(tenant, job_id)
-    state = fields["state"]
-    if state != JobState.DONE.value:
-        why = f": {fields['error']}" if fields.get("error") else ""
-        hint = "it never will" if JobState(state).is_terminal else "retry once it is DONE"
-        raise ResultNotReady(
-            f"job {job_id} is {state} ({fields['next_chunk']}/{fields['num_chunks']} chunks)"
-            f"{why}; the result exists only for DONE jobs, {hint}")
-    if not fields.get("artifact"):
+    record = ctx.owned_record(tenant, job_id)
+    if record.state is not JobState.DONE:
+        raise ResultNotReady(_not_ready_detail(record))
+    if not record.artifact:
         raise JobNotFound(f"job {job_id} finished without an artifact")
-    path = ctx.artifacts.path(fields["artifact"])
+    path = ctx.artifacts.path(record.artifact)
     if not path.is_file():
         raise JobNotFound(f"the artifact of job {job_id} is missing from the artifact store")
-    return FileResponse(path, media_type=fields.get("media_type") or None, filename=path.name)
+    return FileResponse(path, media_type=record.media_type or None, filename=path.name)
+
+
+def _not_ready_detail(r: JobRecord) -> str:
+    """Why a job has no result yet, and whether waiting will help."""
+    why = f": {r.error}" if r.error else ""
+    hint = "it never will" if r.state.is_terminal else "retry once it is DONE"
+    return (f"job {r.job_id} is {r.state.value} ({r.next_chunk}/{r.num_chunks} chunks)"
+            f"{why}; the result exists only for DONE jobs, {hint}")
 
 
 # list -----------------------------------------------------------------------------------------
@@ -156,7 +177,7 @@ def _scan(ctx: ApiContext, cursor: tuple[float, str] | None) -> Iterator[tuple[f
     after = cursor
     while budget > 0:
         rows = cast(list[tuple[bytes, float]], ctx.store.redis.zrevrangebyscore(
-            INDEX_KEY, high, "-inf", start=0, num=min(batch, budget), withscores=True))
+            keys.INDEX, high, "-inf", start=0, num=min(batch, budget), withscores=True))
         fresh = [(score, member.decode()) for member, score in rows]
         if after is not None:  # equal scores come in reverse member order
             fresh = [(s, m) for s, m in fresh if s < after[0] or m < after[1]]
@@ -190,33 +211,40 @@ def list_jobs(
     cursor: Annotated[str | None, Query(max_length=100, description="next_cursor of the "
                                         "previous page (replaces offset).")] = None,
 ) -> JobPage:
-    start = _parse_cursor(cursor)
     origin_id = ctx.store.origin_id()
-    picked: list[JobView] = []
+    picked: list[JobDetail] = []
     skipped, last = 0, None
-    batch: list[tuple[float, str]] = []
-    rows = _scan(ctx, start)
-    while len(picked) < limit:
-        batch = [row for _, row in zip(range(128), rows, strict=False)]
-        if not batch:
+    for score, record in _matching(ctx, _parse_cursor(cursor), tenant, state, slo):
+        if skipped < offset:
+            skipped += 1
+            continue
+        picked.append(job_detail(record, origin_id))
+        last = (score, record.job_id)
+        if len(picked) == limit:
             break
-        by_id = {f["id"]: f for f in ctx.store.many_fields([i for _, i in batch])}
-        for score, job_id in batch:
-            f = by_id.get(job_id)
-            if f is None or f.get("tenant") != tenant.name:
-                continue
-            if (state and f["state"] != state.value) or (slo and f["slo"] != slo.value):
-                continue
-            if skipped < offset:
-                skipped += 1
-                continue
-            picked.append(job_view(f, origin_id))
-            last = (score, job_id)
-            if len(picked) == limit:
-                break
     more = len(picked) == limit and last is not None
     return JobPage(jobs=picked, limit=limit, offset=offset,
                    next_cursor=f"{last[0]!r},{last[1]}" if more and last else None)
+
+
+def _matching(
+    ctx: ApiContext, cursor: tuple[float, str] | None, tenant: Tenant,
+    state: JobState | None, slo: SloClass | None,
+) -> Iterator[tuple[float, JobRecord]]:
+    """(score, record) of the caller's jobs that pass the filters, newest first; records are
+    read 128 at a time, so a page stops reading once it is full."""
+    rows = _scan(ctx, cursor)
+    while batch := [row for _, row in zip(range(128), rows, strict=False)]:
+        by_id = {r.job_id: r for r in readable_records(ctx.store, [i for _, i in batch],
+                                                       "GET /v1/jobs")}
+        for score, job_id in batch:
+            r = by_id.get(job_id)
+            if r is not None and r.tenant == tenant.name and _passes(r, state, slo):
+                yield score, r
+
+
+def _passes(r: JobRecord, state: JobState | None, slo: SloClass | None) -> bool:
+    return (state is None or r.state is state) and (slo is None or r.slo is slo)
 
 
 # inference ------------------------------------------------------------------------------------
@@ -237,34 +265,36 @@ async def infer(body: InferenceRequest, ctx: Ctx, tenant: Caller) -> InferenceRe
     except ValueError as exc:
         raise InvalidJob(str(exc)) from exc
     job_id, _ = await run_in_threadpool(submit_for, ctx, tenant, spec)
-    fields = await _await_end(ctx, job_id)
-    return await run_in_threadpool(_inference_answer, ctx, fields)
+    record = await _await_end(ctx, job_id)
+    return await run_in_threadpool(_inference_answer, ctx, record)
 
 
-async def _await_end(ctx: ApiContext, job_id: str) -> dict[str, str]:
+async def _await_end(ctx: ApiContext, job_id: str) -> JobRecord:
     """Poll the job until it ends or its deadline (plus grace) passes."""
-    fields = await run_in_threadpool(ctx.store.fields, job_id)
-    give_up_at = float(fields["deadline_at"]) + ctx.settings.api.inference_grace
-    while not JobState(fields["state"]).is_terminal:
+    record = await run_in_threadpool(ctx.store.record, job_id)
+    give_up_at = record.deadline_at_s + ctx.settings.api.inference_grace
+    while not record.state.is_terminal:
         if time.time() >= give_up_at:
             raise JobUnfinished(
-                f"job {job_id} did not finish by its deadline ({fields['state']}, "
-                f"{fields['next_chunk']}/{fields['num_chunks']} chunks); it keeps running: "
+                f"job {job_id} did not finish by its deadline ({record.state.value}, "
+                f"{record.next_chunk}/{record.num_chunks} chunks); it keeps running: "
                 f"poll /v1/jobs/{job_id}", job_id, 504)
         await asyncio.sleep(ctx.settings.api.poll_interval)
-        fields = await run_in_threadpool(ctx.store.fields, job_id)
-    return fields
+        record = await run_in_threadpool(ctx.store.record, job_id)
+    return record
 
 
-def _inference_answer(ctx: ApiContext, fields: dict[str, str]) -> InferenceResponse:
-    job_id, state = fields["id"], fields["state"]
-    if state == JobState.FAILED.value:
-        raise JobUnfinished(f"job {job_id} failed: {fields.get('error', '')}", job_id, 502)
-    if state == JobState.CANCELLED.value:
+def _inference_answer(ctx: ApiContext, record: JobRecord) -> InferenceResponse:
+    job_id, state = record.job_id, record.state
+    if state is JobState.FAILED:
+        raise JobUnfinished(f"job {job_id} failed: {record.error or ''}", job_id, 502)
+    if state is JobState.CANCELLED:
         raise JobUnfinished(f"job {job_id} was cancelled", job_id, 409)
-    if state == JobState.EXPIRED.value:
+    if state is JobState.EXPIRED:
         raise JobUnfinished(f"job {job_id} was shed: it could not meet its deadline", job_id, 504)
-    body = json.loads(ctx.artifacts.read(fields["artifact"]))
+    if not record.artifact:
+        raise JobNotFound(f"job {job_id} finished without an artifact")
+    body = json.loads(ctx.artifacts.read(record.artifact))
     return InferenceResponse(output=str(body.get("output", "")),
                              metrics=InferenceMetrics.model_validate(body.get("metrics") or {}),
                              job_id=job_id)

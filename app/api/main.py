@@ -10,7 +10,9 @@ from fastapi import FastAPI
 from app.api import jobs, observe
 from app.api.context import ApiContext
 from app.api.errors import install_error_handlers
-from app.settings import Settings
+from app.celery import configure as configure_celery
+from tasks.runtime import current_settings
+from tasks.settings import Settings
 
 DESCRIPTION = """Submit diffusion, MoE and simulated jobs, follow them, fetch their results.
 
@@ -21,9 +23,8 @@ sees only its own jobs. Errors are `{"detail": "..."}`; 429 and 503 carry Retry-
 def create_app(settings: Settings | None = None) -> FastAPI:
     """A new app over ``settings`` (default: the process-wide settings)."""
     if settings is None:
-        from app.runtime import current_settings
-
         settings = current_settings()
+    configure_celery(settings)  # admitting a job publishes its first chunk
     api = FastAPI(title="Stepline", version="0.1.0", description=DESCRIPTION)
     api.state.ctx = ApiContext.from_settings(settings)
     api.state.registry = observe.registry_for(api.state.ctx)
@@ -34,6 +35,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 
 def __getattr__(name: str) -> Any:
-    if name == "app":  # built on first use, so importing this module reads no settings
+    if name == "app":  # built on first use, so importing this module builds none
         return create_app()
     raise AttributeError(name)

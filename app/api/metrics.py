@@ -4,6 +4,7 @@ once each (a ``ZADD NX`` on a seen-set), which keeps the counters monotonic acro
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from typing import cast
 
@@ -19,51 +20,51 @@ from redis.client import Pipeline
 from app.api.stats import (
     ENDED,
     class_stats,
-    latency_s,
     met_deadline,
     queue_depths,
     read_workers,
+    readable_records,
     recent_jobs,
 )
-from app.settings import Settings
-from app.store import ACTIVE_KEY, PREFIX, JobStore
 from scheduler.lifecycle import JobState, SloClass
+from tasks import keys
+from tasks.record import JobRecord
+from tasks.settings import Settings
+from tasks.store import JobStore
 
-SEEN_KEY = PREFIX + "metrics:seen"
-COUNTS_KEY = PREFIX + "metrics:finished"
-LATENCY_KEY = PREFIX + "metrics:latency:"
 LATENCY_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 SEEN_KEEP = 50_000
 
 
-def account_finished(store: JobStore, jobs: list[dict[str, str]]) -> None:
+def account_finished(store: JobStore, jobs: list[JobRecord]) -> None:
     """Fold jobs that ended since the last scrape into the Redis counters (each one once)."""
-    terminal = [f for f in jobs if JobState(f["state"]).is_terminal and f.get("finished_at")]
+    terminal = [r for r in jobs if r.state.is_terminal and r.finished_at_s is not None]
     if not terminal:
         return
     pipe = store.redis.pipeline(transaction=False)
-    for f in terminal:
-        pipe.zadd(SEEN_KEY, {f["id"]: float(f["finished_at"])}, nx=True)
+    for r in terminal:
+        pipe.zadd(keys.METRICS_SEEN, {r.job_id: cast(float, r.finished_at_s)}, nx=True)
     added = pipe.execute()
     pipe = store.redis.pipeline(transaction=False)
-    for f, new in zip(terminal, added, strict=True):
+    for r, new in zip(terminal, added, strict=True):
         if new:
-            _count(pipe, f)
-    pipe.zremrangebyrank(SEEN_KEY, 0, -SEEN_KEEP - 1)
+            _count(pipe, r)
+    pipe.zremrangebyrank(keys.METRICS_SEEN, 0, -SEEN_KEEP - 1)
     pipe.execute()
 
 
-def _count(p: Pipeline, f: dict[str, str]) -> None:
-    p.hincrby(COUNTS_KEY, f"{f['state']}|{f['slo']}", 1)
-    if f["state"] == JobState.DONE.value and (seconds := latency_s(f)) is not None:
-        key = LATENCY_KEY + f["slo"]
+def _count(p: Pipeline, r: JobRecord) -> None:
+    state, slo = r.state.value, r.slo.value
+    p.hincrby(keys.METRICS_FINISHED, f"{state}|{slo}", 1)
+    if r.state is JobState.DONE and (seconds := r.latency_s) is not None:
+        key = keys.metrics_latency(slo)
         for bound in LATENCY_BUCKETS_S:
             if seconds <= bound:
                 p.hincrby(key, repr(bound), 1)
         p.hincrby(key, "+Inf", 1)
         p.hincrbyfloat(key, "sum", seconds)
-    if f["state"] in ENDED and met_deadline(f):
-        p.hincrby(COUNTS_KEY, f"met|{f['slo']}", 1)
+    if r.state in ENDED and met_deadline(r):
+        p.hincrby(keys.METRICS_FINISHED, f"met|{slo}", 1)
 
 
 class StoreCollector(Collector):
@@ -100,7 +101,7 @@ class StoreCollector(Collector):
                                 value=1 if self.store.origin_id() else 0)
 
     def _finished(self) -> Iterator[Metric]:
-        raw = cast(dict[bytes, bytes], self.store.redis.hgetall(COUNTS_KEY))
+        raw = cast(dict[bytes, bytes], self.store.redis.hgetall(keys.METRICS_FINISHED))
         ended = CounterMetricFamily("stepline_jobs_finished", "Jobs that ended, by state and class",
                                     labels=["state", "slo"])
         met = CounterMetricFamily("stepline_jobs_deadline_met",
@@ -115,10 +116,8 @@ class StoreCollector(Collector):
         yield met
 
     def _active(self) -> Metric:
-        ids = sorted(x.decode() for x in cast(set[bytes], self.store.redis.smembers(ACTIVE_KEY)))
-        counts: dict[tuple[str, str], int] = {}
-        for f in self.store.many_fields(ids):
-            counts[(f["state"], f["slo"])] = counts.get((f["state"], f["slo"]), 0) + 1
+        active = readable_records(self.store, self.store.active_ids(), "/metrics")
+        counts = Counter((r.state.value, r.slo.value) for r in active)
         gauge = GaugeMetricFamily("stepline_jobs_active", "Jobs not yet ended, by state and class",
                                   labels=["state", "slo"])
         for (state, slo), count in sorted(counts.items()):
@@ -129,14 +128,15 @@ class StoreCollector(Collector):
         family = HistogramMetricFamily("stepline_job_latency_seconds",
                                        "Submit-to-done latency of DONE jobs", labels=["slo"])
         for slo in SloClass:
-            raw = cast(dict[bytes, bytes], self.store.redis.hgetall(LATENCY_KEY + slo.value))
+            key = keys.metrics_latency(slo.value)
+            raw = cast(dict[bytes, bytes], self.store.redis.hgetall(key))
             got = {k.decode(): float(v) for k, v in raw.items()}
             buckets = [(repr(b), got.get(repr(b), 0.0)) for b in LATENCY_BUCKETS_S]
             buckets.append(("+Inf", got.get("+Inf", 0.0)))
             family.add_metric([slo.value], buckets, sum_value=got.get("sum", 0.0))
         yield family
 
-    def _attainment(self, jobs: list[dict[str, str]]) -> Metric:
+    def _attainment(self, jobs: list[JobRecord]) -> Metric:
         gauge = GaugeMetricFamily(
             "stepline_slo_attainment",
             "Share of recently ended jobs DONE by their deadline, by class", labels=["slo"])

@@ -14,6 +14,8 @@ from app.api.metrics import StoreCollector
 from app.api.stats import class_stats, queue_depths, read_load, read_workers, recent_jobs
 from app.schemas import ErrorBody, StatsView
 from app.tenants import Tenant
+from tasks.errors import JobNotFound
+from tasks.record import UnreadableRecord
 
 router = APIRouter(tags=["observe"])
 Ctx = Annotated[ApiContext, Depends(api_context)]
@@ -25,16 +27,24 @@ def stats(ctx: Ctx, tenant: Annotated[Tenant, Depends(current_tenant)]) -> Stats
     window = ctx.settings.api.stats_window_jobs
     jobs = recent_jobs(ctx.store, window)
     origin = ctx.store.origin_id()
-    own_origin = None
-    if origin is not None and ctx.store.redis.hget(ctx.store.job_key(origin), "tenant") == (
-            tenant.name.encode()):
-        own_origin = origin
     workers, counters = read_workers(ctx.store)
     return StatsView(
-        classes=class_stats(jobs), queues=queue_depths(ctx.store), origin=own_origin,
-        origin_active=origin is not None, load=read_load(ctx.store), workers=workers,
-        cache_hit_rates=counters.rates(), window_jobs=len(jobs),
+        classes=class_stats(jobs), queues=queue_depths(ctx.store),
+        origin=_own(ctx, tenant, origin), origin_active=origin is not None,
+        load=read_load(ctx.store), workers=workers, cache_hit_rates=counters.rates(),
+        window_jobs=len(jobs),
     )
+
+
+def _own(ctx: ApiContext, tenant: Tenant, job_id: str | None) -> str | None:
+    """``job_id`` if it is the caller's job: another tenant's origin is only "active"."""
+    if job_id is None:
+        return None
+    try:
+        ctx.owned_record(tenant, job_id)
+    except (JobNotFound, UnreadableRecord):
+        return None
+    return job_id
 
 
 def registry_for(ctx: ApiContext) -> CollectorRegistry:

@@ -9,7 +9,8 @@ import time
 
 import uvicorn
 
-from app.settings import Settings
+from app.api.main import create_app
+from tasks.settings import Settings
 
 
 def api_command(settings: Settings) -> list[str]:
@@ -25,7 +26,6 @@ class ThreadedServer:
     """uvicorn serving ``create_app(settings)`` on a daemon thread; a context manager."""
 
     def __init__(self, settings: Settings, host: str = "127.0.0.1", port: int = 0) -> None:
-        from app.api.main import create_app
 
         config = uvicorn.Config(create_app(settings), host=host, port=port, log_level="warning",
                                 access_log=False, lifespan="off")

@@ -4,24 +4,27 @@ depths, the origin, the admission load, worker heartbeats and their cache hit ra
 from __future__ import annotations
 
 import json
+import logging
 import statistics
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from app.schemas import ClassStats, WorkerView
-from app.store import PREFIX, JobStore
+from app.schemas import ClassStats, WorkerInfo
 from scheduler.lifecycle import JobState, SloClass
-from tasks.context import WORKER_KEY
+from tasks import keys
+from tasks.record import JobRecord, UnreadableRecord
 from tasks.routing import ALL_QUEUES
+from tasks.store import JobStore
 
-ADMISSION_KEY = PREFIX + "admission"
+log = logging.getLogger(__name__)
+
 KOMBU_PRIORITY_SEP = "\x06\x16"
 KOMBU_PRIORITY_STEPS = (0, 3, 6, 9)
 """Kombu's Redis transport keeps priority p of queue q in list ``q\\x06\\x16p`` (p=0: ``q``)."""
 
-ENDED = frozenset({JobState.DONE.value, JobState.FAILED.value, JobState.EXPIRED.value})
+ENDED = frozenset({JobState.DONE, JobState.FAILED, JobState.EXPIRED})
 """States that count toward SLO attainment (a cancelled job is the client's choice)."""
 
 
@@ -41,15 +44,9 @@ def queue_depths(store: JobStore, queues: Iterable[str] = ALL_QUEUES) -> dict[st
     return {name: int(sum(sizes[i * steps:(i + 1) * steps])) for i, name in enumerate(names)}
 
 
-def met_deadline(fields: Mapping[str, str]) -> bool:
-    return (fields.get("state") == JobState.DONE.value and bool(fields.get("finished_at"))
-            and float(fields["finished_at"]) <= float(fields["deadline_at"]))
-
-
-def latency_s(fields: Mapping[str, str]) -> float | None:
-    if not fields.get("finished_at"):
-        return None
-    return float(fields["finished_at"]) - float(fields["submitted_at"])
+def met_deadline(record: JobRecord) -> bool:
+    return (record.state is JobState.DONE and record.finished_at_s is not None
+            and record.finished_at_s <= record.deadline_at_s)
 
 
 def _quantile(values: list[float], q: float) -> float | None:
@@ -60,37 +57,50 @@ def _quantile(values: list[float], q: float) -> float | None:
     return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]
 
 
-def class_stats(jobs: list[dict[str, str]]) -> dict[str, ClassStats]:
+def class_stats(jobs: list[JobRecord]) -> dict[str, ClassStats]:
     """Per-class attainment: DONE by the deadline over DONE + FAILED + EXPIRED."""
     out = {}
     for slo in SloClass:
-        mine = [f for f in jobs if f.get("slo") == slo.value]
-        ended = [f for f in mine if f.get("state") in ENDED]
-        met = sum(1 for f in ended if met_deadline(f))
-        latencies = sorted(x for f in ended if f.get("state") == JobState.DONE.value
-                           if (x := latency_s(f)) is not None)
+        mine = [r for r in jobs if r.slo is slo]
+        ended = [r for r in mine if r.state in ENDED]
+        met = sum(1 for r in ended if met_deadline(r))
+        latencies = sorted(x for r in ended if r.state is JobState.DONE
+                           if (x := r.latency_s) is not None)
         out[slo.value] = ClassStats(
             finished=len(ended), met=met, attainment=met / len(ended) if ended else None,
             p50_latency_s=_quantile(latencies, 0.5), p95_latency_s=_quantile(latencies, 0.95),
-            unfinished=sum(1 for f in mine if not JobState(f["state"]).is_terminal),
+            unfinished=sum(1 for r in mine if not r.state.is_terminal),
         )
     return out
 
 
-def recent_jobs(store: JobStore, window: int) -> list[dict[str, str]]:
-    return store.many_fields(store.list_ids(0, window))
+def readable_records(store: JobStore, job_ids: list[str], purpose: str) -> list[JobRecord]:
+    """The jobs' records, leaving out any that cannot be parsed: one bad hash must not take a
+    whole listing or scrape down (the tick fails such a job with the parse error as reason)."""
+    readable = []
+    for item in store.records(job_ids):
+        if isinstance(item, UnreadableRecord):
+            log.warning("%s leaves out %s", purpose, item)
+        else:
+            readable.append(item)
+    return readable
+
+
+def recent_jobs(store: JobStore, window: int) -> list[JobRecord]:
+    """The ``window`` most recently submitted jobs that can be read."""
+    return readable_records(store, store.list_ids(0, window), "recent jobs")
 
 
 def read_load(store: JobStore) -> dict[str, Any] | float | None:
     """The admission state published by the scheduler (a JSON string, a number or a hash)."""
-    kind = store.redis.type(ADMISSION_KEY)
+    kind = store.redis.type(keys.ADMISSION)
     kind = kind.decode() if isinstance(kind, bytes) else kind
     if kind == "hash":
-        raw = cast(dict[bytes, bytes], store.redis.hgetall(ADMISSION_KEY))
+        raw = cast(dict[bytes, bytes], store.redis.hgetall(keys.ADMISSION))
         return {k.decode(): _number_or_text(v.decode()) for k, v in raw.items()}
     if kind != "string":
         return None
-    text = cast(bytes, store.redis.get(ADMISSION_KEY)).decode()
+    text = cast(bytes, store.redis.get(keys.ADMISSION)).decode()
     try:
         value = json.loads(text)
     except json.JSONDecodeError:
@@ -128,25 +138,14 @@ class CacheCounters:
                 for name, h in self.hits.items()}
 
 
-def read_workers(store: JobStore, now_s: float | None = None) -> tuple[list[WorkerView],
+def read_workers(store: JobStore, now_s: float | None = None) -> tuple[list[WorkerInfo],
                                                                         CacheCounters]:
     """Every live worker heartbeat, and the cache counters summed over them."""
     now_s = time.time() if now_s is None else now_s
-    keys = sorted(cast(list[bytes], list(store.redis.scan_iter(WORKER_KEY + "*", count=500))))
-    bodies = cast(list[bytes | None], store.redis.mget(keys)) if keys else []
     counters, views = CacheCounters(), []
-    for key, body in zip(keys, bodies, strict=True):
-        if body is None:
-            continue
-        try:
-            beat = json.loads(body)
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(beat, dict):
-            continue
+    for name, beat in store.heartbeats().items():
         rates = counters.add(beat)
-        name = str(beat.get("name") or key.decode().removeprefix(WORKER_KEY))
-        views.append(WorkerView(
+        views.append(WorkerInfo(
             name=name, busy_job=beat.get("busy_job"), queues=list(beat.get("queues") or []),
             device=beat.get("device"), chunks_run=beat.get("chunks_run"),
             age_s=round(now_s - float(beat["ts"]), 3) if beat.get("ts") else None,

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from app.bench.workload import Arrival
-from app.errors import SteplineError
-from app.jobs import JobService
 from app.schemas import JobSpec
-from app.store import DONE_KEY
+from tasks import keys
+from tasks.errors import SteplineError
+from tasks.submit import JobService
 
 log = logging.getLogger(__name__)
 
@@ -48,14 +48,14 @@ class CompletionListener:
     _thread: threading.Thread | None = None
 
     def start(self) -> None:
-        last = self.redis.xrevrange(DONE_KEY, count=1)
+        last = self.redis.xrevrange(keys.DONE, count=1)
         self._last_id = last[0][0] if last else b"0-0"
         self._thread = threading.Thread(target=self._loop, daemon=True, name="done-listener")
         self._thread.start()
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            reply = self.redis.xread({DONE_KEY: self._last_id}, block=200, count=500)
+            reply = self.redis.xread({keys.DONE: self._last_id}, block=200, count=500)
             now = time.time()
             for _, entries in reply or []:
                 for entry_id, fields in entries:

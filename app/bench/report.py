@@ -13,6 +13,7 @@ from typing import Any
 
 from app.bench.driver import Outcome
 from scheduler.lifecycle import SloClass
+from tasks.record import JobRecord
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -24,11 +25,12 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return ordered[rank - 1]
 
 
-def met_slo(outcome: Outcome, record: dict[str, str] | None) -> bool:
-    """Done before the job's deadline (rejected, shed, failed and late jobs all miss)."""
+def met_slo(outcome: Outcome, record: JobRecord | None) -> bool:
+    """Done before the job's deadline, timed from the client (rejected, shed, failed and late
+    jobs all miss); the record gives the deadline the job was submitted with."""
     if outcome.final_state != "DONE" or outcome.finished_at is None or record is None:
         return False
-    deadline_s = float(record["deadline_at"]) - float(record["submitted_at"])
+    deadline_s = record.deadline_at_s - record.submitted_at_s
     return outcome.finished_at - outcome.submitted_at <= deadline_s
 
 
@@ -38,7 +40,8 @@ class RunData:
 
     policy: str
     outcomes: list[Outcome]
-    records: dict[str, dict[str, str]]
+    records: dict[str, JobRecord]
+    """The stored record of each accepted job, by job id, read once the run has drained."""
     events: dict[str, list[dict[str, str]]]
     workers: int
     overhead_ms_per_hop: float | None
@@ -74,12 +77,12 @@ def run_figures(run: RunData) -> dict[str, Any]:
     start = min((o.submitted_at for o in run.outcomes), default=0.0)
     end = max((o.finished_at or 0.0 for o in done), default=start)
     makespan_s = max(end - start, 1e-9)
-    service_s = sum(float(r.get("service_s", 0)) for r in run.records.values())
+    service_s = sum(r.service_s for r in run.records.values())
     met = sum(met_slo(o, run.records.get(o.job_id or "")) for o in run.outcomes)
     short = [o.latency_s for o in done if o.arrival.slo is not SloClass.BATCH
              and o.latency_s is not None]
-    first_step = [float(r["started_at"]) - float(r["submitted_at"]) for r in run.records.values()
-                  if r.get("slo") == "realtime" and r.get("started_at")]
+    first_step = [r.started_at_s - r.submitted_at_s for r in run.records.values()
+                  if r.slo is SloClass.REALTIME and r.started_at_s is not None]
     hop = run.overhead_ms_per_hop
     return {
         "classes": class_figures(run),
@@ -90,7 +93,7 @@ def run_figures(run: RunData) -> dict[str, Any]:
         "worker_utilisation": service_s / (run.workers * makespan_s),
         "short_jobs_p95_s": percentile(short, 95),
         "short_jobs_p50_s": percentile(short, 50),
-        "preemptions": sum(int(r.get("preemptions", 0)) for r in run.records.values()),
+        "preemptions": sum(r.preemptions for r in run.records.values()),
         "realtime_first_step_s": {"p50": percentile(first_step, 50),
                                   "p99": percentile(first_step, 99)},
         "overhead_ms_per_hop": hop,
@@ -168,7 +171,8 @@ def _timeline(plt: Any, run: RunData, path: Path) -> str:
     t0 = min((o.submitted_at for o in run.outcomes), default=0.0)
     lanes: dict[str, int] = {}
     for job_id, events in run.events.items():
-        slo = run.records.get(job_id, {}).get("slo", "batch")
+        record = run.records.get(job_id)
+        slo = record.slo.value if record is not None else "batch"
         for e in events:
             if e["kind"] == "commit":
                 lane = lanes.setdefault(e["by"], len(lanes))

@@ -21,11 +21,15 @@ from app.bench.workload import (
     read_trace,
     write_trace,
 )
-from app.jobs import JobService
+from app.celery import configure as configure_celery
 from app.schemas import JobSpec
-from app.store import JobStore
+from app.stack import Stack
 from scheduler.lifecycle import SloClass
-from tasks.tick import STATS_KEY
+from tasks import keys
+from tasks.record import JobRecord, UnreadableRecord
+from tasks.runtime import connect, current_settings, redis_url
+from tasks.store import JobStore
+from tasks.submit import JobService
 
 log = logging.getLogger(__name__)
 
@@ -55,27 +59,38 @@ def _probe_once(service: JobService) -> float:
     deadline = time.monotonic() + 60
     while not service.store.state(job_id).is_terminal and time.monotonic() < deadline:
         time.sleep(0.02)
-    f = service.store.fields(job_id)
-    wall_s = float(f["finished_at"]) - float(f["started_at"])
+    r = service.store.record(job_id)
+    if r.finished_at_s is None or r.started_at_s is None:
+        raise RuntimeError(f"probe job {job_id} ended without timings ({r.state.value})")
+    wall_s = r.finished_at_s - r.started_at_s
     return max(0.0, (wall_s - PROBE_CHUNKS * PROBE_STEP_MS / 1e3) / PROBE_CHUNKS * 1e3)
 
 
 def checkpoint_cache_counts(store: JobStore) -> dict[str, int]:
     """Hits and misses of the workers' local checkpoint caches, from their heartbeats."""
-    from tasks.context import WORKER_KEY
 
     totals = {"hits": 0, "misses": 0}
-    keys = list(store.redis.scan_iter(WORKER_KEY + "w*"))
-    for raw in store.redis.mget(keys) if keys else []:
-        if raw is not None:
-            cache = json.loads(raw).get("ckpt_cache", {})
-            totals["hits"] += int(cache.get("hits", 0))
-            totals["misses"] += int(cache.get("misses", 0))
+    for body in store.heartbeats().values():
+        cache = body.get("ckpt_cache", {})
+        totals["hits"] += int(cache.get("hits", 0))
+        totals["misses"] += int(cache.get("misses", 0))
     return totals
 
 
+def job_records(store: JobStore, job_ids: list[str]) -> dict[str, JobRecord]:
+    """The run's records by job id; one that cannot be parsed is logged and left out, so its
+    job counts as missing its SLO rather than failing the whole report."""
+    records = {}
+    for item in store.records(job_ids):
+        if isinstance(item, UnreadableRecord):
+            log.warning("bench: %s", item)
+        else:
+            records[item.job_id] = item
+    return records
+
+
 def tick_figures(store: JobStore, since_s: float) -> tuple[list[float], list[float]]:
-    entries = store.read_stream(STATS_KEY, after_id=f"{int(since_s * 1000)}-0")
+    entries = store.read_stream(keys.TICK_STATS, after_id=f"{int(since_s * 1000)}-0")
     durations = [float(f["duration_ms"]) for _, f in entries]
     starts = [float(f["ts"]) for _, f in entries]
     intervals = [(b - a) * 1e3 for a, b in itertools.pairwise(starts)]
@@ -94,7 +109,7 @@ def run_policy(
     outcomes = replay(service, trace, drain_timeout_s=drain_timeout_s, on_progress=on_progress)
     cache_after = checkpoint_cache_counts(store)
     ids = [o.job_id for o in outcomes if o.job_id]
-    records = {f["id"]: f for f in store.many_fields(ids)}
+    records = job_records(store, ids)
     events = {job_id: store.events(job_id) for job_id in ids}
     tick_ms, intervals = tick_figures(store, started)
     return RunData(policy=policy, outcomes=outcomes, records=records, events=events,
@@ -162,13 +177,12 @@ def run_bench(
     duration_s: float | None = None, trace_file: Path | None = None, run_dir: Path,
 ) -> dict[str, Any]:
     """Start the embedded stack, replay the same trace under each policy, write the report."""
-    from app.runtime import connect, current_settings, redis_url
-    from app.stack import Stack
 
     settings = current_settings()
     workload = load_workload(workload_name)
     trace = build_trace(workload, workers, load, duration_s, trace_file)
     drain_s = max(60.0, 2 * (duration_s or workload.duration_s))
+    configure_celery(settings)
     with Stack(settings=settings, run_dir=run_dir, workers=workers, with_api=False,
                with_flower=False):
         service = JobService(JobStore(connect(redis_url(settings))), settings)
@@ -183,11 +197,10 @@ def run_bench(
 
 
 def wait_for_workers(store: JobStore, count: int, timeout_s: float = 90) -> None:
-    from tasks.context import WORKER_KEY
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if len(list(store.redis.scan_iter(WORKER_KEY + "w*"))) >= count:
+        if sum(1 for name in store.heartbeats() if name.startswith("w")) >= count:
             return
         time.sleep(0.2)
     raise RuntimeError(f"{count} workers did not start in {timeout_s}s; see the run dir's logs")

@@ -3,7 +3,8 @@
 No Celery, no Redis, no devices: N simulated workers consume simulated queues the way the real
 ones do (strict queue order, the reserve's realtime-only workers, one chunk at a time, a
 dispatch overhead per hop), and every ``tick_s`` the same ``plan_tick`` the adapter calls plans
-the cluster; its plan is applied as ``tasks/adapter.py`` applies it. Chunk durations are the
+the cluster; its plan goes through the live tick's own apply loop (``tasks.apply.apply_plan``)
+with the simulated cluster as the target, recoveries included. Chunk durations are the
 published GPU step figures of the cost model's priors, with jitter. Everything it reports is
 labelled as simulation.
 """
@@ -29,6 +30,7 @@ from scheduler import (
     JobKind,
     JobState,
     JobView,
+    LevelMark,
     PolicyConfig,
     PolicyKind,
     PolicyState,
@@ -42,6 +44,8 @@ from scheduler import (
     plan_tick,
 )
 from scheduler.queues import NORMAL_WORKER_QUEUES, STANDBY_QUEUE
+from scheduler.recovery import Failure, Recovery
+from tasks.apply import apply_plan
 
 NOTE = ("simulated: a discrete-event model of the adapter, the workers and the Celery queues "
         "driving the real plan_tick on a virtual clock; chunk times are published H100 step "
@@ -187,6 +191,7 @@ class _Job:
         "finished_s",
         "groups_done",
         "id",
+        "lease_until_s",
         "level",
         "level_service_s",
         "next_chunk",
@@ -218,6 +223,8 @@ class _Job:
         self.epoch = 0
         self.atomic = False
         self.finished_s: float | None = None
+        self.lease_until_s: float | None = None
+        """Set when the worker running it dies: its lease lapses then (a live worker renews)."""
         self.view: JobView | None = None
         self.units_left = arrival.shape.chunks * arrival.shape.units_per_chunk
 
@@ -235,7 +242,8 @@ class _Job:
                 resource_profile=ResourceProfile.MEMORY if shape.kind is JobKind.TEXT
                 else ResourceProfile.COMPUTE,
                 level=self.level, level_service_s=self.level_service_s,
-                preempt_requested=self.preempt,
+                preempt_requested=self.preempt, epoch=self.epoch,
+                lease_until_s=self.lease_until_s,
             )
         return self.view
 
@@ -316,7 +324,6 @@ class ClusterSim:
         self.cost = policy.new_cost_model()
         self.status = ["unfinished"] * len(trace)
         self.lost_s = 0.0
-        self.orphans: list[_Job] = []
         self.ticks = 0
         self.result = SimResult([None] * len(trace), self.status, 0.0, 0.0, 0.0, 0.0)
 
@@ -510,7 +517,7 @@ class ClusterSim:
             ran_s -= kept
         w.busy_s += ran_s
         self.lost_s += ran_s
-        self.orphans.append(job)
+        job.lease_until_s, job.view = w.dead_until_s, None
         self.result.lost_jobs.append(job.arrival.index)
 
     def _checkpointed_chunks(self, job: _Job, ran_s: float) -> float:
@@ -522,25 +529,11 @@ class ClusterSim:
         job.view = None
         return kept_s
 
-    def _heal(self) -> None:
-        """``requeue_lost_chunks``: a lapsed lease requeues the job from its checkpoint."""
-        for job in [j for j in self.orphans if self.now >= self.by_name[
-                j.running_on or ""].dead_until_s]:
-            self.orphans.remove(job)
-            dead = self.by_name[job.running_on or ""]
-            dead.job = None
-            if job.state is JobState.RUNNING:
-                job.running_on = None
-                self._release(job, job.queue or CLASS_QUEUE[job.arrival.shape.slo],
-                              bump_epoch=True)
-
     # -- the tick (tasks/adapter.run_tick) --------------------------------------------------
 
     def _tick(self, _: object) -> None:
         self.ticks += 1
         self._push(self.ticks * self.config.tick_s, _TICK, None)
-        if self.orphans:
-            self._heal()
         snapshot = ClusterSnapshot(tuple(j.job_view() for j in self.live.values()),
                                    self._worker_views(), self.cost, self.state)
         started = time.perf_counter()
@@ -549,39 +542,81 @@ class ClusterSim:
         self.result.tick_jobs.append(len(snapshot.jobs))
         if self.check_invariants:
             check_plan_invariants(plan, snapshot, self.policy)
-        self._apply(plan)
+        apply_plan(plan, self)
 
     def _worker_views(self) -> tuple[WorkerView, ...]:
         return tuple(WorkerView(w.name, True, w.job.id if w.job is not None else None,
                                 w.queues, "cuda")
                      for w in self.workers if w.alive or self.now < w.dead_until_s)
 
-    def _apply(self, plan: TickPlan) -> None:
-        live = self.live
-        for job_id, mark in plan.levels.items():
-            job = live[job_id]
-            job.level, job.level_service_s, job.view = mark.level, mark.service_mark_s, None
-        for expiry in plan.expire:
-            self._end_job(live[expiry.job_id], JobState.EXPIRED, "expired")
-        for job_id in plan.suspend:
-            self._set_state(live[job_id], JobState.SUSPENDED)
-        for job_id in plan.preempt:
-            self._flag(live[job_id])
-        for req in plan.requeues:
-            self._release(live[req.job_id], req.to_queue, bump_epoch=True)
-        for ret in plan.retargets:
-            live[ret.job_id].queue, live[ret.job_id].view = ret.to_queue, None
-        for job_id in plan.standby:
-            job = live[job_id]
-            if job.state is JobState.QUEUED:
-                self._release(job, STANDBY_QUEUE, bump_epoch=True)
-            else:
-                job.queue, job.view = STANDBY_QUEUE, None
-        for rel in plan.releases:
-            job = live[rel.job_id]
-            job.atomic = job.atomic or plan.atomic_release
-            self._release(job, rel.queue)
-        self._apply_worker_queues(plan.worker_queues)
+    # -- the plan's target (tasks.apply.TickTarget): the live tick's apply loop, in memory --
+
+    def fail(self, failure: Failure) -> bool:
+        job = self.live.get(failure.job_id)
+        if job is not None:
+            self._end_job(job, JobState.FAILED, "failed")
+        return job is not None
+
+    def recover(self, recovery: Recovery) -> bool:
+        """A lapsed lease: the dead worker's job is requeued from its checkpoint."""
+        job = self.live[recovery.job_id]
+        dead = self.by_name.get(job.running_on or "")
+        if dead is not None and dead.job is job:
+            dead.job = None
+        job.running_on, job.lease_until_s = None, None
+        self._release(job, CLASS_QUEUE[job.arrival.shape.slo]
+                      if job.queue is None else job.queue, bump_epoch=True)
+        return True
+
+    def mark_level(self, job_id: str, mark: LevelMark) -> None:
+        job = self.live[job_id]
+        job.level, job.level_service_s, job.view = mark.level, mark.service_mark_s, None
+
+    def expire(self, job_id: str, reason: str) -> bool:
+        self._end_job(self.live[job_id], JobState.EXPIRED, "expired")
+        return True
+
+    def suspend(self, job_id: str) -> bool:
+        self._set_state(self.live[job_id], JobState.SUSPENDED)
+        return True
+
+    def flag_preempt(self, job_id: str) -> bool:
+        self._flag(self.live[job_id])
+        return True
+
+    def requeue(self, job_id: str, to_queue: str, reason: str) -> bool:
+        self._release(self.live[job_id], to_queue, bump_epoch=True)
+        return True
+
+    def retarget(self, job_id: str, to_queue: str) -> bool:
+        job = self.live[job_id]
+        job.queue, job.view = to_queue, None
+        return True
+
+    def standby(self, job_id: str) -> bool:
+        job = self.live[job_id]
+        if job.state is JobState.QUEUED:
+            self._release(job, STANDBY_QUEUE, bump_epoch=True)
+        else:
+            job.queue, job.view = STANDBY_QUEUE, None
+        return True
+
+    def release(self, job_id: str, queue: str, atomic: bool) -> bool:
+        job = self.live[job_id]
+        job.atomic = job.atomic or atomic
+        self._release(job, queue)
+        return True
+
+    def set_worker_queues(self, wanted: Mapping[str, tuple[str, ...]]) -> None:
+        for name, queues in wanted.items():
+            w = self.by_name[name]
+            if w.queues != queues:
+                w.queues = queues
+                if w.alive and w.job is None:
+                    self.idle.pop(name, None)
+                    self._wake(w)
+
+    def publish_decisions(self, plan: TickPlan) -> None:
         self.state, self.admission = plan.state, plan.admission
 
     def _flag(self, job: _Job) -> None:
@@ -598,16 +633,6 @@ class ClusterSim:
             w.stop_groups = stop
             w.token += 1
             self._push(w.run_start_s + group_s * (stop - w.start_groups), _END, (w, w.token))
-
-    def _apply_worker_queues(self, wanted: Mapping[str, tuple[str, ...]]) -> None:
-        for name, queues in wanted.items():
-            w = self.by_name[name]
-            if w.queues != queues:
-                w.queues = queues
-                if w.alive and w.job is None:
-                    self.idle.pop(name, None)
-                    self._wake(w)
-
 
 # -- runs and metrics --------------------------------------------------------------------------
 

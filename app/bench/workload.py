@@ -15,8 +15,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from app.errors import InvalidJob
 from scheduler.lifecycle import SloClass
+from tasks.errors import InvalidJob
 
 WORKLOAD_DIR = Path(__file__).resolve().parents[2] / "configs" / "workloads"
 

@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tasks import keys
+
 MODELS = ("qwen3-moe-tiny", "mixtral-tiny", "olmoe-tiny")
 PROMPTS = ("Explain quantum computing in simple terms", "Write a short poem about the ocean",
            "Tell me a story about a dragon and a brave knight", "How do I bake bread at home?")
@@ -52,12 +54,12 @@ def main() -> None:
 
 
 def run(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
-    from app.jobs import JobService
-    from app.runtime import connect, current_settings, redis_url
     from app.schemas import JobSpec
     from app.stack import Stack
-    from app.store import JobStore
     from scheduler.lifecycle import SloClass
+    from tasks.runtime import connect, current_settings, redis_url
+    from tasks.store import JobStore
+    from tasks.submit import JobService
 
     settings = current_settings()
     with Stack(settings=settings, run_dir=run_dir, workers=args.workers, with_api=False,
@@ -84,11 +86,10 @@ def run(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
 
 
 def _wait_for_workers(store: Any, count: int) -> None:
-    from tasks.context import WORKER_KEY
 
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        names = [k for k in store.redis.scan_iter(WORKER_KEY + "w*")]
+        names = [k for k in store.redis.scan_iter(keys.WORKER_PREFIX + "w*")]
         if len(names) >= count:
             return
         time.sleep(0.2)
@@ -96,10 +97,9 @@ def _wait_for_workers(store: Any, count: int) -> None:
 
 
 def _report(store: Any, settings: Any, ids: list[str], makespan_s: float) -> dict[str, Any]:
-    from tasks.context import WORKER_KEY
 
     ckpt = {"hits": 0, "misses": 0}
-    for key in store.redis.scan_iter(WORKER_KEY + "w*"):
+    for key in store.redis.scan_iter(keys.WORKER_PREFIX + "w*"):
         raw = store.redis.get(key)
         body = json.loads(raw) if raw else {}
         for name in ckpt:

@@ -12,9 +12,9 @@ import pytest
 import redis
 
 from app.api.server import ThreadedServer
-from app.errors import SettingsError
-from app.settings import Settings, load_settings
 from app.tenants import TenantDirectory, hash_key
+from tasks.errors import SettingsError
+from tasks.settings import Settings, load_settings
 from tests.conftest import Processes, wait_for, wait_for_workers
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]

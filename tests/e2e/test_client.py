@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 from app.api.server import ThreadedServer
 from app.cli import cli
 from app.client import ApiUnreachable, Client, JobMissing, NotReady, Rejected, Unauthorized
-from app.runtime import current_settings
 from app.schemas import JobSpec
+from tasks.runtime import current_settings
 from tests.conftest import ROOT, Processes, wait_for_workers
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]

@@ -9,12 +9,12 @@ import httpx
 import pytest
 import redis
 
-from app.jobs import JobService
-from app.runtime import current_settings
 from app.schemas import JobSpec
 from app.stack import flower_command, flower_credentials
-from app.store import JobStore
 from scheduler.lifecycle import JobState
+from tasks.runtime import current_settings
+from tasks.store import JobStore
+from tasks.submit import JobService
 from tests.conftest import Processes, wait_for, wait_for_workers
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]

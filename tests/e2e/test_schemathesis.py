@@ -17,7 +17,7 @@ from app.api.context import ApiContext
 from app.api.main import create_app
 from app.api.observe import registry_for
 from app.schemas import InferenceRequest
-from app.settings import Settings, load_settings
+from tasks.settings import Settings, load_settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 import redis
 
-from app.jobs import JobService
-from app.runtime import current_settings
 from app.schemas import JobSpec
-from app.store import JobStore
 from scheduler.lifecycle import JobState, SloClass
-from tasks.context import WORKER_KEY
+from tasks import keys
+from tasks.runtime import current_settings
+from tasks.store import JobStore
+from tasks.submit import JobService
 from tests.conftest import Processes, wait_for, wait_for_workers
 from tests.integration.test_model_jobs import uninterrupted_artifact
 
@@ -29,7 +29,7 @@ def _commits(store: JobStore, job_id: str) -> list[dict[str, str]]:
 
 
 def _heartbeat(client: redis.Redis, worker: str) -> dict[str, Any]:
-    raw = client.get(WORKER_KEY + worker)
+    raw = client.get(keys.WORKER_PREFIX + worker)
     assert raw is not None
     return dict(json.loads(raw))
 
@@ -93,6 +93,7 @@ def test_a_chunk_parked_behind_a_busy_worker_moves_to_its_class_queue_and_finish
                                      params={"steps": 1, "step_ms": 3000}))
 
     wait_for(lambda: store.state(text) is JobState.DONE, 60, "the text job to finish")
+    wait_for(lambda: store.state(long) is JobState.DONE, 30, "the long realtime job to finish")
     assert {e["by"] for e in _commits(store, long)} == {first}
     runs_on = [e["by"] for e in _commits(store, text)]
     assert set(runs_on) == {"w1@test", "w2@test"} and runs_on[-1] != first

@@ -8,11 +8,11 @@ import time
 import pytest
 import redis
 
-from app.jobs import JobService
-from app.runtime import current_settings
 from app.schemas import JobSpec
-from app.store import JobStore
 from scheduler.lifecycle import JobState, SloClass
+from tasks.runtime import current_settings
+from tasks.store import JobStore
+from tasks.submit import JobService
 from tests.conftest import Processes, wait_for, wait_for_workers
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -95,4 +95,4 @@ def test_a_job_survives_a_sigkilled_worker_with_no_chunk_lost_or_applied_twice(
     record = service.store.get(job_id)
     artifact = json.loads((current_settings().artifacts_path / str(record.artifact)).read_bytes())
     assert artifact["applied"] == list(range(30))
-    assert record.finished_at is not None and record.finished_at > killed_at
+    assert record.finished_at_s is not None and record.finished_at_s > killed_at

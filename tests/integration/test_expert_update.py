@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import redis
 
-from app.expert_updates import ExpertUpdates, update_policy
-from app.jobs import JobService
-from app.runtime import current_settings
 from app.schemas import JobSpec
-from app.store import JobStore
 from scheduler.lifecycle import JobState, SloClass
+from tasks.expert_updates import ExpertUpdates, update_policy
+from tasks.runtime import current_settings
+from tasks.store import JobStore
+from tasks.submit import JobService
 from tests.conftest import PY, ROOT, Processes, wait_for_workers
 from workers.moe.expert_cache import CacheConfig
 from workers.moe.recipes import MODELS_DIR, build_model, load_recipe

@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 import redis
 
-from app.jobs import JobService, validate_params
-from app.runtime import current_settings
 from app.schemas import JobSpec
-from app.store import JobStore
 from scheduler.lifecycle import JobState, SloClass
 from tasks.dispatch import release
+from tasks.runtime import current_settings
+from tasks.store import JobStore
+from tasks.submit import JobService, validate_params
 from tests.conftest import Processes, wait_for, wait_for_workers
 from workers.kinds import RunnerOptions, get_runner
 
@@ -33,9 +33,11 @@ def uninterrupted_artifact(kind: str, params: dict[str, Any]) -> bytes:
     params = validate_params(kind, params)
     runner = get_runner(kind, RunnerOptions(block_groups=current_settings().diffusion.block_groups))
     if kind == "text":
+        from tasks.settings.moe import cache_config, router_config
         from workers import moe
 
-        runner = moe.get_runner(current_settings().moe)
+        moe_settings = current_settings().moe
+        runner = moe.get_runner(router_config(moe_settings), cache_config(moe_settings, "cpu"))
     plan, state, result = runner.plan(params), None, None
     for index in range(plan.num_chunks):
         result = runner.run_chunk(params, index, state, lambda: False)
@@ -71,12 +73,13 @@ def test_a_preempted_job_resumed_on_another_worker_matches_the_uninterrupted_run
                                        deadline_s=600))
 
     wait_for(lambda: _progress(store, job_id) >= 3, 60, "three chunks to run on w1")
-    store.request_preempt(job_id)
+    wait_for(lambda: store.request_preempt(job_id, state=(r := store.record(job_id)).state,
+                                           epoch=r.epoch), 10, "the preempt flag to be set")
     wait_for(lambda: store.state(job_id) is JobState.PREEMPTED, 30, "the job to yield")
     processes.kill("w1")
     processes.worker("w2")
     wait_for_workers(redis_client, ["w2"])
-    release(store, job_id, queue="batch", by="test", reason="resume elsewhere")
+    release(store, store.record(job_id), queue="batch", by="test", reason="resume elsewhere")
 
     wait_for(lambda: store.state(job_id) is JobState.DONE, 90, "the job to finish on w2")
     runs_on = {e["by"] for e in store.events(job_id) if e["kind"] == "commit"}

@@ -15,13 +15,13 @@ import redis
 import yaml
 
 from app.api.server import api_command
-from app.faults import MemorySampler, api_burst
-from app.jobs import JobService
-from app.runtime import current_settings
+from app.drills.faults import MemorySampler, api_burst
 from app.schemas import JobSpec
-from app.settings import load_settings
-from app.store import JobStore
 from scheduler.lifecycle import JobState, SloClass
+from tasks.runtime import current_settings
+from tasks.settings import load_settings
+from tasks.store import JobStore
+from tasks.submit import JobService
 from tests.conftest import Processes, wait_for, wait_for_workers
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -120,8 +120,8 @@ def test_a_burst_of_submissions_is_absorbed_with_realtime_kept_and_nothing_lost(
     every = busy + probe.jobs + burst.accepted
     wait_for(lambda: all(store.state(j).is_terminal for j in every), 60, "every job to end")
     assert all(store.state(j) is JobState.DONE for j in every)
-    met = sum(1 for j in probe.jobs if (r := store.get(j)).finished_at is not None
-              and r.finished_at <= r.deadline_at)
+    met = sum(1 for j in probe.jobs if (r := store.get(j)).finished_at_s is not None
+              and r.finished_at_s <= r.deadline_at_s)
     assert probe.jobs and met / len(probe.jobs) >= 0.9, (met, len(probe.jobs))
 
 

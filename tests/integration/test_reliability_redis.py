@@ -16,15 +16,15 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from app.api.server import ThreadedServer
-from app.artifacts import ArtifactStore
+from app.drills.faults import audit_job, tolerant
 from app.embedded_redis import EmbeddedRedis
-from app.faults import audit_job, tolerant
-from app.jobs import JobService
-from app.runtime import current_settings
 from app.schemas import JobSpec
-from app.settings import load_settings
-from app.store import JobStore
 from scheduler.lifecycle import SloClass
+from tasks.artifacts import ArtifactStore
+from tasks.runtime import current_settings
+from tasks.settings import load_settings
+from tasks.store import JobStore
+from tasks.submit import JobService
 from tests.conftest import Processes, wait_for, wait_for_workers
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]

@@ -8,27 +8,27 @@ import time
 import pytest
 import redis
 
-from app.artifacts import ArtifactStore
-from app.faults import audit_job
-from app.jobs import JobService
-from app.runtime import current_settings
+from app.drills.faults import audit_job
 from app.schemas import JobSpec
 from app.stack import beat_command, worker_command
-from app.store import JobStore
 from scheduler.lifecycle import JobState, SloClass
-from tasks.tick import LEASE_KEY, STATS_KEY
+from tasks import keys
+from tasks.artifacts import ArtifactStore
+from tasks.runtime import current_settings
+from tasks.store import JobStore
+from tasks.submit import JobService
 from tests.conftest import Processes, wait_for, wait_for_workers
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 
 def _holder(client: redis.Redis) -> str | None:
-    raw = client.get(LEASE_KEY)
+    raw = client.get(keys.TICK_LEASE)
     return raw.decode().split("@")[0] if raw else None
 
 
 def _ticks_since(client: redis.Redis, since_s: float) -> int:
-    return sum(1 for _, f in client.xrange(STATS_KEY) if float(f[b"ts"]) > since_s)
+    return sum(1 for _, f in client.xrange(keys.TICK_STATS) if float(f[b"ts"]) > since_s)
 
 
 def _running_on(store: JobStore, job_id: str, min_chunk: int) -> str | None:

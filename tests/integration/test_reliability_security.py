@@ -9,22 +9,22 @@ from pathlib import Path
 import pytest
 import redis
 
-from app.artifacts import ArtifactStore, UnsafeArtifactPath
 from app.celery import app as celery_app
 from app.celery import celery_config
-from app.embedded_redis import EmbeddedRedis
-from app.faults import (
+from app.drills.faults import (
     MALFORMED_LOG,
     REFUSAL_LOG,
     publish_malformed,
     publish_pickle,
     tcp_listen_ports,
 )
-from app.jobs import JobService
-from app.runtime import current_settings
+from app.embedded_redis import EmbeddedRedis
 from app.schemas import JobSpec
-from app.store import JobStore
 from scheduler.lifecycle import JobState, SloClass
+from tasks.artifacts import ArtifactStore, UnsafeArtifactPath
+from tasks.runtime import current_settings
+from tasks.store import JobStore
+from tasks.submit import JobService
 from tests.conftest import Processes, wait_for, wait_for_workers
 from workers.runner import Artifact
 

@@ -11,15 +11,14 @@ import time
 import pytest
 import redis
 
-from app.artifacts import ArtifactStore
-from app.faults import FENCED_LOG, audit_job
-from app.jobs import JobService
-from app.runtime import current_settings
+from app.drills.faults import FENCED_LOG, audit_job
 from app.schemas import JobSpec
-from app.store import JobStore
 from scheduler.lifecycle import JobState, SloClass
-from tasks.healing import heal
-from tests.conftest import Processes, wait_for, wait_for_workers
+from tasks.artifacts import ArtifactStore
+from tasks.runtime import current_settings
+from tasks.store import JobStore
+from tasks.submit import JobService
+from tests.conftest import Processes, recover_once, wait_for, wait_for_workers
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -152,12 +151,11 @@ def test_a_hung_chunk_with_a_live_heartbeat_is_requeued_and_its_peers_are_not(
     try:
         # then the healer (run here as the tick runs it) requeues only the hung job
         def heal_once() -> bool:
-            jobs = store.many_fields(store.active_ids())
             now_s = time.time()
-            found = heal(store, jobs, now_s, settings)
+            leases = {j: store.record(j).lease_until_s for j in (job_id, peer_id)}
+            found = recover_once(store, settings, now_s)
             healed.extend(found)
-            lease_left_s.extend(float(f["lease_until"]) - now_s for f in jobs
-                                if f["id"] in found)
+            lease_left_s.extend(float(leases[j] or 0.0) - now_s for j in found if j in leases)
             return job_id in healed
 
         wait_for(heal_once, 20, "the healer to requeue the hung chunk")

@@ -6,9 +6,10 @@ import pytest
 import redis
 
 from app.schemas import JobSpec
-from app.store import JobStore
 from scheduler.errors import IllegalTransition
 from scheduler.lifecycle import JobState
+from tasks.record import UnreadableRecord, encode
+from tasks.store import CommitStatus, JobStore
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -58,9 +59,111 @@ def test_a_redelivered_chunk_cannot_commit_twice(redis_client: redis.Redis) -> N
                             checkpoint=b"x", service_s=0.1, worker="w1")
     again = store.commit_chunk(job_id, chunk=0, epoch=0, seq=duplicate.seq, complete=True,
                                checkpoint=b"y", service_s=0.1, worker="w2")
-    assert ok is not None and ok.next_chunk == 1
-    assert again is None
+    assert ok.status is CommitStatus.HOP and ok.next_chunk == 1
+    assert again.status is CommitStatus.STALE
     assert store.load_checkpoint(job_id) == b"x"
+
+
+def _claim_all(store: JobStore, job_id: str, chunks: int) -> None:
+    """Run ``chunks`` chunks by hand: claim, commit, hop."""
+    for chunk in range(chunks):
+        job = store.claim_chunk(job_id, chunk, 0, "w1", lease_s=5)
+        assert not isinstance(job, str), job
+        store.commit_chunk(job_id, chunk=chunk, epoch=0, seq=job.seq, complete=True,
+                           checkpoint=b"s", service_s=0.01, worker="w1")
+
+
+def test_the_last_commit_finishes_the_job_in_the_same_step(redis_client: redis.Redis) -> None:
+    # given a queued 3-chunk job whose first two chunks ran
+    store = JobStore(redis_client)
+    job_id, _ = _create(store)
+    store.transition(job_id, JobState.QUEUED, by="test")
+    _claim_all(store, job_id, 2)
+    job = store.claim_chunk(job_id, 2, 0, "w1", lease_s=5)
+    assert not isinstance(job, str)
+    # when its last chunk commits
+    done = store.commit_chunk(job_id, chunk=2, epoch=0, seq=job.seq, complete=True,
+                              checkpoint=None, service_s=0.01, worker="w1",
+                              artifact=("a.png", "image/png"))
+    # then the job is DONE at once, with its artifact, out of the live set
+    record = store.record(job_id)
+    assert done.status is CommitStatus.DONE and record.state is JobState.DONE
+    assert (record.artifact, record.next_chunk) == ("a.png", 3)
+    assert job_id not in store.active_ids() and record.finished_at_s is not None
+
+
+def test_a_tick_acting_on_a_snapshot_from_before_the_last_commit_changes_nothing(
+    redis_client: redis.Redis,
+) -> None:
+    # given a running 1-chunk job, snapshotted by the tick while its only chunk runs
+    store = JobStore(redis_client)
+    spec = JobSpec(kind="simulated", params={"steps": 1, "step_ms": 1})
+    job_id, _ = store.create(spec, tenant="t", tier="standard", num_chunks=1, cost_key="sim",
+                             cost_units=[1], deadline_s=5, now_s=100.0, queue="interactive")
+    store.transition(job_id, JobState.QUEUED, by="test")
+    claimed = store.claim_chunk(job_id, 0, 0, "w1", lease_s=5)
+    assert not isinstance(claimed, str)
+    seen = store.record(job_id)
+    # when the worker commits the last chunk, and then the tick moves the job to standby
+    store.commit_chunk(job_id, chunk=0, epoch=0, seq=claimed.seq, complete=True,
+                       checkpoint=None, service_s=0.01, worker="w1")
+    moved = store.transition_as_seen(seen, JobState.QUEUED, by="scheduler", reason="standby",
+                                     updates=encode(epoch=seen.epoch + 1, queue="standby"))
+    # then the tick's move is refused and the job stays DONE
+    assert not moved
+    assert store.record(job_id).state is JobState.DONE
+
+
+def test_no_claim_or_commit_can_run_past_the_last_chunk(redis_client: redis.Redis) -> None:
+    # given a 3-chunk job whose chunks all ran
+    store = JobStore(redis_client)
+    job_id, _ = _create(store)
+    store.transition(job_id, JobState.QUEUED, by="test")
+    _claim_all(store, job_id, 3)
+    # when a chunk past the end is claimed, even with the job forced back to QUEUED
+    redis_client.hset(f"sl:job:{job_id}", mapping={"state": "QUEUED"})
+    stale = store.claim_chunk(job_id, 3, 0, "w1", lease_s=5)
+    # then the claim is refused and the cursor never moves past the end
+    assert isinstance(stale, str) and "past the last" in stale
+    assert store.record(job_id).next_chunk == 3
+
+
+def test_an_unreadable_record_is_failed_once_with_its_reason(redis_client: redis.Redis) -> None:
+    # given a live record whose cursor is out of range
+    store = JobStore(redis_client)
+    job_id, _ = _create(store)
+    redis_client.hset(f"sl:job:{job_id}", "next_chunk", "7")
+    [item] = store.records([job_id])
+    assert isinstance(item, UnreadableRecord) and "next_chunk 7 outside 0..3" in str(item)
+    # when the tick fails it
+    assert store.fail_unreadable(job_id, f"unreadable record: {item.problem}")
+    # then it is FAILED with the reason, gone from the live set, and a second call does nothing
+    assert store.state(job_id) is JobState.FAILED and job_id not in store.active_ids()
+    assert "next_chunk 7" in store.fields(job_id)["error"]
+    assert not store.fail_unreadable(job_id, "again")
+
+
+def test_a_preempt_flag_stops_the_job_at_its_commit_with_a_durable_checkpoint(
+    redis_client: redis.Redis,
+) -> None:
+    # given a running job flagged for preemption by a tick that saw it running
+    store = JobStore(redis_client)
+    job_id, _ = _create(store)
+    store.transition(job_id, JobState.QUEUED, by="test")
+    job = store.claim_chunk(job_id, 0, 0, "w1", lease_s=5)
+    assert not isinstance(job, str)
+    assert store.request_preempt(job_id, state=JobState.RUNNING, epoch=0)
+    # when the worker commits without a checkpoint, then with one
+    first = store.commit_chunk(job_id, chunk=0, epoch=0, seq=job.seq, complete=True,
+                               checkpoint=None, service_s=0.01, worker="w1")
+    second = store.commit_chunk(job_id, chunk=0, epoch=0, seq=job.seq, complete=True,
+                                checkpoint=b"c", service_s=0.01, worker="w1")
+    # then the store asks for the checkpoint, and the job stops PREEMPTED with it saved
+    assert first.status is CommitStatus.NEEDS_CHECKPOINT
+    assert second.status is CommitStatus.PREEMPTED
+    record = store.record(job_id)
+    assert (record.state, record.preempt, record.preemptions) == (JobState.PREEMPTED, False, 1)
+    assert store.load_checkpoint(job_id) == b"c" and record.ckpt_seq == record.seq == 1
 
 
 def test_a_message_from_an_old_epoch_is_fenced(redis_client: redis.Redis) -> None:

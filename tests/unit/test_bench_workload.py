@@ -17,8 +17,8 @@ from app.bench.workload import (
     read_trace,
     write_trace,
 )
-from app.errors import InvalidJob
 from scheduler.lifecycle import SloClass
+from tasks.errors import InvalidJob
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -161,8 +161,7 @@ def test_invalid_params_raise_a_params_error_naming_the_fix(
 
 
 def test_get_runner_maps_the_moe_settings_onto_router_and_cache() -> None:
-    from app.settings.moe import MoeSettings
-    from workers.moe import cache_config, router_config
+    from tasks.settings.moe import MoeSettings, cache_config, router_config
 
     settings = MoeSettings.model_validate(
         {"router": {"fallback_strategy": "next_best"}, "cache": {"budget_mb": 2, "policy": "lru"}}
@@ -172,4 +171,4 @@ def test_get_runner_maps_the_moe_settings_onto_router_and_cache() -> None:
     assert router.fallback == "next_best"
     assert cache.budget_bytes == 2 * 1024 * 1024 and cache.policy == "lru"
     assert cache.idle_unload_s == 300.0 and cache.memory_threshold == 0.85
-    assert get_runner(settings) is get_runner(settings)
+    assert get_runner(router, cache) is get_runner(router_config(settings), cache)

@@ -74,7 +74,7 @@ def test_released_job_gets_its_level_recorded() -> None:
 
 def test_fast_level_paths_agree_with_the_full_level_computation() -> None:
     # given new jobs of every class and size, some aged, planned while converging
-    from scheduler.stepline import _Planner
+    from scheduler.planner import _Planner
 
     jobs = [make_job(f"{cls.value}-{work}-{wait}", slo_class=cls, work_s=work,
                      waiting_since_s=NOW_S - wait)

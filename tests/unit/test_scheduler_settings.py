@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from app.settings.scheduler import SchedulerSettings
 from scheduler import PolicyConfig, PolicyKind
 from scheduler.errors import InvalidPolicy
+from tasks.settings.scheduler import SchedulerSettings
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from app.errors import SettingsError
-from app.settings import load_settings
-from app.settings.durations import parse_duration_s
+from tasks.errors import SettingsError
+from tasks.settings import load_settings
+from tasks.settings.durations import parse_duration_s
 
 
 def test_defaults_carry_the_reference_designs_values() -> None:

@@ -21,7 +21,7 @@ def get_runner(kind: str, *, block_groups: int = 2, device: str = "cpu",
                registry: ModelRegistry | None = None, video_fps: int = 8) -> DiffusionRunner:
     """The runner of ``kind`` (image or video); pass ``settings.diffusion.block_groups`` and
     ``settings.diffusion.video_fps``."""
-    from workers.diffusion.runner import DiffusionRunner
+    from workers.diffusion.runner import DiffusionRunner  # deferred: loads torch
 
     return DiffusionRunner(kind, block_groups=block_groups, device=device, registry=registry,
                            video_fps=video_fps)

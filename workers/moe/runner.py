@@ -90,7 +90,8 @@ class TextRunner:
         for i in range(1, p.num_decode_chunks + 1):
             costs.append(float(p.tokens_after_chunk(i) - p.tokens_after_chunk(i - 1)))
         bucket = max(16, 1 << (est_tokens - 1).bit_length())
-        return ChunkPlan(tuple(names), tuple(costs), cost_key=f"{p.model}:p{bucket}")
+        return ChunkPlan(tuple(names), tuple(costs), cost_key=f"{p.model}:p{bucket}",
+                         resource_profile="memory")
 
     def session(self, model: str) -> ModelSession:
         """The worker's session for ``model``, built (and warmed up) on first use."""

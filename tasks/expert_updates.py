@@ -19,16 +19,14 @@ from typing import Any, cast
 
 import redis
 
-from app.errors import SteplineError
-from app.settings.moe import VersionSettings
-from app.store import EXPERT_UPDATES_KEY, PREFIX
+from tasks import keys
+from tasks.errors import SteplineError
+from tasks.settings.moe import VersionSettings
 from workers.moe.versions import ExpertVersions, UpdateDecision, UpdatePolicy, VersionStats
 
 log = logging.getLogger(__name__)
 
-RECORD_KEY = PREFIX + "experts:"
-"""``+ <model>``: the update record (JSON)."""
-UPDATING_KEY = EXPERT_UPDATES_KEY
+UPDATING_KEY = keys.EXPERT_UPDATES
 """Models with a candidate version taking traffic (what the tick looks at)."""
 _HISTORY = 50
 _STATS_TTL_S = 3600
@@ -89,7 +87,7 @@ class ExpertUpdates:
 
     # reading ----------------------------------------------------------------------------------
     def record(self, model: str) -> UpdateRecord | None:
-        raw = cast(bytes | None, self.redis.get(RECORD_KEY + model))
+        raw = cast(bytes | None, self.redis.get(keys.expert_record(model)))
         return UpdateRecord.from_json(raw) if raw is not None else None
 
     def versions(self, model: str) -> ExpertVersions:
@@ -177,7 +175,7 @@ class ExpertUpdates:
     # internals --------------------------------------------------------------------------------
     def _change(self, model: str, change: Any) -> UpdateRecord:
         """Read-modify-write the record under WATCH; every change starts a new step."""
-        key = RECORD_KEY + model
+        key = keys.expert_record(model)
         with self.redis.pipeline() as pipe:
             while True:
                 try:
@@ -219,11 +217,11 @@ class ExpertUpdates:
 
     @staticmethod
     def _step_key(model: str) -> str:
-        return f"{RECORD_KEY}{model}:step"
+        return keys.expert_step(model)
 
     @staticmethod
     def _stats_prefix(model: str) -> str:
-        return f"{RECORD_KEY}{model}:stats:"
+        return keys.expert_stats_prefix(model)
 
 
 class _NoChange(Exception):

@@ -10,7 +10,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from app.errors import SteplineError
+from tasks.errors import SteplineError
 from workers.runner import Artifact
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]*\.(png|mp4|gif|webp|json)$")

@@ -26,29 +26,41 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from app.artifacts import ArtifactStore
-from app.faults import (
+from app.celery import app as celery_app
+from app.celery import configure as configure_celery
+from app.drills.faults import (
     MALFORMED_LOG,
     REFUSAL_LOG,
+    CpuHogs,
+    LoadSampler,
     MemorySampler,
+    RetryPolicy,
+    TransportFailure,
     api_burst,
     audit_job,
     publish_malformed,
     publish_pickle,
     tolerant,
 )
-from app.jobs import JobService
 from app.schemas import JobSpec
-from app.settings import Settings
 from app.stack import Stack, beat_command, wait_for_api, worker_command
-from app.store import JobStore
 from scheduler.lifecycle import JobState, SloClass
+from tasks import keys
+from tasks.artifacts import ArtifactStore
+from tasks.dispatch import publish_chunk
+from tasks.runtime import current_settings
+from tasks.settings import Settings
+from tasks.store import JobStore
+from tasks.submit import JobService
 
 log = logging.getLogger(__name__)
 console = Console()
 
 OPS_KEY = "ops-" + secrets.token_hex(12)
 FLOOD_KEY = "flood-" + secrets.token_hex(12)
+FLOOD_TENANT = "flood"
+BURST_RETRY = RetryPolicy(retries=1, backoff_s=0.5)
+"""The client retry the burst's transport errors are judged by (see faults.RetryPolicy)."""
 WORKERS = ("w1", "w2", "w3")
 SCHEDULERS = ("scheduler", "scheduler2")
 # (class, steps, step_ms, block groups): urgent short jobs among long, splittable batch jobs.
@@ -71,6 +83,8 @@ class Fault:
     seconds: float = 0.0
     victims: list[str] = field(default_factory=list)
     """Jobs the fault hit directly; survived also requires each of them to end exact."""
+    started_at: float = 0.0
+    """Wall clock (epoch seconds) when injection began, to line the fault up with the logs."""
 
 
 @dataclass
@@ -149,7 +163,6 @@ class Drill:
         self.cancelled: set[str] = set()
         self.extra_jobs: list[str] = []
         self.faults: list[Fault] = []
-        self.healed: list[str] = []
 
     # processes --------------------------------------------------------------------------------
     def proc(self, name: str) -> subprocess.Popen[bytes]:
@@ -174,11 +187,28 @@ class Drill:
         return (self.stack.run_dir / "logs" / f"{name}.log").read_text(errors="replace")
 
     def workers_ready(self, names: tuple[str, ...] = WORKERS + SCHEDULERS) -> bool:
-        from tasks.context import WORKER_KEY
 
-        live = {k.decode().removeprefix(WORKER_KEY).split("@")[0]
-                for k in self.client.scan_iter(WORKER_KEY + "*")}
+        live = {name.split("@")[0] for name in self.store.heartbeats()}
         return set(names) <= live
+
+    def consumers_ready(self, timeout_s: float,
+                        names: tuple[str, ...] = WORKERS + SCHEDULERS) -> float | None:
+        """Seconds until every worker's Celery consumer answered a broadcast ping, or None.
+        A heartbeat is renewed by its own thread and comes back as soon as Redis does; the
+        consumer reconnects on Celery's backoff, and only then does the worker take chunks."""
+        started = time.monotonic()
+        answered: set[str] = set()
+        while time.monotonic() - started < timeout_s:
+            try:
+                replies = celery_app.control.ping(timeout=1.0)
+            except Exception:  # the broker connection is itself coming back
+                log.debug("ping", exc_info=True)
+                time.sleep(0.2)
+                continue
+            answered |= {name.split("@")[0] for reply in replies for name in reply}
+            if set(names) <= answered:
+                return time.monotonic() - started
+        return None
 
     # picking victims --------------------------------------------------------------------------
     def running_job(self, groups: int, lo_s: float, hi_s: float) -> dict[str, str] | None:
@@ -195,7 +225,7 @@ class Drill:
 
     @contextmanager
     def fault(self, kind: str) -> Iterator[Fault]:
-        fault = Fault(kind)
+        fault = Fault(kind, started_at=round(time.time(), 3))
         started = time.monotonic()
         console.print(f"[bold]fault[/bold] {kind} …")
         try:
@@ -229,10 +259,9 @@ class Drill:
                             f"{victim['id']}; requeued under a new epoch after {requeue_s:.1f}s")
 
     def kill_tick_holder(self) -> None:
-        from tasks.tick import LEASE_KEY
 
         with self.fault("scheduler_kill") as fault:
-            holder = _wait(lambda: self.client.get(LEASE_KEY), 10)
+            holder = _wait(lambda: self.client.get(keys.TICK_LEASE), 10)
             if holder is None:
                 fault.detail = "no scheduler held the tick lease"
                 return
@@ -241,7 +270,7 @@ class Drill:
             fault.injected = True
             killed = time.monotonic()
             def new_holder() -> str | None:
-                raw = cast(bytes | None, self.client.get(LEASE_KEY))
+                raw = cast(bytes | None, self.client.get(keys.TICK_LEASE))
                 holder = raw.decode() if raw is not None else None
                 return holder if holder and holder.split("@")[0] != name else None
 
@@ -254,11 +283,10 @@ class Drill:
                                if other else "no scheduler took the lease in 15 s"))
 
     def kill_beat(self) -> None:
-        from tasks.tick import STATS_KEY
 
         def ticks_since(since: float) -> int:
             entries = cast(list[tuple[bytes, dict[bytes, bytes]]],
-                           self.client.xrevrange(STATS_KEY, count=200))
+                           self.client.xrevrange(keys.TICK_STATS, count=200))
             return sum(1 for _, f in entries if float(f[b"ts"]) > since)
 
         with self.fault("beat_kill") as fault:
@@ -290,11 +318,16 @@ class Drill:
             self.stack.redis.start()
             back = _wait(lambda: httpx.get(self.stack.api_url + "/healthz",
                                            timeout=2).status_code == 200, 20)
+            down_s = time.monotonic() - down
             ready = _wait(self.workers_ready, 30)
-            fault.survived = bool(back and ready and answers["ok"])
+            consuming_s = self.consumers_ready(30)
+            fault.survived = bool(back and ready and consuming_s is not None and answers["ok"])
+            consuming = ("no" if consuming_s is None
+                         else f"{time.monotonic() - down:.1f}s after the kill")
             fault.detail = (f"redis-server {'SIGTERM' if sig == signal.SIGTERM else 'SIGKILL'}, "
-                            f"down {time.monotonic() - down:.1f}s; API during outage: "
-                            f"{answers['seen']}; workers back: {bool(ready)}")
+                            f"down {down_s:.1f}s; API during outage: "
+                            f"{answers['seen']}; workers back: {bool(ready)} (heartbeats), "
+                            f"consuming again {consuming}")
 
     def outage_answers(self) -> dict[str, Any]:
         seen, ok = [], True
@@ -315,7 +348,6 @@ class Drill:
         return {"ok": ok, "seen": ", ".join(seen)}
 
     def duplicate_delivery(self) -> None:
-        from tasks.dispatch import publish_chunk
 
         with self.fault("duplicate_delivery") as fault:
             victim = _wait(lambda: self.running_job(1, 0.0, 0.05), 30, 0.01)
@@ -323,15 +355,17 @@ class Drill:
                 fault.detail = "no running job to duplicate"
                 return
             job_id, chunk, epoch = victim["id"], int(victim["next_chunk"]), int(victim["epoch"])
-            publish_chunk(self.store, job_id, chunk=chunk, epoch=epoch, queue=victim["queue"])
+            queue = victim["queue"]
+            publish_chunk(self.store, self.store.record(job_id), chunk=chunk, epoch=epoch,
+                          queue=queue)
             _wait(lambda: int(self.store.fields(job_id)["next_chunk"]) > chunk, 30)
-            publish_chunk(self.store, job_id, chunk=chunk, epoch=epoch, queue=victim["queue"])
+            publish_chunk(self.store, self.store.record(job_id), chunk=chunk, epoch=epoch,
+                          queue=queue)
             fault.injected, fault.victims, fault.survived = True, [job_id], True
             fault.detail = (f"chunk {chunk} of job {job_id} published twice while running, "
                             "and once more after it committed")
 
     def poison_messages(self) -> None:
-        from app.celery import app as celery_app
 
         with self.fault("poison_messages") as fault:
             canary = self.stack.run_dir / "unpickled-canary"
@@ -369,20 +403,50 @@ class Drill:
                 result = api_burst(self.stack.api_url, FLOOD_KEY,
                                    {"kind": "simulated", "slo": "batch",
                                     "params": {"steps": 1, "step_ms": 5}},
-                                   rate_per_s=rate_per_s, duration_s=duration_s, concurrency=32)
+                                   rate_per_s=rate_per_s, duration_s=duration_s, concurrency=32,
+                                   retry=BURST_RETRY)
             self.extra_jobs.extend(result.accepted)
+            # A request that failed in transport may still have created its job: its
+            # idempotency key says which. Those jobs are audited like any other.
+            unknown = self.created_unknown(result.failures, set(result.accepted))
+            self.extra_jobs.extend(unknown)
             during = [j for j in self.load.ids() if j not in before]
             summary = {**result.summary(), "memory": memory.summary_mb(),
-                       "realtime_during_burst": during}
+                       "realtime_during_burst": during,
+                       "created_by_failed_requests_unknown_to_client": unknown,
+                       "retry_policy": asdict(BURST_RETRY)}
             server_errors = sum(n for s, n in result.statuses.items() if s >= 500)
+            uncovered = len(result.uncovered)
             fault.injected = True
-            fault.survived = server_errors == 0 and result.errors == 0
+            # Transport errors a standard client retry covers are back-pressure (each one's
+            # reason is in the report); only uncovered ones, or requests never answered, fail.
+            fault.survived = server_errors == 0 and uncovered == 0 and result.unfinished == 0
+            errors = f"transport errors {result.errors}"
+            if result.errors:
+                kinds = ", ".join(f"{k} {n}" for k, n in
+                                  summary["transport_errors_by_kind"].items())
+                errors += (f" ({kinds}; {result.errors - uncovered} covered by one client "
+                           f"retry, {uncovered} uncovered; retries got "
+                           f"{summary['retry_outcomes']})")
+            if result.unfinished:
+                errors += f", {result.unfinished} requests never answered"
             fault.detail = (f"{result.sent}/{result.offered} sent (bound 32 in flight), "
-                            f"statuses {dict(result.statuses)}, p99 "
+                            f"statuses {dict(result.statuses)}, {errors}, p99 "
                             f"{summary['p99_ms']} ms, RSS max api "
                             f"{summary['memory'].get('api', {}).get('max_mb')} MB / redis "
                             f"{summary['memory'].get('redis', {}).get('max_mb')} MB")
         return summary
+
+    def created_unknown(self, failures: list[TransportFailure], known: set[str]) -> list[str]:
+        """Jobs created by burst requests that failed in transport whose retry did not
+        return them (the idempotency key maps each request to the job it created)."""
+        found = []
+        for failure in failures:
+            if failure.idempotency_key:
+                raw = self.client.get(keys.idempotency(FLOOD_TENANT, failure.idempotency_key))
+                if raw is not None and (job_id := cast(bytes, raw).decode()) not in known:
+                    found.append(job_id)
+        return found
 
 
 # bad inputs ----------------------------------------------------------------------------------
@@ -441,9 +505,6 @@ def _probe(client: httpx.Client, name: str, expected: int, method: str, path: st
 def _configure(run_dir: Path) -> Settings:
     """Settings for the drill's private stack: fast failure detection, free ports, two
     tenants (an operator, and a flood tenant with the default-ish rate limit)."""
-    from app.celery import app as celery_app
-    from app.celery import celery_config
-    from app.runtime import current_settings
 
     config = run_dir / "reliability.yaml"
     config.write_text(yaml.safe_dump({
@@ -454,7 +515,7 @@ def _configure(run_dir: Path) -> Settings:
         "api": {"keys": [
             {"key": OPS_KEY, "tenant": "ops", "tier": "gold", "rate_limit_per_s": 1000,
              "burst": 1000, "max_queued": 100000},
-            {"key": FLOOD_KEY, "tenant": "flood", "rate_limit_per_s": 20, "burst": 40,
+            {"key": FLOOD_KEY, "tenant": FLOOD_TENANT, "rate_limit_per_s": 20, "burst": 40,
              "max_queued": 200},
         ], "flower_password": secrets.token_urlsafe(16)},
     }))
@@ -463,68 +524,34 @@ def _configure(run_dir: Path) -> Settings:
     os.environ["STEPLINE_CONFIG"] = str(config)
     current_settings.cache_clear()
     settings = current_settings()
-    celery_app.conf.update(celery_config(settings))
+    configure_celery(settings)
     return settings
 
 
-def _healer(drill: Drill, halt: threading.Event) -> None:
-    """Runs the healer as the tick would, while the tick does not run it itself yet."""
-    from tasks.healing import heal
-
-    while not halt.wait(0.2):
-        try:
-            drill.healed += heal(drill.store, drill.store.many_fields(drill.store.active_ids()),
-                                 time.time(), drill.settings)
-        except (redis.ConnectionError, redis.TimeoutError):
-            continue
-
-
-def _tick_heals() -> bool:
-    from tasks import adapter
-
-    return "heal" in adapter.run_tick.__code__.co_names
-
-
-def run_reliability(out_dir: Path, burst_s: float = 10.0, burst_rate_per_s: int = 1000) -> int:
-    """The whole drill; writes ``out_dir/reliability.json``; returns the exit code."""
+def run_reliability(out_dir: Path, burst_s: float = 10.0, burst_rate_per_s: int = 1000,
+                    cpu_hogs: int = 0) -> int:
+    """The whole drill; writes ``out_dir/reliability.json``; returns the exit code. With
+    ``cpu_hogs``, that many busy processes compete for the cores from before the stack starts
+    until the drill ends (they are killed and reaped however it ends)."""
     import tempfile
 
+    if not 0 <= cpu_hogs <= 64:
+        raise ValueError(f"cpu_hogs must be 0..64, not {cpu_hogs}")
     out_dir.mkdir(parents=True, exist_ok=True)
     run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=out_dir)).resolve()
     settings = _configure(run_dir)
     began = time.monotonic()
-    stack = Stack(settings=settings, run_dir=run_dir, workers=len(WORKERS))
-    halt = threading.Event()
-    with stack:
-        stack.spawn("scheduler2", worker_command("scheduler2@%h", queues=("control",),
-                                                 loglevel="WARNING"))
-        drill = Drill(stack, settings)
-        if not (_wait(drill.workers_ready, 90, 0.2) and wait_for_api(stack.api_url, 60)):
-            console.print(f"[red]the stack did not start; see {run_dir / 'logs'}")
-            return 2
-        healer_in_tick = _tick_heals()
-        if not healer_in_tick:
-            threading.Thread(target=_healer, args=(drill, halt), daemon=True).start()
-        console.print(f"[bold]Stepline reliability drill[/bold]: {len(WORKERS)} workers, 2 "
-                      f"schedulers, beat, API, Flower; run dir {run_dir}")
-        drill.load.start()
-        time.sleep(4)
-        drill.cancel_some()
-        for inject in (
-            lambda: drill.kill_worker_mid_chunk("worker_sigkill_mid_step", 1, 0.02, 0.06),
-            lambda: drill.kill_worker_mid_chunk("worker_sigkill_mid_block_group", 3, 0.06, 0.09),
-            drill.kill_tick_holder, drill.kill_beat, drill.duplicate_delivery,
-            drill.poison_messages, lambda: drill.restart_redis(signal.SIGTERM),
-            lambda: drill.restart_redis(signal.SIGKILL),
-        ):
-            inject()
-            time.sleep(3)  # steady load between faults: recovery must not need a quiet system
-        burst = drill.burst(burst_rate_per_s, burst_s) if burst_s > 0 else {}
-        drill.load.halt.set()
-        drill.load.join(timeout=5)
-        bad_inputs = try_bad_inputs(stack.api_url, stack.flower_url)
-        report = _settle(drill, burst, bad_inputs, healer_in_tick)
-        halt.set()
+    with LoadSampler() as host_load, CpuHogs(cpu_hogs) as hogs:
+        if cpu_hogs:
+            console.print(f"{cpu_hogs} CPU hogs running (pids "
+                          f"{', '.join(str(p.pid) for p in hogs.procs)}) on "
+                          f"{os.cpu_count()} cores")
+        report = _drill(settings, run_dir, burst_s, burst_rate_per_s)
+        hogs_alive = hogs.alive()
+    if report is None:
+        return 2
+    report["cpu_hogs"] = {**hogs.summary(), "alive_at_end": hogs_alive}
+    report["host_load"] = host_load.summary()
     report["duration_s"] = round(time.monotonic() - began, 1)
     report["run_dir"] = str(run_dir)
     (out_dir / "reliability.json").write_text(json.dumps(report, indent=2))
@@ -534,8 +561,43 @@ def run_reliability(out_dir: Path, burst_s: float = 10.0, burst_rate_per_s: int 
     return 1 if failed else 0
 
 
-def _settle(drill: Drill, burst: dict[str, Any], bad_inputs: list[BadInput],
-            healer_in_tick: bool) -> dict[str, Any]:
+def _drill(settings: Settings, run_dir: Path, burst_s: float,
+           burst_rate_per_s: int) -> dict[str, Any] | None:
+    """Start the stack, run the load, inject the faults and the burst, try bad inputs, audit;
+    the report, or None if the stack did not start."""
+    stack = Stack(settings=settings, run_dir=run_dir, workers=len(WORKERS))
+    with stack:
+        stack.spawn("scheduler2", worker_command("scheduler2@%h", queues=("control",),
+                                                 loglevel="WARNING"))
+        drill = Drill(stack, settings)
+        if not (_wait(drill.workers_ready, 90, 0.2) and wait_for_api(stack.api_url, 60)):
+            console.print(f"[red]the stack did not start; see {run_dir / 'logs'}")
+            return None
+        console.print(f"[bold]Stepline reliability drill[/bold]: {len(WORKERS)} workers, 2 "
+                      f"schedulers, beat, API, Flower; run dir {run_dir}")
+        drill.load.start()
+        try:
+            time.sleep(4)
+            drill.cancel_some()
+            for inject in (
+                lambda: drill.kill_worker_mid_chunk("worker_sigkill_mid_step", 1, 0.02, 0.06),
+                lambda: drill.kill_worker_mid_chunk("worker_sigkill_mid_block_group", 3, 0.06,
+                                                    0.09),
+                drill.kill_tick_holder, drill.kill_beat, drill.duplicate_delivery,
+                drill.poison_messages, lambda: drill.restart_redis(signal.SIGTERM),
+                lambda: drill.restart_redis(signal.SIGKILL),
+            ):
+                inject()
+                time.sleep(3)  # steady load between faults: recovery must not need a quiet system
+            burst = drill.burst(burst_rate_per_s, burst_s) if burst_s > 0 else {}
+        finally:
+            drill.load.halt.set()
+            drill.load.join(timeout=5)
+        bad_inputs = try_bad_inputs(stack.api_url, stack.flower_url)
+        return _settle(drill, burst, bad_inputs)
+
+
+def _settle(drill: Drill, burst: dict[str, Any], bad_inputs: list[BadInput]) -> dict[str, Any]:
     """Wait for every accepted job to end, then audit each one."""
     every = drill.load.ids() + drill.extra_jobs
     console.print(f"waiting for {len(every)} accepted jobs to end …")
@@ -545,6 +607,7 @@ def _settle(drill: Drill, burst: dict[str, Any], bad_inputs: list[BadInput],
             and not (j in drill.cancelled and a.state is JobState.CANCELLED)]
     inexact = [a.problem() for j, a in audits.items()
                if a.state is JobState.DONE and not a.exact]
+    lost_detail = [_ending(drill.store, j) for j in lost[:50]]
     for fault in drill.faults:
         if fault.survived and any(not audits[v].exact for v in fault.victims if v in audits):
             fault.survived = False
@@ -555,24 +618,35 @@ def _settle(drill: Drill, burst: dict[str, Any], bad_inputs: list[BadInput],
         counts = by_class.setdefault(slo.value, Counter())
         counts["submitted"] += 1
         counts["done"] += record.state is JobState.DONE
-        counts["slo_met"] += bool(record.finished_at and record.finished_at <= record.deadline_at)
+        finished_s = record.finished_at_s
+        counts["slo_met"] += bool(finished_s and finished_s <= record.deadline_at_s)
     rt_burst = [drill.store.get(j) for j in burst.get("realtime_during_burst", [])
                 if drill.load.accepted.get(j) is SloClass.REALTIME]
     if burst:
-        met = sum(1 for r in rt_burst if r.finished_at and r.finished_at <= r.deadline_at)
+        met = sum(1 for r in rt_burst if r.finished_at_s and r.finished_at_s <= r.deadline_at_s)
         burst["realtime_during_burst"] = {"jobs": len(rt_burst), "slo_met": met}
     states = Counter(a.state.value for a in audits.values())
     return {
         "jobs_submitted": len(every), "jobs_completed": states.get("DONE", 0),
         "jobs_cancelled": states.get("CANCELLED", 0), "jobs_lost": len(lost),
-        "lost_ids": lost, "jobs_inexact": len(inexact), "inexact": inexact[:20],
+        "lost_ids": lost, "lost_by_state": dict(Counter(d["state"] for d in lost_detail)),
+        "lost_detail": lost_detail, "jobs_inexact": len(inexact), "inexact": inexact[:20],
         "faults": [asdict(f) for f in drill.faults],
         "bad_inputs": [asdict(b) for b in bad_inputs],
         "load": {"by_class": {k: dict(v) for k, v in by_class.items()},
-                 "submits_refused_while_redis_down": drill.load.refused, "burst": burst,
-                 "healer": "tick" if healer_in_tick else "drill (the tick does not heal yet)",
-                 "healed_by_drill": drill.healed},
+                 "submits_refused_while_redis_down": drill.load.refused, "burst": burst},
     }
+
+
+def _ending(store: JobStore, job_id: str) -> dict[str, Any]:
+    """How a lost job ended: its state, class, age and the last transition on its stream."""
+    fields = store.fields(job_id)
+    last = next((e for e in reversed(store.events(job_id)) if e.get("kind") == "state"), {})
+    submitted = float(fields.get("submitted_at") or 0)
+    return {"id": job_id, "state": fields["state"], "slo": fields.get("slo"),
+            "chunks_done": f"{fields.get('next_chunk')}/{fields.get('num_chunks')}",
+            "by": last.get("by"), "reason": last.get("reason"),
+            "after_s": round(float(last.get("ts") or submitted) - submitted, 2)}
 
 
 def _print_summary(report: dict[str, Any], out_dir: Path) -> None:
@@ -592,6 +666,29 @@ def _print_summary(report: dict[str, Any], out_dir: Path) -> None:
         load.add_row(slo, str(c.get("submitted", 0)), str(c.get("done", 0)),
                      str(c.get("slo_met", 0)))
     console.print(load)
+    hogs, host = report.get("cpu_hogs", {}), report.get("host_load", {})
+    avg = host.get("loadavg_1m", {})
+    console.print(
+        f"CPU hogs {hogs.get('count', 0)} (they used {hogs.get('cores_used', 0)} of "
+        f"{hogs.get('cores')} cores, {hogs.get('cpu_s', 0)} CPU-s in {hogs.get('wall_s', 0)} s); "
+        f"load average (1 min) mean {avg.get('mean')}, max {avg.get('max')}; cores busy "
+        f"{host.get('cpu_busy_pct')}%")
+    burst = report["load"].get("burst") or {}
+    if burst:
+        console.print(
+            f"API burst: transport errors {burst['transport_errors']} "
+            f"({burst['transport_errors_covered']} covered by one client retry, "
+            f"{burst['transport_errors_uncovered']} uncovered), "
+            f"{burst['unfinished']} never answered")
+        for why in burst["why_covered"]:
+            console.print(f"  covered: {why}")
+        for failure in burst["uncovered"]:
+            console.print(f"  [red]uncovered[/]: request {failure['index']}: {failure['kind']} "
+                          f"({failure['message']}); {failure['why']}")
+    for lost in report.get("lost_detail", []):
+        console.print(f"  [red]lost[/] {lost['id']} {lost['slo']} {lost['state']} after "
+                      f"{lost['after_s']}s ({lost['chunks_done']} chunks) by {lost['by']}: "
+                      f"{lost['reason']}")
     colour = "green" if report["jobs_lost"] == 0 and report["jobs_inexact"] == 0 else "red"
     console.print(
         f"[bold {colour}]jobs submitted {report['jobs_submitted']}, completed "

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.settings.durations import Seconds
+from tasks.settings.durations import Seconds
+
+if TYPE_CHECKING:
+    from workers.moe import CacheConfig, RouterConfig
+
+_MIB = 1024 * 1024
 
 
 class RouterSettings(BaseModel):
@@ -90,3 +95,38 @@ class MoeSettings(BaseModel):
     """Device limits."""
     versions: VersionSettings = Field(default_factory=VersionSettings)
     """Expert hot update."""
+
+
+def router_config(settings: MoeSettings) -> RouterConfig:
+    """The router block of the settings as the worker's own :class:`RouterConfig`."""
+    from workers.moe import RouterConfig  # deferred: workers.moe loads torch
+
+    r = settings.router
+    return RouterConfig(
+        k=r.k,
+        temperature=r.temperature,
+        expert_capacity=r.expert_capacity,
+        fallback=r.fallback_strategy,
+        diversity_penalty=r.diversity_penalty,
+    )
+
+
+def cache_config(settings: MoeSettings, device: str) -> CacheConfig:
+    """The cache block as the worker's :class:`CacheConfig`; the budget defaults to the
+    device's share (``resource_limits.memory``) of its memory."""
+    from workers.moe import CacheConfig, device_memory_bytes  # deferred: loads torch
+
+    c = settings.cache
+    budget: int | None = int(c.budget_mb * _MIB) if c.budget_mb is not None else None
+    total = device_memory_bytes(device) if budget is None else None
+    if total is not None:
+        budget = int(total * settings.resource_limits.memory)
+    return CacheConfig(
+        budget_bytes=budget,
+        memory_threshold=c.memory_threshold,
+        idle_unload_s=c.idle_unload,
+        warmup_experts=c.warmup_experts,
+        policy=c.policy,
+        prefetch_experts=c.prefetch_experts,
+        prefetch_min_confidence=c.prefetch_min_confidence,
+    )

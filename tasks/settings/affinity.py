@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.settings.durations import Seconds
+from tasks.settings.durations import Seconds
 
 AffinityKind = Literal["text", "image", "video", "simulated"]
 

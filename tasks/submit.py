@@ -9,13 +9,16 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from app.errors import InvalidJob, Overloaded
-from app.schemas import JobSpec, SimulatedParams
-from app.settings import Settings
-from app.store import JobStore
-from scheduler import Admission, AdmissionDecision, JobKind, JobView, Tier, admit
+from scheduler import Admission, AdmissionDecision, JobKind, JobView, ResourceProfile, Tier, admit
 from scheduler.lifecycle import JobState, SloClass
+from tasks.adapter import load_admission, policy_config
+from tasks.affinity import WorkerDirectory, release_queue
+from tasks.dispatch import release
+from tasks.errors import InvalidJob, Overloaded
 from tasks.routing import CLASS_QUEUE, FIFO_QUEUE
+from tasks.settings import Settings
+from tasks.spec import JobSpec, SimulatedParams
+from tasks.store import JobStore
 from workers.errors import ParamsError
 from workers.kinds import get_runner
 from workers.runner import ChunkPlan
@@ -32,11 +35,13 @@ def validate_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
         if kind == "simulated":
             return SimulatedParams.model_validate(params).model_dump()
         if kind in ("image", "video"):
-            from workers.diffusion import validate_params as validate_diffusion
+            from workers.diffusion import (
+                validate_params as validate_diffusion,  # deferred: loads torch
+            )
 
             return dict(validate_diffusion(kind, params))
         if kind == "text":
-            from workers.moe import validate_params as validate_text
+            from workers.moe import validate_params as validate_text  # deferred: loads torch
 
             return dataclasses.asdict(validate_text(params))
     except ValidationError as exc:
@@ -79,7 +84,8 @@ class JobService:
             spec, tenant=tenant, tier=tier, num_chunks=plan.num_chunks, cost_key=plan.cost_key,
             cost_units=plan.cost_units, deadline_s=deadline_s, now_s=now_s,
             queue=FIFO_QUEUE if policy == "fifo" else CLASS_QUEUE[spec.slo],
-            extra={"atomic": "1" if policy == "fifo" else "0", "chunk_names": ",".join(plan.names)},
+            atomic=policy == "fifo", chunk_names=plan.names,
+            resource_profile=ResourceProfile(plan.resource_profile),
         )
         if not created or spec.depends_on:
             return job_id, created  # a job with dependencies is released by the tick
@@ -95,7 +101,6 @@ class JobService:
         policy: str,
     ) -> AdmissionDecision:
         """The overload gate, from the last tick's admission status (fails open without one)."""
-        from tasks.adapter import load_admission, policy_config
 
         status = load_admission(self.store)
         if status is None:
@@ -110,11 +115,9 @@ class JobService:
 
     def _release_now(self, job_id: str) -> None:
         """Admitted work goes straight to its class queue; the tick re-plans from there."""
-        from tasks.affinity import WorkerDirectory, release_queue
-        from tasks.dispatch import release
 
-        fields = self.store.fields(job_id)
-        if fields["state"] == JobState.PENDING.value:
-            directory = WorkerDirectory.read(self.store) if fields["kind"] == "text" else None
-            queue = release_queue(self.settings, fields, fields["queue"], directory)
-            release(self.store, job_id, queue=queue, by="submit", reason=f"admitted to {queue}")
+        job = self.store.record(job_id)
+        if job.state is JobState.PENDING:
+            directory = WorkerDirectory.read(self.store) if job.kind is JobKind.TEXT else None
+            queue = release_queue(self.settings, job, job.queue, directory)
+            release(self.store, job, queue=queue, by="submit", reason=f"admitted to {queue}")

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from app.settings.durations import Seconds
+from tasks.settings.durations import Seconds
 
 Tier = Literal["gold", "standard"]
 

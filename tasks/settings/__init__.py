@@ -14,13 +14,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from app.errors import SettingsError
-from app.settings.affinity import AffinitySettings
-from app.settings.api import ApiSettings
-from app.settings.diffusion import DiffusionSettings
-from app.settings.durations import Seconds
-from app.settings.moe import MoeSettings
-from app.settings.scheduler import SchedulerSettings
+from tasks.errors import SettingsError
+from tasks.settings.affinity import AffinitySettings
+from tasks.settings.api import ApiSettings
+from tasks.settings.diffusion import DiffusionSettings
+from tasks.settings.durations import Seconds
+from tasks.settings.moe import MoeSettings
+from tasks.settings.scheduler import SchedulerSettings
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.yaml"

@@ -6,9 +6,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from app.settings.durations import Seconds
 from scheduler.model import JobKind
 from scheduler.policy import PolicyConfig, PolicyKind, ScoreWeights
+from tasks.settings.durations import Seconds
 
 
 class SloClassSettings(BaseModel):

@@ -1,0 +1,139 @@
+"""Recovery, pure: which jobs the tick must requeue or fail before it plans anything else.
+
+A RUNNING job whose chunk lease lapsed lost its worker; one whose worker still heartbeats but
+whose chunk ran far past its expected time is stuck; a QUEUED job whose last publish names
+another chunk or epoch was never published; a chunk parked on a worker's own queue waited too
+long or its worker is gone; a waiting job whose dependency failed can never run; a record the
+store cannot read is failed with its reason, once. Each becomes an action of the ``TickPlan``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import Enum
+
+from scheduler.cost import CostModel
+from scheduler.lifecycle import JobState
+from scheduler.model import JobView
+
+
+class RecoveryCause(str, Enum):
+    """Why a job's next chunk is put back on its class queue under a new epoch."""
+
+    LOST = "lost"
+    """Its worker's chunk lease lapsed (the worker died or lost Redis)."""
+    STUCK = "stuck"
+    """Its chunk ran far past the expected time with a live heartbeat."""
+    UNPUBLISHED = "unpublished"
+    """It is QUEUED but its chunk message was never published."""
+    PARKED = "parked"
+    """Its chunk waited on a worker's own (affinity) queue too long, or that worker is gone."""
+
+
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    """Requeue the job's next chunk on its class queue under a new epoch, if the job is still as
+    the snapshot saw it (the running attempt, or the parked message, is then stale)."""
+
+    job_id: str
+    cause: RecoveryCause
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """Fail the job (→ FAILED) with ``reason``: it can never run."""
+
+    job_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryConfig:
+    """When the tick recovers a job. Built from the broker and affinity settings."""
+
+    stuck_min_s: float = 5.0
+    """No chunk is judged stuck before it ran this long (doubled per stuck requeue)."""
+    stuck_factor: float = 10.0
+    """Stuck: ran longer than this many times its expected time."""
+    stuck_min_samples: int = 3
+    """Measured chunks a cost key (or the job itself) needs before its time is trusted."""
+    unpublished_after_s: float = 10.0
+    """A QUEUED job with no matching publish this long after it was queued was never published."""
+    affinity_max_wait_s: float | None = 0.3
+    """A parked chunk moves to its class queue after this wait (None: affinity is off)."""
+
+
+def plan_recoveries(
+    jobs: Iterable[JobView], alive_workers: frozenset[str], cost: CostModel,
+    config: RecoveryConfig, now_s: float,
+) -> tuple[tuple[Recovery, ...], tuple[Failure, ...]]:
+    """The recoveries and failures of this tick, from the snapshot's facts alone."""
+    recoveries: list[Recovery] = []
+    failures: list[Failure] = []
+    for job in jobs:
+        if job.failed_dependency is not None and job.state is JobState.PENDING:
+            failures.append(Failure(job.job_id, job.failed_dependency))
+            continue
+        recovery = _recovery_of(job, alive_workers, cost, config, now_s)
+        if recovery is not None:
+            recoveries.append(recovery)
+    return tuple(recoveries), tuple(failures)
+
+
+def _recovery_of(job: JobView, alive: frozenset[str], cost: CostModel, config: RecoveryConfig,
+                 now_s: float) -> Recovery | None:
+    if job.state is JobState.RUNNING:
+        if job.lease_until_s is not None and job.lease_until_s < now_s:
+            return Recovery(job.job_id, RecoveryCause.LOST,
+                            f"lease of {job.running_on} lapsed; requeued from checkpoint")
+        reason = stuck_reason(job, cost, config, now_s)
+        return None if reason is None else Recovery(job.job_id, RecoveryCause.STUCK, reason)
+    if job.state is not JobState.QUEUED:
+        return None
+    if job.parked_on is not None and config.affinity_max_wait_s is not None:
+        waited_s = now_s - job.waiting_since_s
+        if job.parked_on not in alive or waited_s >= config.affinity_max_wait_s:
+            why = "gone" if job.parked_on not in alive else f"busy for {waited_s * 1000:.0f} ms"
+            return Recovery(job.job_id, RecoveryCause.PARKED,
+                            f"affinity: {job.parked_on} {why}; moved to {job.queue}")
+    if (job.published is not None and job.published != (job.next_chunk, job.epoch)
+            and now_s - job.waiting_since_s >= config.unpublished_after_s):
+        return Recovery(job.job_id, RecoveryCause.UNPUBLISHED,
+                        f"chunk {job.next_chunk} epoch {job.epoch} was never published")
+    return None
+
+
+def stuck_reason(job: JobView, cost: CostModel, config: RecoveryConfig,
+                 now_s: float) -> str | None:
+    """Why the running chunk is stuck, or None. A chunk with no trusted expected time (too few
+    measured chunks of its cost key and of the job itself) is never judged stuck."""
+    if job.chunk_running_since_s is None or job.next_chunk >= job.num_chunks:
+        return None
+    running_s = now_s - job.chunk_running_since_s
+    backoff = 2 ** job.stuck_requeues  # each stuck requeue doubles the allowance
+    floor_s = config.stuck_min_s * backoff
+    if running_s <= floor_s:
+        return None  # cheap exit before any estimate: most chunks end here
+    expected_s, source = expected_chunk_s(job, cost, config.stuck_min_samples)
+    if expected_s is None:
+        return None
+    limit_s = max(config.stuck_factor * expected_s * backoff, floor_s)
+    if running_s <= limit_s:
+        return None
+    return (f"chunk {job.next_chunk} on {job.running_on or '?'} ran {running_s:.1f}s with a live "
+            f"heartbeat, over {limit_s:.1f}s ({config.stuck_factor:g} x {expected_s:.3f}s "
+            f"expected, {source}); requeued from checkpoint")
+
+
+def expected_chunk_s(job: JobView, cost: CostModel,
+                     min_samples: int) -> tuple[float | None, str]:
+    """The next chunk's expected seconds: from the cost model where it measured the job's cost
+    key often enough, else from the job's own median seconds per unit, else None."""
+    learned = cost.learned.get(job.cost_key, {})
+    if sum(e.samples for e in learned.values()) >= min_samples:
+        return job.next_chunk_cost_units * cost.seconds_per_unit(job.cost_key), "cost model"
+    if job.own_s_per_unit is not None:
+        return job.next_chunk_cost_units * job.own_s_per_unit, "own median"
+    return None, ""

@@ -1,0 +1,118 @@
+"""Stepline's Redis keyspace: every key and key builder, defined here once.
+
+All keys start with ``sl:``. A running stack upgrades in place, so the strings below never change
+(except ``sl:workers:queues``, formerly ``sl:worker:queues``, moved out of the heartbeat scan).
+
+Jobs
+  ``sl:job:<id>``              hash    the job record (fields: ``tasks.record.JobRecord``)
+  ``sl:job:<id>:events``       stream  the job's lifecycle and commit events, kept while it lives
+  ``sl:job:<id>:ckpt``         string  the durable checkpoint (safetensors + JSON, never pickle)
+  ``sl:jobs:active``           set     ids of jobs not yet terminal (what the tick snapshots)
+  ``sl:jobs:index``            zset    every job id by submit time (listing, newest first)
+  ``sl:done``                  stream  (job id, final state) of every job that ended
+  ``sl:idem:<tenant>:<key>``   string  idempotency key → the first job's id (24 h)
+
+The scheduler
+  ``sl:tick:lease``            string  the scheduler worker holding the tick (PX lease)
+  ``sl:tick:stats``            stream  tick durations and start times
+  ``sl:policy``                string  the policy switched at run time (outranks the settings)
+  ``sl:policy:state``          string  the policy's memory between ticks (JSON)
+  ``sl:origin``                string  the current origin job id
+  ``sl:admission``             string  the admission status the submit path reads (JSON)
+  ``sl:scores``                string  the top scores of the last tick (JSON)
+  ``sl:cost``                  string  the learned cost model and the last timing read (JSON)
+  ``sl:timings``               stream  measured seconds per cost unit of each chunk
+
+Workers
+  ``sl:worker:<name>``         string  a worker's heartbeat (JSON, expires with its lease)
+  ``sl:workers:queues``        hash    worker → the queues the tick last told it to consume
+
+MoE expert versions
+  ``sl:experts:<model>``       string  the model's version record (JSON)
+  ``sl:experts:<model>:step``  string  when the traffic shift last stepped
+  ``sl:experts:<model>:stats:<version>``  hash  outcomes per version
+  ``sl:experts:updating``      set     models with a hot update in progress
+
+The API
+  ``sl:tenant:<name>:live``    string  a tenant's live-job count (queue quota)
+  ``sl:tenant:<name>:bucket``  hash    a tenant's rate-limit token bucket
+  ``sl:metrics:seen``          zset    finished job ids already counted by the metrics
+  ``sl:metrics:finished``      hash    finished jobs per (class, state)
+  ``sl:metrics:latency:<class>``  hash  latency histogram buckets of a class
+"""
+
+from __future__ import annotations
+
+PREFIX = "sl:"
+
+ACTIVE = PREFIX + "jobs:active"
+INDEX = PREFIX + "jobs:index"
+DONE = PREFIX + "done"
+"""A stream of (job id, final state): clients block on it instead of polling every job."""
+
+TICK_LEASE = PREFIX + "tick:lease"
+TICK_STATS = PREFIX + "tick:stats"
+POLICY = PREFIX + "policy"
+POLICY_STATE = PREFIX + "policy:state"
+ORIGIN = PREFIX + "origin"
+ADMISSION = PREFIX + "admission"
+SCORES = PREFIX + "scores"
+COST = PREFIX + "cost"
+TIMINGS = PREFIX + "timings"
+
+WORKER_PREFIX = PREFIX + "worker:"
+"""Heartbeat keys, one per worker; ``WORKER_PREFIX + "*"`` finds the live workers."""
+WORKER_QUEUES = PREFIX + "workers:queues"
+"""What the adapter last told each worker to consume (so consumers are not churned)."""
+
+EXPERTS_PREFIX = PREFIX + "experts:"
+EXPERT_UPDATES = PREFIX + "experts:updating"
+"""Models with an expert hot update in progress (see ``tasks.expert_updates``)."""
+
+METRICS_SEEN = PREFIX + "metrics:seen"
+METRICS_FINISHED = PREFIX + "metrics:finished"
+METRICS_LATENCY_PREFIX = PREFIX + "metrics:latency:"
+
+
+def job(job_id: str) -> str:
+    return f"{PREFIX}job:{job_id}"
+
+
+def job_events(job_id: str) -> str:
+    return f"{PREFIX}job:{job_id}:events"
+
+
+def job_checkpoint(job_id: str) -> str:
+    return f"{PREFIX}job:{job_id}:ckpt"
+
+
+def idempotency(tenant: str, key: str) -> str:
+    return f"{PREFIX}idem:{tenant}:{key}"
+
+
+def worker(name: str) -> str:
+    return WORKER_PREFIX + name
+
+
+def expert_record(model: str) -> str:
+    return EXPERTS_PREFIX + model
+
+
+def expert_step(model: str) -> str:
+    return f"{EXPERTS_PREFIX}{model}:step"
+
+
+def expert_stats_prefix(model: str) -> str:
+    return f"{EXPERTS_PREFIX}{model}:stats:"
+
+
+def tenant_live(tenant: str) -> str:
+    return f"{PREFIX}tenant:{tenant}:live"
+
+
+def tenant_bucket(tenant: str) -> str:
+    return f"{PREFIX}tenant:{tenant}:bucket"
+
+
+def metrics_latency(slo: str) -> str:
+    return METRICS_LATENCY_PREFIX + slo

@@ -1,0 +1,233 @@
+"""The job record: one typed, frozen view of a job's Redis hash, and the only place where the
+hash's strings become types (``JobRecord.from_hash``) and types become strings (``encode``).
+
+Hash field names and encodings are the store's wire format: they never change, so a running
+stack upgrades in place. Attribute names carry units (``submitted_at_s``); field names do not.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, fields
+from typing import Any
+
+from scheduler.lifecycle import JobState, SloClass
+from scheduler.model import JobKind, ResourceProfile, Tier
+from tasks.errors import SteplineError
+
+
+class UnreadableRecord(SteplineError):
+    """Raised when a job hash lacks a field or holds a value its type cannot take."""
+
+    def __init__(self, job_id: str, problem: str) -> None:
+        super().__init__(f"job {job_id}: unreadable record: {problem}")
+        self.job_id = job_id
+        self.problem = problem
+
+
+# codecs: (decode from the hash string, encode to it) ------------------------------------------
+def _float_text(value: float) -> str:
+    return repr(float(value))
+
+
+def _flag_text(value: bool) -> str:
+    return "1" if value else "0"
+
+
+def _opt(decode: Callable[[str], Any]) -> Callable[[str], Any]:
+    """Absent and empty both mean None (workers clear a field by writing ``""``)."""
+    return lambda raw: decode(raw) if raw else None
+
+
+_Codec = tuple[Callable[[str], Any], Callable[[Any], str]]
+_TEXT: _Codec = (str, str)
+_INT: _Codec = (int, str)
+_FLOAT: _Codec = (float, _float_text)
+_FLAG: _Codec = (lambda raw: raw == "1", _flag_text)
+_OPT_TEXT: _Codec = (_opt(str), lambda v: "" if v is None else str(v))
+_OPT_INT: _Codec = (_opt(int), lambda v: "" if v is None else str(v))
+_OPT_FLOAT: _Codec = (_opt(float), lambda v: "" if v is None else _float_text(v))
+_JSON_LIST: _Codec = (lambda raw: tuple(json.loads(raw)), lambda v: json.dumps(list(v)))
+_NAMES: _Codec = (lambda raw: tuple(raw.split(",")) if raw else (), ",".join)
+
+
+def _enum(kind: type[Any]) -> _Codec:
+    return (kind, lambda v: kind(v).value)
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """A job as stored: what it is, where it stands, and its bookkeeping."""
+
+    # identity and spec
+    job_id: str
+    kind: JobKind
+    slo: SloClass
+    tenant: str
+    params: Mapping[str, Any]
+    submitted_at_s: float
+    deadline_at_s: float
+    """Absolute deadline: submit time plus the job's own deadline or its class target."""
+    # the plan of chunks
+    num_chunks: int
+    cost_key: str
+    cost_units: tuple[float, ...]
+    # where it stands
+    state: JobState
+    next_chunk: int
+    """Chunks committed so far; the index of the next chunk to run."""
+    seq: int
+    """Commits so far: every chunk commit is a compare-and-set on it."""
+    epoch: int
+    """Bumped on every requeue: a message of an older epoch is stale."""
+    queue: str
+    updated_at_s: float
+    # optional, with the value a record written before the field existed means
+    tier: Tier = Tier.STANDARD
+    depends_on: tuple[str, ...] = ()
+    chunk_names: tuple[str, ...] = ()
+    resource_profile: ResourceProfile = ResourceProfile.COMPUTE
+    atomic: bool = False
+    """FIFO baseline: one task runs every chunk."""
+    preempt: bool = False
+    cancel: bool = False
+    preemptions: int = 0
+    service_s: float = 0.0
+    started_at_s: float | None = None
+    finished_at_s: float | None = None
+    running_on: str | None = None
+    chunk_started_at_s: float | None = None
+    lease_until_s: float | None = None
+    ckpt_seq: int | None = None
+    ckpt_chunk: int | None = None
+    published: int | None = None
+    """The last chunk index published to a queue."""
+    last_task_id: str | None = None
+    queued_at_s: float | None = None
+    preempted_at_s: float | None = None
+    level: int | None = None
+    level_mark_s: float = 0.0
+    stuck: int = 0
+    """Stuck-chunk requeues so far (each doubles the allowance)."""
+    error: str | None = None
+    artifact: str | None = None
+    media_type: str | None = None
+    expert_version: str | None = None
+
+    @classmethod
+    def from_hash(cls, raw: Mapping[str, str] | Mapping[bytes, bytes]) -> JobRecord:
+        """Parse a job hash; raises :class:`UnreadableRecord` naming the field at fault."""
+        text = {_str(k): _str(v) for k, v in raw.items()}
+        job_id = text.get("id", "?")
+        values: dict[str, Any] = {}
+        for attr, (name, (decode, _)) in _FIELDS.items():
+            if name not in text:
+                if attr in _REQUIRED:
+                    raise UnreadableRecord(job_id, f"field {name!r} missing")
+                continue
+            try:
+                values[attr] = decode(text[name])
+            except (ValueError, TypeError) as exc:
+                raise UnreadableRecord(job_id, f"{name}={text[name]!r}: {exc}") from exc
+        record = cls(**values)
+        problem = record.inconsistency()
+        if problem is not None:
+            raise UnreadableRecord(job_id, problem)
+        return record
+
+    def to_hash(self) -> dict[str, str]:
+        """Every field as the store writes it (None and defaults included)."""
+        return {name: encode(getattr(self, attr)) for attr, (name, (_, encode)) in _FIELDS.items()}
+
+    def inconsistency(self) -> str | None:
+        """What makes this record impossible to schedule, or None."""
+        if self.num_chunks < 1:
+            return f"num_chunks {self.num_chunks} < 1"
+        if not 0 <= self.next_chunk <= self.num_chunks:
+            return f"next_chunk {self.next_chunk} outside 0..{self.num_chunks}"
+        if len(self.cost_units) != self.num_chunks:
+            return f"{len(self.cost_units)} cost units for {self.num_chunks} chunks"
+        return None
+
+    @property
+    def remaining_cost_units(self) -> float:
+        return float(sum(self.cost_units[self.next_chunk:]))
+
+    @property
+    def chunk_name(self) -> str:
+        """The name of the next chunk (``denoise[3]``), for logs and Flower."""
+        index = self.next_chunk
+        return self.chunk_names[index] if index < len(self.chunk_names) else f"chunk[{index}]"
+
+    @property
+    def latency_s(self) -> float | None:
+        return None if self.finished_at_s is None else self.finished_at_s - self.submitted_at_s
+
+
+def encode(**values: Any) -> dict[str, str]:
+    """Typed record attributes as hash fields, for the store's ``expect`` and ``updates``:
+    ``encode(state=JobState.QUEUED, epoch=3)`` is ``{"state": "QUEUED", "epoch": "3"}``."""
+    out = {}
+    for attr, value in values.items():
+        name, (_, to_text) = _FIELDS[attr]
+        out[name] = to_text(value)
+    return out
+
+
+def field_name(attr: str) -> str:
+    """The hash field behind a record attribute (``submitted_at_s`` → ``submitted_at``)."""
+    return _FIELDS[attr][0]
+
+
+def _str(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+_FIELDS: dict[str, tuple[str, _Codec]] = {
+    "job_id": ("id", _TEXT),
+    "kind": ("kind", _enum(JobKind)),
+    "slo": ("slo", _enum(SloClass)),
+    "tenant": ("tenant", _TEXT),
+    "tier": ("tier", _enum(Tier)),
+    "params": ("params", (json.loads, lambda v: json.dumps(dict(v), sort_keys=True))),
+    "depends_on": ("depends_on", _JSON_LIST),
+    "submitted_at_s": ("submitted_at", _FLOAT),
+    "deadline_at_s": ("deadline_at", _FLOAT),
+    "num_chunks": ("num_chunks", _INT),
+    "chunk_names": ("chunk_names", _NAMES),
+    "cost_key": ("cost_key", _TEXT),
+    "cost_units": ("cost_units", (lambda raw: tuple(float(u) for u in json.loads(raw)),
+                                  lambda v: json.dumps(list(v)))),
+    "resource_profile": ("resource_profile", _enum(ResourceProfile)),
+    "atomic": ("atomic", _FLAG),
+    "state": ("state", _enum(JobState)),
+    "next_chunk": ("next_chunk", _INT),
+    "seq": ("seq", _INT),
+    "epoch": ("epoch", _INT),
+    "queue": ("queue", _TEXT),
+    "updated_at_s": ("updated_at", _FLOAT),
+    "preempt": ("preempt", _FLAG),
+    "cancel": ("cancel", _FLAG),
+    "preemptions": ("preemptions", _INT),
+    "service_s": ("service_s", _FLOAT),
+    "started_at_s": ("started_at", _OPT_FLOAT),
+    "finished_at_s": ("finished_at", _OPT_FLOAT),
+    "running_on": ("running_on", _OPT_TEXT),
+    "chunk_started_at_s": ("chunk_started_at", _OPT_FLOAT),
+    "lease_until_s": ("lease_until", _OPT_FLOAT),
+    "ckpt_seq": ("ckpt_seq", _OPT_INT),
+    "ckpt_chunk": ("ckpt_chunk", _OPT_INT),
+    "published": ("published", _OPT_INT),
+    "last_task_id": ("last_task_id", _OPT_TEXT),
+    "queued_at_s": ("queued_at", _OPT_FLOAT),
+    "preempted_at_s": ("preempted_at", _OPT_FLOAT),
+    "level": ("level", _OPT_INT),
+    "level_mark_s": ("level_mark", _FLOAT),
+    "stuck": ("stuck", _INT),
+    "error": ("error", _OPT_TEXT),
+    "artifact": ("artifact", _OPT_TEXT),
+    "media_type": ("media_type", _OPT_TEXT),
+    "expert_version": ("expert_version", _OPT_TEXT),
+}
+_REQUIRED = frozenset(f.name for f in fields(JobRecord) if f.default is MISSING)
