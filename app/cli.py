@@ -114,6 +114,9 @@ def submit(
     inputs: Annotated[Optional[str], typer.Option(help="Input text (text jobs).")] = None,
     param: Annotated[Optional[list[str]], typer.Option("--param", "-p", help="KEY=VALUE.")] = None,
     deadline_s: Annotated[Optional[float], typer.Option(help="Deadline, seconds from now.")] = None,
+    shed_if_late: Annotated[bool, typer.Option(
+        help="Under overload, end the job once it cannot meet its deadline (default: finish "
+             "late, behind work that still can).")] = False,
     wait: Annotated[bool, typer.Option(help="Wait; non-zero exit unless DONE.")] = False,
     run_dir: RunDir = None,
     config: ConfigFile = None,
@@ -132,7 +135,8 @@ def submit(
     params.update(_parse_params(param or []))
 
     try:
-        spec = JobSpec(kind=kind, slo=slo, params=params, deadline_s=deadline_s)  # type: ignore[arg-type]
+        spec = JobSpec(kind=kind, slo=slo, params=params, deadline_s=deadline_s,  # type: ignore[arg-type]
+                       shed_if_late=shed_if_late)
         job_id = _client().submit(spec).id
     except ApiUnreachable:
         raise

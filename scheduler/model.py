@@ -75,6 +75,9 @@ class JobView:
     """``service_s`` when the job entered ``level``; the quantum used is the difference."""
     preempt_requested: bool = False
     """A preempt flag is set and the job has not stopped yet."""
+    shed_if_late: bool = False
+    """Under overload, expire the job once it cannot meet its deadline; otherwise it is
+    demoted to the lowest level, behind the work that still can."""
     # facts for recovery (scheduler/recovery.py)
     epoch: int = 0
     lease_until_s: float | None = None

@@ -67,6 +67,9 @@ class _Planner:
         self.inherited: dict[int, int] = {}
         self.origin: int | None = None
         self.expired: dict[int, str] = {}
+        self.demoted: set[int] = set()
+        """Late under overload, not to be shed: at the lowest level, behind work that can
+        still meet its deadline."""
         self.taken: list[int] = []
         self.victims: list[int] = []
         self.excluded: set[int] = set()
@@ -104,6 +107,8 @@ class _Planner:
         """MLFQ level after aging; 0 for the origin; inheritance not applied."""
         if i == self.origin:
             return 0
+        if i in self.demoted:
+            return LOWEST_LEVEL
         job = self.sv.live[i]
         level = mark_level(job, self.sv.remaining_s[i], self.policy)
         if level == 0 or job.state is JobState.RUNNING:
@@ -118,13 +123,24 @@ class _Planner:
     # -- steps -------------------------------------------------------------------------------
 
     def _expire(self) -> dict[int, str]:
+        """Overload: a job that can no longer meet its deadline stops taking capacity from jobs
+        that still can — shed with the reason if it asked to be, else demoted to the lowest
+        level (where convergence holds it back until load falls) with no claim to the origin."""
         reasons: dict[int, str] = {}
+        live = self.sv.live
         for i in self.sv.late:
-            reason = expiry_reason(self.sv.live[i], self.sv.remaining_s[i], self.load,
-                                   self.policy, self.now_s)
-            if reason is not None:
+            job = live[i]
+            reason = expiry_reason(job, self.sv.remaining_s[i], self.load, self.policy,
+                                   self.now_s)
+            if reason is None:
+                continue
+            if job.shed_if_late:
                 reasons[i] = reason
                 self.scores[i] = -1.0
+            else:
+                self.demoted.add(i)
+                self.marks[i] = LevelMark(LOWEST_LEVEL, job.service_s)
+                self.scores[i] = 0.0
         return reasons
 
     def _top_and_origin(self) -> list[int]:
@@ -170,6 +186,8 @@ class _Planner:
     def _at_lowest_level(self, i: int) -> bool:
         # Fast path for new jobs, same answer as level(): a job joins the lowest level when it
         # is batch or does not fit the second quantum, and one aging bound of waiting lifts it.
+        if i in self.demoted:
+            return True
         job = self.sv.live[i]
         if job.level is None:
             fits = self.sv.remaining_s[i] <= self.policy.level_quanta_s[1]
@@ -315,7 +333,7 @@ class _Planner:
         live, scores = self.sv.live, self.scores
         origin = self.origin
         releases, requeues, retargets = self._moves(staying)
-        touched = [*self.taken, *(i for i in staying if i not in self.victims)]
+        touched = [*self.taken, *(i for i in staying if i not in self.victims), *self.demoted]
         return TickPlan(
             policy=self.policy.policy,
             now_s=self.now_s,

@@ -90,6 +90,8 @@ class JobRecord:
     resource_profile: ResourceProfile = ResourceProfile.COMPUTE
     atomic: bool = False
     """FIFO baseline: one task runs every chunk."""
+    shed_if_late: bool = False
+    """Under overload, expire the job once it cannot meet its deadline (else demote it)."""
     preempt: bool = False
     cancel: bool = False
     preemptions: int = 0
@@ -201,6 +203,7 @@ _FIELDS: dict[str, tuple[str, _Codec]] = {
                                   lambda v: json.dumps(list(v)))),
     "resource_profile": ("resource_profile", _enum(ResourceProfile)),
     "atomic": ("atomic", _FLAG),
+    "shed_if_late": ("shed_if_late", _FLAG),
     "state": ("state", _enum(JobState)),
     "next_chunk": ("next_chunk", _INT),
     "seq": ("seq", _INT),

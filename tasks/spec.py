@@ -42,6 +42,12 @@ class JobSpec(BaseModel):
         default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:\-]+$",
         description="Same key, same tenant → the same job (safe retries).",
     )
+    shed_if_late: bool = Field(
+        default=False,
+        description="Under overload, end this job (EXPIRED, with the reason) once it can no "
+                    "longer meet its deadline; by default it is demoted behind the work that "
+                    "still can and finishes late.",
+    )
     depends_on: list[str] = Field(
         default_factory=list, max_length=16, description="Job ids that must finish first."
     )

@@ -288,6 +288,7 @@ class JobStore:
             epoch=0, queue=queue, preempt=False, cancel=False, preemptions=0, service_s=0.0,
             cost_key=cost_key, cost_units=tuple(cost_units), updated_at_s=now_s, atomic=atomic,
             chunk_names=tuple(chunk_names), resource_profile=resource_profile,
+            shed_if_late=spec.shed_if_late,
         )
         idem = keys.idempotency(tenant, spec.idempotency_key) if spec.idempotency_key else ""
         flat = [item for pair in fields.items() for item in pair]

@@ -61,13 +61,29 @@ def test_overload_moves_running_batch_work_to_standby() -> None:
     assert plan.standby == ("r",)
 
 
-def test_overload_expires_work_that_cannot_meet_its_deadline_with_a_reason() -> None:
+def test_overload_expires_late_work_that_asked_to_be_shed_with_a_reason() -> None:
     jobs = [_heavy("b"), make_job("late", slo_class=SloClass.INTERACTIVE, work_s=4.0,
-                                  deadline_s=NOW_S + 1.0)]
+                                  deadline_s=NOW_S + 1.0, shed_if_late=True)]
     plan = plan_tick(make_snapshot(jobs, 1, policy=POLICY), POLICY, NOW_S)
     (expiry,) = plan.expire
     assert expiry.job_id == "late"
     assert "cannot meet its deadline" in expiry.reason
+
+
+def test_overload_demotes_late_work_behind_work_that_can_still_meet_its_deadline() -> None:
+    # given overload, a job that can no longer meet its deadline and one that still can
+    jobs = [_heavy("b"), make_job("late", slo_class=SloClass.INTERACTIVE, work_s=4.0,
+                                  deadline_s=NOW_S + 1.0),
+            make_job("ok", slo_class=SloClass.INTERACTIVE, work_s=0.5,
+                     deadline_s=NOW_S + 5.0)]
+    # when the tick plans
+    plan = plan_tick(make_snapshot(jobs, 1, policy=POLICY), POLICY, NOW_S)
+    # then the late job is not shed: it drops to the lowest level and is held back, and the
+    # job that can still make it is released
+    assert plan.expire == ()
+    assert plan.levels["late"].level == 2 and "late" in plan.suspend
+    assert [r.job_id for r in plan.releases] == ["ok"]
+    assert plan.origin_id != "late"
 
 
 def test_without_overload_a_late_job_is_not_expired() -> None:

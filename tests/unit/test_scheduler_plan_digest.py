@@ -1,8 +1,10 @@
 """Plans pinned to a digest: a change meant only to make the tick faster must leave them equal.
 
 The digests were recorded with the planner before its fast paths (fused survey, level without a
-mark, O(plan) invariant check), then updated once on purpose: under overload convergence a
-realtime-class job that skip-joined the batch level is now held back like other batch work.
+mark, O(plan) invariant check), then updated on purpose: under overload convergence a
+realtime-class job that skip-joined the batch level is now held back like other batch work;
+and a job that can no longer meet its deadline is demoted to the lowest level, not expired,
+unless it asked to be shed (with every job shedding, the previous digests still come out).
 A change that means to alter behaviour updates them; run
 ``python -m tests.unit.test_scheduler_plan_digest`` to print the new ones.
 """
@@ -45,9 +47,9 @@ POLICIES = (PolicyConfig(), PolicyConfig(slots_per_worker=2),
             PolicyConfig(resume_per_tick=50, max_preemptions=0, realtime_min_share=1.0),
             PolicyConfig(policy=PolicyKind.PRIORITY))
 EXPECTED = {
-    "random": "ba3e4e1a3327b5fc36e6c2ccc56a2e3c29aa3f31164b8c571595ff0ab2d4e6cf",
-    "bench": "58db777ce7c3af862fd5021b72bb82941a88ca3c7fedd1a5209772435f8b8b20",
-    "simulated": "a562c818b2d3c8a653922a83dd1628754b782a02161aaf9df115d762506567b2",
+    "random": "967c14d9ac2647aa85c3c48eca5e4cfcb2318ff726777e4b02e9d3c4acf1ba67",
+    "bench": "41dbe6302bd66ee6fd9bfdb7b009bf19698f2dba6c81682e4f1507376a3661d3",
+    "simulated": "8344e4a12c13b85c8ab4bf4484bf60089df561c9bd59a8675e9d85aafface0cf",
 }
 
 ADDED_LATER = frozenset({"recoveries", "failures"})
