@@ -70,12 +70,15 @@ def admit(job: JobView, status: AdmissionStatus, policy: PolicyConfig,
           now_s: float) -> AdmissionDecision:
     """Admission of a new job given the last tick's status. A status older than
     ``admission_status_ttl_s`` is ignored (the scheduler is down: store the job and let the
-    next tick decide). Gold work is never shed; batch work waits suspended while converging."""
+    next tick decide). Gold work is never shed, nor realtime work: it takes its slots by
+    preemption, so the backlog that overload measures — demoted late work included — does not
+    stand in its way. Batch work waits suspended while converging."""
     if policy.policy is not PolicyKind.STEPLINE:
         return AdmissionDecision(Admission.ADMIT, 0.0, "baseline policy admits everything")
     if now_s - status.measured_at_s > policy.admission_status_ttl_s:
         return AdmissionDecision(Admission.ADMIT, 0.0, "admission status stale; admitted")
-    if status.load >= policy.shed_load and job.tier is not Tier.GOLD:
+    if (status.load >= policy.shed_load and job.tier is not Tier.GOLD
+            and job.slo_class is not SloClass.REALTIME):
         wait_s = retry_after_s(status.load, policy)
         return AdmissionDecision(Admission.SHED_OVERLOAD, wait_s,
                                  f"overloaded (load {status.load:.2f}); retry in {wait_s:.0f}s")

@@ -118,6 +118,8 @@ def test_admission_sheds_standard_work_above_the_shed_load_with_a_retry_after() 
     decision = admit(make_job("s", slo_class=SloClass.INTERACTIVE), status, POLICY, NOW_S)
     assert decision.verdict is Admission.SHED_OVERLOAD
     assert decision.retry_after_s > 0
+    realtime = admit(make_job("r", slo_class=SloClass.REALTIME), status, POLICY, NOW_S)
+    assert realtime.verdict is Admission.ADMIT  # it preempts: the backlog is not in its way
     gold = admit(make_job("g", tier=Tier.GOLD, slo_class=SloClass.INTERACTIVE), status,
                  POLICY, NOW_S)
     assert gold.verdict is Admission.ADMIT
