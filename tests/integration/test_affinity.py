@@ -85,10 +85,11 @@ def test_a_chunk_parked_behind_a_busy_worker_moves_to_its_class_queue_and_finish
     first = _commits(store, text)[0]["by"]
 
     # Two realtime jobs: the idle worker takes the short one at once, the text job's worker
-    # the long one right after its current chunk, parking the text job's next chunk. (Both
+    # the long one right after its current chunk, parking the text job's next chunk. The short
+    # one outlasts any text chunk on a busy machine, so the idle worker cannot take both. (Both
     # stay under the tests' 4 s visibility timeout, past which a message is redelivered.)
     short, _ = service.submit(JobSpec(kind="simulated", slo=SloClass.REALTIME, deadline_s=60,
-                                      params={"steps": 1, "step_ms": 500}))
+                                      params={"steps": 1, "step_ms": 1500}))
     long, _ = service.submit(JobSpec(kind="simulated", slo=SloClass.REALTIME, deadline_s=60,
                                      params={"steps": 1, "step_ms": 3000}))
 
