@@ -157,6 +157,14 @@ class JobRecord:
         return float(sum(self.cost_units[self.next_chunk:]))
 
     @property
+    def chunk_running_since_s(self) -> float | None:
+        """When a RUNNING job's chunk began: its claim or the last commit, whichever is later
+        (an atomic job commits several chunks under one claim); None unless RUNNING."""
+        if self.state is not JobState.RUNNING:
+            return None
+        return max(self.updated_at_s, self.chunk_started_at_s or self.updated_at_s)
+
+    @property
     def chunk_name(self) -> str:
         """The name of the next chunk (``denoise[3]``), for logs and Flower."""
         index = self.next_chunk

@@ -60,7 +60,6 @@ def job_view(r: JobRecord, failed_dependency: str | None = None,
     """A job's view for the policy. A job parked in a worker's affinity queue shows its class
     queue (the policy plans classes) and names the worker in ``parked_on``."""
     published = _published(r)
-    running_since = [t for t in (r.chunk_started_at_s, r.updated_at_s) if t is not None]
     return JobView(
         job_id=r.job_id, tenant=r.tenant, tier=r.tier, slo_class=r.slo, kind=r.kind,
         state=r.state, submitted_at_s=r.submitted_at_s, deadline_s=r.deadline_at_s,
@@ -72,7 +71,7 @@ def job_view(r: JobRecord, failed_dependency: str | None = None,
         preemptions=r.preemptions, resource_profile=r.resource_profile,
         depends_on=r.depends_on, level=r.level, level_service_s=r.level_mark_s,
         preempt_requested=r.preempt, epoch=r.epoch, lease_until_s=r.lease_until_s,
-        chunk_running_since_s=max(running_since) if r.state is JobState.RUNNING else None,
+        chunk_running_since_s=r.chunk_running_since_s,
         stuck_requeues=r.stuck,
         next_chunk_cost_units=(r.cost_units[r.next_chunk] if r.next_chunk < r.num_chunks
                                else 0.0),
@@ -112,9 +111,8 @@ def failed_dependencies(store: JobStore, records: Iterable[JobRecord]) -> dict[s
 def _long_running(records: Iterable[JobRecord], floor_s: float, now_s: float) -> list[str]:
     """RUNNING jobs whose chunk has run past the stuck floor: only those may need their own
     median chunk time (most chunks end long before)."""
-    return [r.job_id for r in records if r.state is JobState.RUNNING
-            and now_s - max(t for t in (r.chunk_started_at_s, r.updated_at_s, 0.0)
-                            if t is not None) > floor_s]
+    return [r.job_id for r in records
+            if (since_s := r.chunk_running_since_s) is not None and now_s - since_s > floor_s]
 
 
 def own_s_per_unit(store: JobStore, r: JobRecord) -> float | None:
