@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -21,9 +22,11 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Column, Table
 
+from app.bench.run import check_policies as check_bench_policies
 from app.bench.run import run_bench, summary_table
 from app.bench.simulate import check_policies, grid_configs, run_simulation
 from app.bench.simulate import summary_table as simulation_table
+from app.bench.suite import SUITE_ROWS, run_row, suite_report, suite_table
 from app.client import ApiUnreachable, Client, JobMissing, NotReady
 from app.demo import run_demo
 from app.drills.reliability import run_reliability
@@ -213,10 +216,10 @@ def bench(
     _setup(run_dir or Path(".stepline-bench"), None)
 
     policies = [p.strip() for p in policy.split(",") if p.strip()]
-    unknown = set(policies) - {"fifo", "priority", "stepline"}
-    if unknown or not policies:
-        raise typer.BadParameter(f"unknown policies {sorted(unknown)}: use fifo, priority, "
-                                 "stepline")
+    try:
+        check_bench_policies(policies)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
     report = run_bench(policies=policies, workload_name=workload, load=load, workers=workers,
                        out_dir=out, duration_s=duration_s, trace_file=trace,
                        run_dir=Path(os.environ["STEPLINE_RUN_DIR"]))
@@ -324,19 +327,25 @@ def simulate(
     rate: Annotated[str, typer.Option(help="Comma-separated arrival rates, jobs/s.")] = (
         "10,100,1000"),
     duration_s: Annotated[float, typer.Option(min=1, help="Virtual seconds of arrivals.")] = 60,
-    policies: Annotated[str, typer.Option(help="Comma-separated: fifo, priority, stepline, "
-                                          "oracle-edf, oracle-srpt.")] = (
+    policies: Annotated[str, typer.Option(help="Comma-separated: fifo, priority, edf, srpt, "
+                                          "least_slack, stepline, oracle-edf, oracle-srpt.")] = (
         "fifo,priority,stepline,oracle-edf,oracle-srpt"),
     stress: Annotated[bool, typer.Option(help="Inject urgent (< 100 ms SLO) jobs and fail a "
                                          "worker mid-run.")] = False,
     overhead_ms: Annotated[float, typer.Option(min=0, help="Dispatch overhead per hop.")] = 3.0,
     seed: Annotated[int, typer.Option()] = 1,
     out: Annotated[Path, typer.Option(help="Report directory.")] = Path("bench-out"),
+    suite: Annotated[bool, typer.Option(help="Run the policy evaluation suite instead (its own "
+                                        "rows and every policy; uses --overhead-ms, --seed, "
+                                        "--out); writes suite.json.")] = False,
 ) -> None:
-    """SIMULATED: the real plan_tick on a virtual clock at scale; writes simulation.json."""
+    """SIMULATED: the real plan_tick on a virtual clock at scale; writes simulation.json (with
+    --suite: every policy on the evaluation suite's rows, with a verdict each; suite.json)."""
     import json
 
-
+    if suite:
+        _simulate_suite(overhead_ms / 1e3, seed, out)
+        return
     names = [p.strip() for p in policies.split(",") if p.strip()]
     try:
         check_policies(names)
@@ -351,6 +360,26 @@ def simulate(
     for run in report["runs"]:
         console.print(simulation_table(run))
     console.print(f"report: {out / 'simulation.json'} (simulated)")
+
+
+def _simulate_suite(dispatch_overhead_s: float, seed: int, out: Path) -> None:
+    """Every row of the suite, one at a time with progress, then suite.json and one table."""
+    import json
+
+    started = time.perf_counter()
+    outcomes = []
+    for k, row in enumerate(SUITE_ROWS, start=1):
+        outcome = run_row(replace(row, seed=seed), dispatch_overhead_s=dispatch_overhead_s)
+        outcomes.append(outcome)
+        verdict = "pass" if outcome.passed else "FAIL"
+        console.print(f"[{k}/{len(SUITE_ROWS)}] {row.name}: {outcome.jobs} jobs, stepline "
+                      f"{verdict} ({time.perf_counter() - started:.0f}s)")
+    report = suite_report(outcomes, wall_s=time.perf_counter() - started)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "suite.json").write_text(json.dumps(report, indent=2))
+    console.print(suite_table(outcomes))
+    console.print(f"stepline met every goal on {report['rows_passed']} of "
+                  f"{report['rows_judged']} rows; report: {out / 'suite.json'} (simulated)")
 
 
 @cli.command()

@@ -9,6 +9,21 @@ from typing import Any
 
 from scheduler.errors import InvalidPolicy, StateDecodeError
 
+CHUNK_KIND_SEPARATOR = "#"
+
+
+def chunk_kind(chunk_name: str) -> str:
+    """``denoise[3]`` → ``denoise``: chunks of one kind cost alike (encode, denoise, decode,
+    prefill, a decode chunk, a simulated step)."""
+    return chunk_name.split("[", 1)[0]
+
+
+def chunk_cost_key(cost_key: str, chunk_name: str) -> str:
+    """The key one chunk kind of a (model, shape) is learned under, e.g.
+    ``dit-tiny:256x256#denoise``: an encode chunk's time never teaches the denoise estimate.
+    Priors still match by prefix (``dit-tiny``)."""
+    return f"{cost_key}{CHUNK_KIND_SEPARATOR}{chunk_kind(chunk_name)}"
+
 
 @dataclass(frozen=True, slots=True)
 class CostEstimate:
@@ -60,6 +75,15 @@ class CostModel:
         if per_device:
             return sum(e.s_per_unit for e in per_device.values()) / len(per_device)
         return self.prior_s_per_unit(cost_key)
+
+    def samples(self, cost_key: str, device: str | None = None) -> int:
+        """Measured chunks behind the estimate on ``device`` (with no device: the fewest over
+        the devices measured so far; 0 when only the prior speaks)."""
+        per_device = self.learned.get(cost_key, {})
+        if device is not None:
+            known = per_device.get(device)
+            return known.samples if known else 0
+        return min((e.samples for e in per_device.values()), default=0)
 
     def fleet_seconds_per_unit(self, cost_key: str, devices: Iterable[str]) -> float:
         """Mean estimate over the given workers' devices (one entry per worker)."""

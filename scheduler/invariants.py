@@ -104,8 +104,8 @@ def _check_moves(plan: TickPlan, jobs: Mapping[str, JobView]) -> None:
         if move.to_queue == move.from_queue or move.to_queue not in JOB_QUEUES:
             _fail(f"{type(move).__name__} of {move.job_id} to {move.to_queue!r} moves nothing")
     for job_id in plan.preempt:
-        if jobs[job_id].state is not _S.RUNNING or jobs[job_id].preempt_requested:
-            _fail(f"job {job_id} preempted but not running, or already flagged")
+        if jobs[job_id].state not in (_S.RUNNING, _S.QUEUED) or jobs[job_id].preempt_requested:
+            _fail(f"job {job_id} preempted but not in flight, or already flagged")
     for job_id in plan.standby:
         job = jobs.get(job_id)
         if job is None or job.state not in (_S.QUEUED, _S.RUNNING) or job.queue == STANDBY_QUEUE:

@@ -58,6 +58,12 @@ class JobView:
     """Chunks done so far."""
     remaining_cost_units: float
     """Relative cost of the chunks still to run, as the runner reports it."""
+    remaining_units_by_key: tuple[tuple[str, float], ...] = ()
+    """The same units split by chunk-kind cost key (``dit-tiny:256x256#denoise``), each kind
+    estimated on its own; empty: all of them under ``cost_key``."""
+    block_groups: int = 1
+    """Block groups per chunk: a preempted chunk stops at the next group boundary, so the
+    worker is free again within one group's time."""
     queue: str | None = None
     """Queue the job's current (or next) chunk is on; None before its first release."""
     running_on: str | None = None

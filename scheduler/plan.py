@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from scheduler.policy import PolicyKind
 from scheduler.recovery import Failure, Recovery
@@ -16,6 +16,9 @@ class Release:
 
     job_id: str
     queue: str
+    estimate_s: float | None = field(default=None, compare=False)
+    """The policy's estimate of the job's whole service time (recorded at its first release,
+    so the bench can report the cost model's error)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +83,8 @@ class TickPlan:
     requeues: tuple[Requeue, ...]
     retargets: tuple[Retarget, ...]
     preempt: tuple[str, ...]
-    """RUNNING jobs to flag; they stop at their next block group and become PREEMPTED."""
+    """In-flight jobs to flag: a RUNNING one stops at its next block group, a QUEUED one at its
+    claim (having run nothing); both become PREEMPTED."""
     suspend: tuple[str, ...]
     """PENDING / PREEMPTED jobs → SUSPENDED (overload convergence)."""
     standby: tuple[str, ...]
@@ -102,3 +106,8 @@ class TickPlan:
     planned before everything else, and left out of the rest of the plan."""
     failures: tuple[Failure, ...] = ()
     """Jobs that can never run (a failed dependency, an unreadable record) → FAILED."""
+    reserve_reason: str | None = None
+    """Why workers are held for realtime work only (None: the reserve is lent out)."""
+    deferred: tuple[str, ...] = ()
+    """Jobs ranked behind the rest because the fleet cannot finish them by their deadlines
+    together with the work that can still make it (not marked; judged again every tick)."""

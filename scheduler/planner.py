@@ -1,17 +1,20 @@
-"""Stepline's planner: origin, MLFQ, reserve, preemption and overload convergence in one tick.
+"""Stepline's planner: deadline-aware order, origin, MLFQ, reserve, preemption and overload.
 
 Slots: at most ``alive workers × slots_per_worker`` jobs are in flight (QUEUED or RUNNING, not on
-standby, not being preempted). Releases fill free slots: the origin first, then realtime-level
-work, then the rest. Realtime-level work that still waits may take slots from running lower work
-by preemption until it holds ``realtime_min_share`` of them; while it waits, the rest may not grow
-past the remaining share, nor past the unreserved workers' slots.
+standby, not being preempted): the best-ranked ones; every slot is filled while runnable work
+waits. Jobs rank in three bands: the origin; the jobs that can still finish by their deadlines
+(shortest value-weighted remaining work first, with aging; least slack on ties); then the rest —
+work past saving by its estimate, or that the fleet cannot fit together with the work that can
+(Moore-Hodgson, least value per second deferred first) — shortest remaining work first, with
+aging. In-flight work outside the top goes to the standby queue; a running job outside it
+yields at its next block group when a job of the top would otherwise wait past its deadline
+for a worker.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
 
 from scheduler.admission import (
     admission_status,
@@ -22,25 +25,29 @@ from scheduler.admission import (
 from scheduler.inheritance import inherit_levels
 from scheduler.lifecycle import JobState, SloClass
 from scheduler.mlfq import aged_level, current_mark, mark_level
-from scheduler.model import ClusterSnapshot, JobView, WorkerView
+from scheduler.model import ClusterSnapshot, JobView, Tier, WorkerView
 from scheduler.plan import Expiry, LevelMark, Release, Requeue, Retarget, TickPlan
 from scheduler.policy import PolicyConfig
-from scheduler.preemption import pick_victims
 from scheduler.queues import LOWEST_LEVEL, STANDBY_QUEUE, queue_for_level
 from scheduler.reserve import choose_reserved, reserve_size, reserve_until_s, worker_queues
 from scheduler.scoring import select_origin
 from scheduler.state import AdmissionState, PolicyState
 from scheduler.survey import Survey, survey_jobs
 
-_EXCLUDED = -math.inf
 _WAITING = frozenset({JobState.PENDING, JobState.PREEMPTED})
+_CLASS_VALUE = {SloClass.REALTIME: 4.0, SloClass.INTERACTIVE: 2.0, SloClass.BATCH: 1.0}
+_ORIGIN, _ON_TIME, _BEHIND = 0, 1, 2
+"""Rank bands, best first."""
+
+Rank = tuple[int, float, float]
+"""(band, key, tie-break): smaller ranks first."""
 
 
-def realtime_guarantee(cap: int, share: float) -> int:
-    """Slots realtime-level work may claim: ceil(share × cap), but one slot always stays open
-    to the rest so that aged work can run (with two slots the floor is therefore one)."""
-    wanted = math.ceil(round(share * cap, 9))
-    return min(wanted, cap - 1) if cap >= 2 else wanted
+def job_value(job: JobView) -> float:
+    """What meeting the job's deadline is worth relative to others: its class, doubled for a
+    gold tenant. Deferral drops the least value per second of work first."""
+    value = _CLASS_VALUE[job.slo_class]
+    return value * 2.0 if job.tier is Tier.GOLD else value
 
 
 def plan_stepline(snapshot: ClusterSnapshot, policy: PolicyConfig, now_s: float) -> TickPlan:
@@ -68,31 +75,41 @@ class _Planner:
         self.origin: int | None = None
         self.expired: dict[int, str] = {}
         self.demoted: set[int] = set()
-        """Late under overload, not to be shed: at the lowest level, behind work that can
-        still meet its deadline."""
+        """Cannot meet the deadline even if run alone now: lowest level, behind everything
+        that still can, no claim to the origin."""
+        self.deferred: set[int] = set()
+        """Could meet the deadline alone, but the fleet cannot fit it with the on-time work."""
+        self.blocked: set[int] = set()
         self.taken: list[int] = []
         self.victims: list[int] = []
         self.excluded: set[int] = set()
+        self.trimmed: list[int] = []
+        """In flight but outside the top: their next chunk goes to the standby queue."""
+        self._staying_set: set[int] = set()
+        self.reserve_reason: str | None = None
+        self.reserve_until_s: float | None = None
 
     def plan(self) -> TickPlan:
-        self.expired = self._expire() if self.converging else {}
+        self._judge_late()
+        self.blocked = self._blocked()
+        self.deferred = self._defer_overcommitted()
         top = self._top_and_origin()
-        blocked = self._inherit()
+        self._inherit()
         suspend = self._suspend() if self.converging else []
         standby = self._standby() if self.converging else []
-        gone = {*self.expired, *suspend, *standby, *blocked}
+        gone = {*self.expired, *suspend, *standby, *self.blocked}
         staying = [i for i in self.sv.inflight if i not in gone]
-        # Pools exclude the origin too: it is placed alone. `gone` grows in place, not copied
-        # (under overload it holds thousands of suspended jobs).
+        self._staying_set = set(staying)
         if self.origin is not None:
-            gone.add(self.origin)
+            gone.add(self.origin)  # placed apart: it ranks first
         self.excluded = gone
-        urgent_pool, rest_pool = self._pools()
-        reserved = self._reserve(staying, urgent_pool)
+        pool = self._pool()
         cap = len(self.alive) * self.policy.slots_per_worker
-        rest_cap = (len(self.alive) - len(reserved)) * self.policy.slots_per_worker
-        self._allocate(staying, urgent_pool, rest_pool, cap, rest_cap, blocked)
-        return self._emit(top, suspend, standby, staying, reserved, cap)
+        reserved = self._reserve(staying)
+        self._allocate(staying, pool, cap, reserved)
+        standby += self.trimmed
+        restored = self._fill_idle(staying, cap, standby)
+        return self._emit(top, suspend, standby, staying, reserved, cap, restored)
 
     # -- levels ------------------------------------------------------------------------------
 
@@ -120,13 +137,56 @@ class _Planner:
         own = self.base_level(i)
         return min(own, self.inherited.get(i, own)) if self.inherited else own
 
+    # -- ranks -------------------------------------------------------------------------------
+
+    def slack_s(self, i: int) -> float:
+        """Deadline − now − estimated remaining work."""
+        return self.sv.live[i].deadline_s - self.now_s - self.sv.remaining_s[i]
+
+    def chunk_s(self, i: int) -> float:
+        """Estimated time of the job's next chunk (the mean chunk when its size is unknown)."""
+        job = self.sv.live[i]
+        if job.next_chunk_cost_units > 0 and job.remaining_cost_units > 0:
+            return self.sv.remaining_s[i] * job.next_chunk_cost_units / job.remaining_cost_units
+        return self.sv.remaining_s[i] / max(job.num_chunks - job.next_chunk, 1)
+
+    def rank(self, i: int) -> Rank:
+        """Where the job stands in this tick's order (see the module docstring)."""
+        remaining_s = self.sv.remaining_s[i]
+        job = self.sv.live[i]
+        tie = remaining_s / job_value(job)
+        if i == self.origin:
+            return (_ORIGIN, 0.0, tie)
+        slack_s = self.slack_s(i)
+        if i in self.demoted or i in self.deferred or slack_s < 0.0:
+            # Past saving by the estimate (however few measurements back it: this only
+            # orders, it marks and sheds nothing): behind the work that can still make it.
+            waited_s = 0.0 if job.state is JobState.RUNNING else max(
+                self.now_s - job.waiting_since_s, 0.0)
+            aged = 1.0 + waited_s / self.policy.aging_bound_s
+            return (_BEHIND, tie / aged, tie)
+        if self.inherited and self.inherited.get(i, LOWEST_LEVEL) < self.base_level(i):
+            return (_ON_TIME, -math.inf, tie)  # others wait on it: it runs first
+        # Shortest remaining work first, in value-weighted seconds: the class and tier are
+        # priors (a realtime job ranks with an interactive one of half its work, a batch one
+        # of a quarter). Measured on the policy suite, this order among the work that can
+        # still make its deadline beats least-slack-first on 7 of 9 rows (heavy tails most),
+        # the deadlines acting through the bands and the preemption rule instead.
+        value = job_value(job)
+        # Aging: past the aging bound, the waited time shrinks the key (by bound ÷ wait), so
+        # long work still runs within a few bounds of waiting.
+        waited_s = 0.0 if job.state is JobState.RUNNING else self.now_s - job.waiting_since_s
+        bound_s = self.policy.aging_bound_s
+        aged = bound_s / waited_s if waited_s > bound_s else 1.0
+        return (_ON_TIME, remaining_s / value * aged, slack_s)
+
     # -- steps -------------------------------------------------------------------------------
 
-    def _expire(self) -> dict[int, str]:
-        """Overload: a job that can no longer meet its deadline stops taking capacity from jobs
-        that still can — shed with the reason if it asked to be, else demoted to the lowest
-        level (where convergence holds it back until load falls) with no claim to the origin."""
-        reasons: dict[int, str] = {}
+    def _judge_late(self) -> None:
+        """A job that can no longer meet its deadline even if run alone now stops taking
+        capacity from jobs that still can: demoted to the lowest level with no claim to the
+        origin — or, under overload, shed with the reason if it asked to be. Only estimates
+        backed by enough measurements judge a job (``Survey.late``)."""
         live = self.sv.live
         for i in self.sv.late:
             job = live[i]
@@ -134,32 +194,69 @@ class _Planner:
                                    self.now_s)
             if reason is None:
                 continue
-            if job.shed_if_late:
-                reasons[i] = reason
+            if job.shed_if_late and self.converging:
+                self.expired[i] = reason
                 self.scores[i] = -1.0
             else:
                 self.demoted.add(i)
                 self.marks[i] = LevelMark(LOWEST_LEVEL, job.service_s)
                 self.scores[i] = 0.0
-        return reasons
+
+    def _blocked(self) -> set[int]:
+        """Waiting jobs whose dependencies are still live: they cannot run yet."""
+        if not self.sv.with_deps:
+            return set()
+        live = self.sv.live
+        ids = {job.job_id for job in live}
+        return {i for i in self.sv.with_deps
+                if live[i].state is not JobState.RUNNING and live[i].state is not JobState.QUEUED
+                and any(dep in ids for dep in live[i].depends_on)}
+
+    def _defer_overcommitted(self) -> set[int]:
+        """Moore-Hodgson on the fleet: walk the runnable jobs by deadline, adding up their work
+        at the fleet's rate; whenever a job would finish past its deadline, defer the job of
+        least value per second of work seen so far until the rest fit. What stays is the
+        largest set of jobs (by value) the fleet can finish on time together."""
+        live, remaining, now_s = self.sv.live, self.sv.remaining_s, self.now_s
+        skip = {*self.sv.suspended, *self.demoted, *self.blocked, *self.expired}
+        order = [i for i in range(len(live)) if i not in skip]
+        order.sort(key=lambda i: live[i].deadline_s)
+        rate = max(len(self.alive), 1)
+        heap: list[tuple[float, int]] = []
+        deferred: set[int] = set()
+        work_s = 0.0
+        for i in order:
+            work_s += remaining[i]
+            heapq.heappush(heap, (-remaining[i] / job_value(live[i]), i))
+            room_s = (live[i].deadline_s - now_s) * rate
+            while work_s > room_s and heap:
+                _, j = heapq.heappop(heap)
+                work_s -= remaining[j]
+                deferred.add(j)
+        for i in deferred:
+            self.scores[i] = min(self.scores[i], 0.0)  # no claim to the origin
+        return deferred
 
     def _top_and_origin(self) -> list[int]:
         scores, live = self.scores, self.sv.live
         top = [i for i in heapq.nlargest(self.policy.top_scores, range(len(scores)),
                                           key=scores.__getitem__) if scores[i] >= 0.0]
         incumbent = self.sv.incumbent
-        held = None if incumbent is None or incumbent in self.expired else (
+        held = None if incumbent is None or incumbent in self.expired or (
+            incumbent in self.deferred or incumbent in self.demoted) else (
             live[incumbent].job_id, scores[incumbent])
-        picked = select_origin([(live[i].job_id, scores[i]) for i in top[:1]], held,
-                               self.policy.origin_threshold(self.load), self.policy.origin_margin)
+        candidates = [(live[i].job_id, scores[i]) for i in top[:1]
+                      if i not in self.blocked and i not in self.deferred]
+        picked = select_origin(candidates, held, self.policy.origin_threshold(self.load),
+                               self.policy.origin_margin)
         if picked is not None:
             self.origin = incumbent if held is not None and picked[0] == held[0] else top[0]
         return top
 
-    def _inherit(self) -> set[int]:
-        """Lower the level of jobs others wait on; return the waiting jobs that are blocked."""
+    def _inherit(self) -> None:
+        """Lower the level of jobs others wait on."""
         if not self.sv.with_deps:
-            return set()
+            return
         live = self.sv.live
         index = {job.job_id: i for i, job in enumerate(live)}
         depends = {live[i].job_id: live[i].depends_on for i in self.sv.with_deps}
@@ -168,9 +265,6 @@ class _Planner:
         waiters = [(live[i].job_id, self.base_level(i)) for i in self.sv.with_deps]
         lowered = inherit_levels(waiters, depends, lambda job_id: self.base_level(index[job_id]))
         self.inherited = {index[job_id]: level for job_id, level in lowered.items()}
-        return {i for i in self.sv.with_deps
-                if live[i].state is not JobState.RUNNING and live[i].state is not JobState.QUEUED
-                and any(dep in index for dep in live[i].depends_on)}
 
     def _suspend(self) -> list[int]:
         """Overload: waiting batch work — batch class, or demoted to the batch level — is held
@@ -201,138 +295,173 @@ class _Planner:
         return [i for i in self.sv.inflight
                 if i not in self.expired and self.level(i) == LOWEST_LEVEL]
 
-    def _pools(self) -> tuple[list[int], list[int]]:
-        """Release candidates: realtime-level ones and the rest (the origin is placed alone).
-        Excluded jobs stay in the pools; :meth:`_priorities` ranks them out (cheaper than
-        filtering 10 000 indices)."""
-        promoted = {i for i, level in self.inherited.items()
-                    if level == 0 and self.sv.live[i].state in _WAITING}
-        urgent = list(promoted)
-        rest = self.sv.waiting_other
-        if promoted:
-            rest = [i for i in rest if i not in promoted]
-        rest_realtime: list[int] = []
-        live, remaining = self.sv.live, self.sv.remaining_s
-        quantum0_s = self.policy.level_quanta_s[0]
-        for i in self.sv.waiting_realtime:
-            if i in self.excluded or i in promoted:
-                continue
-            # Fast path, same answer as level(): a new realtime job that fits the first
-            # quantum joins level 0, and nothing can move it lower.
-            if (live[i].level is None and remaining[i] <= quantum0_s) or self.level(i) == 0:
-                urgent.append(i)
-            else:
-                rest_realtime.append(i)
+    def _pool(self) -> list[int]:
+        """Release candidates: waiting jobs not excluded, and, once load is low again, a few
+        standby and suspended ones."""
+        excluded = self.excluded
+        pool = [i for i in (*self.sv.waiting_realtime, *self.sv.waiting_other)
+                if i not in excluded]
+        # Standby work competes like any other, except batch-level work while overload
+        # convergence holds it back (it is restored a few jobs per tick once load is low).
+        pool.extend(i for i in self.sv.standby if i not in excluded
+                    and not (self.converging and self.level(i) == LOWEST_LEVEL))
         if not self.converging:
-            for i in self._restorable(self.excluded):
-                (urgent if self.level(i) == 0 else rest_realtime).append(i)
-        return urgent, [*rest, *rest_realtime] if rest_realtime else rest
+            pool.extend(self._restorable(excluded))
+        return pool
 
     def _restorable(self, excluded: set[int]) -> list[int]:
-        """Load is low again: a few standby and suspended jobs compete for slots once more."""
+        """Load is low again: a few suspended jobs compete for slots once more."""
         budget = self.policy.resume_per_tick
         live, remaining = self.sv.live, self.sv.remaining_s
         by_arrival = lambda i: live[i].submitted_at_s  # noqa: E731
-        chosen = heapq.nsmallest(budget, (i for i in self.sv.standby if i not in excluded),
-                                 key=by_arrival)
+        chosen: list[int] = []
         room = (self.policy.convergence_threshold - self.policy.convergence_hysteresis
                 - self.load) * max(len(self.alive), 1) * self.policy.load_horizon_s
         resumable = (i for i in self.sv.suspended if i not in excluded)
-        for i in heapq.nsmallest(budget - len(chosen), resumable, key=by_arrival):
+        for i in heapq.nsmallest(budget, resumable, key=by_arrival):
             if remaining[i] > room:
                 break
             room -= remaining[i]
             chosen.append(i)
         return chosen
 
-    def _reserve(self, staying: list[int], urgent_pool: list[int]) -> frozenset[str]:
-        urgent_running = {self.sv.live[i].job_id for i in staying if self.level(i) == 0}
-        pressure = self.origin is not None or bool(urgent_running) or bool(urgent_pool)
-        until_s = reserve_until_s(pressure, self.snapshot.state.reserve_until_s, self.policy,
-                                  self.now_s)
-        self.reserve_until_s = until_s
-        active = pressure or (until_s is not None and self.now_s < until_s)
-        count = reserve_size(len(self.alive), self.policy.resource_reserve_ratio) if active else 0
-        return choose_reserved(self.alive, count, self.snapshot.state.reserved_workers,
-                               urgent_running)
+    # -- the reserve -------------------------------------------------------------------------
 
-    def _allocate(self, staying: list[int], urgent_pool: list[int], rest_pool: list[int],
-                  cap: int, rest_cap: int, blocked: set[int]) -> None:
-        urgent_in = sum(1 for i in staying if self.level(i) == 0)
-        counts = [urgent_in, len(staying) - urgent_in]  # in flight: realtime-level, rest
-        free = cap - len(staying)
-        free = self._place_origin(staying, free, counts, blocked)
-        priority = self._priorities()
-        urgent = self._best(urgent_pool, cap, priority)
-        now = min(len(urgent), max(free, 0))
-        self.taken.extend(urgent[:now])
-        free -= now
-        counts[0] += now
-        guarantee = realtime_guarantee(cap, self.policy.realtime_min_share)
-        claim = min(len(urgent) - now, max(0, guarantee - counts[0])) if free >= 0 else 0
-        rest_running = [i for i in staying if i not in self.victims and self.level(i) > 0]
-        victims = self._preempt(rest_running, claim)
-        self.taken.extend(urgent[now:now + len(victims)])
-        counts[0] += len(victims)
-        counts[1] -= len(victims)
-        waiting_urgent = len(urgent) > now + len(victims)
-        limit = min(rest_cap, cap - guarantee if waiting_urgent else cap)
-        room = min(max(free, 0), max(0, limit - counts[1]))
-        self.taken.extend(self._best(rest_pool, room, priority))
+    def _reserve(self, staying: list[int]) -> frozenset[str]:
+        """Reserved workers consume only realtime work. The reserve is lent out — other work
+        runs on every worker, and realtime work reclaims it by preemption — unless a block
+        group of the lent work outlasts the slack of the realtime work in sight: then
+        preemption would come too late, and the reserve is held (idle if need be)."""
+        live = self.sv.live
+        realtime = [i for i in range(len(live))
+                    if live[i].slo_class is SloClass.REALTIME and i not in self.demoted]
+        pressure = self.origin is not None or bool(realtime)
+        previous = self.snapshot.state
+        until_s = reserve_until_s(pressure, previous.reserve_until_s, self.policy, self.now_s)
+        yield_s = self._yield_s(staying)
+        # Realtime work with no slack at all is beyond any reserve's help.
+        budget_s = min((slack_s for i in realtime if (slack_s := self._arrival_slack_s(i)) > 0),
+                       default=math.inf)
+        if realtime and yield_s > budget_s:
+            self.reserve_reason = (f"a block group of lent work takes ~{yield_s * 1e3:.0f} ms, "
+                                   f"realtime work has ~{max(budget_s, 0.0) * 1e3:.0f} ms of "
+                                   "slack: preemption would come too late")
+        elif previous.reserved_workers and until_s is not None and self.now_s < until_s:
+            self.reserve_reason = "held after realtime work that preemption could not serve"
+        self.reserve_until_s = until_s if self.reserve_reason else None
+        if self.reserve_reason is None:
+            return frozenset()
+        urgent_running = {live[i].job_id for i in staying if self.level(i) == 0}
+        count = reserve_size(len(self.alive), self.policy.resource_reserve_ratio)
+        return choose_reserved(self.alive, count, previous.reserved_workers, urgent_running)
 
-    def _place_origin(self, staying: list[int], free: int, counts: list[int],
-                      blocked: set[int]) -> int:
-        """The origin takes a slot first, preempting whatever it must."""
+    def _yield_s(self, staying: list[int]) -> float:
+        """How long the slowest in-flight non-realtime job takes to yield: one block group of
+        its next chunk."""
+        live = self.sv.live
+        worst = 0.0
+        for i in staying:
+            if self.level(i) > 0:
+                worst = max(worst, self.chunk_s(i) / max(live[i].block_groups, 1))
+        return worst
+
+    def _arrival_slack_s(self, i: int) -> float:
+        """A job's slack when it arrived: its deadline budget less its whole estimated work."""
+        job = self.sv.live[i]
+        return job.deadline_s - job.submitted_at_s - job.service_s - self.sv.remaining_s[i]
+
+    # -- allocation --------------------------------------------------------------------------
+
+    def _allocate(self, staying: list[int], pool: list[int], cap: int,
+                  reserved: frozenset[str]) -> None:
+        """The ``cap`` best-ranked jobs are the ones in flight. Waiting ones among them are
+        released; in-flight ones outside them go to the standby queue (consumed last, so they
+        still run on a worker nothing else wants); a running one yields its worker by
+        preemption when a job in the top cannot wait for a worker to free (see
+        :meth:`_displaces`). Submissions go straight to their class queue, so the in-flight
+        set may be over-full here: this is where it is put back in the policy's order."""
+        live = self.sv.live
+        candidates = [*staying, *heapq.nsmallest(cap + len(staying), pool, key=self.rank)]
+        if self._origin_waits():
+            candidates.append(self.origin)  # type: ignore[arg-type]
+        top = self._top(sorted(candidates, key=self.rank), cap, reserved)
+        in_top = set(top)
+        self.taken = [i for i in top if i not in self._staying_set]
+        self.trimmed = [i for i in staying if i not in in_top]
+        # Work on standby holds no slot but may hold a worker: it yields like the rest.
+        on_standby = [i for i in self.sv.standby if live[i].state is JobState.RUNNING
+                      and i not in in_top and not live[i].preempt_requested]
+        running = [i for i in (*staying, *on_standby) if live[i].state is JobState.RUNNING]
+        workers_free = len(self.alive) - len(running)
+        needy = [i for i in top if live[i].state is not JobState.RUNNING]
+        holders = [i for i in (*self.trimmed, *on_standby) if live[i].state is JobState.RUNNING]
+        self._displace(needy[max(workers_free, 0):], holders)
+        self.trimmed = [i for i in self.trimmed if i not in self.victims]
+
+    def _origin_waits(self) -> bool:
         origin = self.origin
-        if origin is None or origin in blocked or origin in self.expired or not (
+        return origin is not None and origin not in self.blocked and origin not in self.expired \
+            and origin not in self._staying_set and (
                 origin in self.sv.waiting_realtime or origin in self.sv.waiting_other
-                or origin in self.sv.suspended or origin in self.sv.standby):
-            return free
-        if free <= 0:
-            for victim in self._preempt(staying, 1 - free):
-                counts[0 if self.level(victim) == 0 else 1] -= 1
-                free += 1
-        if free > 0:
-            self.taken.append(origin)
-            counts[0] += 1
-            free -= 1
-        return free
+                or origin in self.sv.suspended or origin in self.sv.standby)
 
-    def _preempt(self, candidates: Sequence[int], count: int) -> list[int]:
-        if count <= 0:
+    def _top(self, ordered: list[int], cap: int, reserved: frozenset[str]) -> list[int]:
+        """The first ``cap`` of ``ordered``; while the reserve is held, work below the realtime
+        level gets only the unreserved workers' slots."""
+        if not reserved:
+            return ordered[:cap]
+        room = (len(self.alive) - len(reserved)) * self.policy.slots_per_worker
+        top: list[int] = []
+        for i in ordered:
+            if len(top) == cap:
+                break
+            if self.level(i) > 0:
+                if room <= 0:
+                    continue
+                room -= 1
+            top.append(i)
+        return top
+
+    def _displace(self, challengers: list[int], holders: list[int]) -> None:
+        """Challengers (best first) that no free worker serves take the workers of running
+        jobs outside the top (worst first) by preemption — else the job that holds the worker
+        and one of the top would share it chunk by chunk — unless a chunk ends in time: a job
+        outside the top gives its worker up at its chunk's end anyway (its next chunk goes to
+        standby), so a challenger whose slack outlasts that end waits for it."""
+        live, limit = self.sv.live, self.policy.max_preemptions
+        chunk_ends = sorted(self.chunk_s(i) for i in holders)
+        holders = sorted((i for i in holders if live[i].preemptions < limit and i != self.origin),
+                         key=self.rank, reverse=True)
+        margin_s = self.policy.tick_interval_s
+        for k, challenger in enumerate(challengers):
+            if not holders:
+                return
+            if k < len(chunk_ends) and self.slack_s(challenger) >= chunk_ends[k] + margin_s:
+                continue
+            self.victims.append(holders.pop(0))
+
+    def _fill_idle(self, staying: list[int], cap: int, standby: list[int]) -> list[int]:
+        """Work conservation under overload: slots no runnable job wants go to suspended work,
+        released to the standby queue (consumed last, so it yields to everything else)."""
+        if not self.converging:
+            return []
+        in_flight = len(staying) - len(self.victims) - len(self.trimmed) + len(self.taken)
+        idle = cap - in_flight - len(self.sv.standby) - len(standby)
+        if idle <= 0:
             return []
         live = self.sv.live
-        by_id = {live[i].job_id: i for i in candidates
-                 if live[i].state is JobState.RUNNING and i != self.origin}
-        pairs = [(live[i], self.scores[i]) for i in by_id.values()]
-        chosen = [by_id[job_id] for job_id in
-                  pick_victims(pairs, count, self.policy.max_preemptions)]
-        self.victims.extend(chosen)
-        return chosen
-
-    def _priorities(self) -> list[float]:
-        """Release order: the score, except that aged jobs come first, longest wait first;
-        excluded jobs rank below everything and are dropped by :meth:`_best`."""
-        priority = self.scores.copy()
-        bound_s, live = self.policy.aging_bound_s, self.sv.live
-        for i in self.sv.aged:
-            priority[i] = 1.0 + (self.now_s - live[i].waiting_since_s) / bound_s
-        for i in self.excluded:
-            priority[i] = _EXCLUDED
-        return priority
-
-    @staticmethod
-    def _best(pool: list[int], count: int, priority: list[float]) -> list[int]:
-        best = heapq.nlargest(count, pool, key=priority.__getitem__)
-        return [i for i in best if priority[i] != _EXCLUDED]
+        return heapq.nsmallest(idle, (i for i in self.sv.suspended if i not in self.excluded
+                                      and i not in self.blocked),
+                               key=lambda i: live[i].submitted_at_s)
 
     # -- output ------------------------------------------------------------------------------
 
     def _emit(self, top: list[int], suspend: list[int], standby: list[int], staying: list[int],
-              reserved: frozenset[str], cap: int) -> TickPlan:
+              reserved: frozenset[str], cap: int, restored: list[int]) -> TickPlan:
         live, scores = self.sv.live, self.scores
         origin = self.origin
         releases, requeues, retargets = self._moves(staying)
+        releases += tuple(self._release(i, STANDBY_QUEUE) for i in restored)
         touched = [*self.taken, *(i for i in staying if i not in self.victims), *self.demoted]
         return TickPlan(
             policy=self.policy.policy,
@@ -354,7 +483,13 @@ class _Planner:
             admission=admission_status(self.admission, self.load, self.policy, self.now_s),
             capacity_slots=cap,
             state=self._next_state(reserved),
+            reserve_reason=self.reserve_reason,
+            deferred=_job_ids(live, sorted(self.deferred)),
         )
+
+    def _release(self, i: int, queue: str) -> Release:
+        job = self.sv.live[i]
+        return Release(job.job_id, queue, estimate_s=job.service_s + self.sv.remaining_s[i])
 
     def _target_queue(self, i: int) -> str:
         return queue_for_level(self.level(i))
@@ -365,13 +500,14 @@ class _Planner:
         releases: list[Release] = []
         requeues: list[Requeue] = []
         retargets: list[Retarget] = []
-        moving = [i for i in staying if i not in self.victims]
+        leaving = {*self.victims, *self.trimmed}
+        moving = [i for i in staying if i not in leaving]
         for i in self.taken:
             job = live[i]
             if job.queue == STANDBY_QUEUE and job.state in (JobState.QUEUED, JobState.RUNNING):
                 moving.append(i)
             else:
-                releases.append(Release(job.job_id, self._target_queue(i)))
+                releases.append(self._release(i, self._target_queue(i)))
         for i in moving:
             job, target = live[i], self._target_queue(i)
             if job.queue is None or job.queue == target:

@@ -20,6 +20,13 @@ class PolicyKind(str, Enum):
     """Baseline: every job released at once, in arrival order, to ``batch``, as one atomic task."""
     PRIORITY = "priority"
     """Baseline: static class → queue, chunked; no aging, origin, reserve, preemption, overload."""
+    EDF = "edf"
+    """Baseline, step-preemptive: the in-flight slots go to the earliest absolute deadlines."""
+    SRPT = "srpt"
+    """Baseline, step-preemptive: the in-flight slots go to the least estimated remaining work."""
+    LEAST_SLACK = "least_slack"
+    """Baseline, step-preemptive: the in-flight slots go to the least slack (deadline − now −
+    estimated remaining work)."""
     STEPLINE = "stepline"
     """Origin, MLFQ with skip-join and aging, reserve, preemption, overload convergence."""
 
@@ -79,14 +86,23 @@ class PolicyConfig:
     """Remaining work that scores half on the 'remaining' dimension (shorter scores higher)."""
     kind_impact: Mapping[JobKind, float] = field(default_factory=_default_impact)
     """SLO-violation impact per job kind, in [0, 1]."""
-    realtime_min_share: float = 0.6
-    """Share of slots realtime-level work may claim (by preemption) while it waits."""
     slots_per_worker: int = 1
     """Jobs in flight (queued or running) per alive worker."""
     resource_reserve_ratio: float = 0.2
+    """Share of workers realtime work may reclaim by preemption whatever the other jobs'
+    slack; lent to other work meanwhile, and held idle only while preemption would come too
+    late for a realtime deadline (a block group outlasts realtime work's slack)."""
     reserve_hold_s: float = 2.0
-    """The reserve stays this long after realtime/origin pressure ends."""
-    max_preemptions: int = 3
+    """A held reserve stays this long after realtime/origin pressure ends."""
+    hop_overhead_s: float = 0.005
+    """Time between one chunk's end and the next one's start (commit, publish, claim): every
+    chunk still to run adds it to a job's remaining time."""
+    tick_interval_s: float = 0.1
+    """How often the policy plans: a decision put off now is taken again this much later."""
+    cost_min_samples: int = 3
+    """A job is judged unable to meet its deadline (demoted, or shed when it asked to be) only
+    on estimates backed by this many measured chunks of each kind it still has to run."""
+    max_preemptions: int = 20
     """A job preempted this often is not preempted again."""
     convergence_threshold: float = 0.8
     convergence_hysteresis: float = 0.1
@@ -130,7 +146,9 @@ class PolicyConfig:
             ("origin_margin", self.origin_margin, 0.0, 1.0),
             ("aging_bound_s", self.aging_bound_s, 1e-3, 1e6),
             ("short_job_s", self.short_job_s, 1e-3, 1e6),
-            ("realtime_min_share", self.realtime_min_share, 0.0, 1.0),
+            ("cost_min_samples", self.cost_min_samples, 0, 1_000_000),
+            ("hop_overhead_s", self.hop_overhead_s, 0.0, 60.0),
+            ("tick_interval_s", self.tick_interval_s, 1e-3, 60.0),
             ("slots_per_worker", self.slots_per_worker, 1, 64),
             ("resource_reserve_ratio", self.resource_reserve_ratio, 0.0, 0.9),
             ("reserve_hold_s", self.reserve_hold_s, 0.0, 3600.0),

@@ -16,12 +16,15 @@ from scheduler.scoring import ScoreTerms
 class _RateTable:
     """Fleet seconds per cost unit, computed once per distinct cost key per tick."""
 
-    __slots__ = ("_cost", "_devices", "rates")
+    __slots__ = ("_cost", "_devices", "_min_samples", "confident", "rates")
 
-    def __init__(self, cost: CostModel, devices: Sequence[str]) -> None:
+    def __init__(self, cost: CostModel, devices: Sequence[str], min_samples: int) -> None:
         self._cost = cost
         self._devices = devices
+        self._min_samples = min_samples
         self.rates: dict[str, float] = {}
+        self.confident: dict[str, bool] = {}
+        """Per cost key: every device in use has measured ``min_samples`` chunks of it."""
 
     def learn(self, cost_key: str) -> float:
         # Each distinct device once, then the fleet mean over workers in their order (the same
@@ -33,7 +36,22 @@ class _RateTable:
         else:
             rate = self._cost.seconds_per_unit(cost_key)
         self.rates[cost_key] = rate
+        self.confident[cost_key] = all(
+            self._cost.samples(cost_key, d) >= self._min_samples for d in set(devices)
+        ) if devices else self._cost.samples(cost_key) >= self._min_samples
         return rate
+
+    def remaining_s(self, job: JobView) -> tuple[float, bool]:
+        """A job split by chunk kind: each kind's units at its own rate, and whether every
+        kind's estimate is backed by enough measurements."""
+        rates, confident, total, sure = self.rates, self.confident, 0.0, True
+        for key, units in job.remaining_units_by_key:
+            rate = rates.get(key)
+            if rate is None:
+                rate = self.learn(key)
+            total += units * rate
+            sure = sure and (units <= 0.0 or confident[key])
+        return total, sure
 
 
 @dataclass(slots=True)
@@ -54,10 +72,12 @@ class Survey:
     aged: list[int] = field(default_factory=list)
     """Waiting jobs that have waited at least the aging bound."""
     late: list[int] = field(default_factory=list)
-    """Jobs whose estimated finish passes deadline + grace."""
+    """Jobs whose estimated finish passes deadline + grace, on estimates backed by enough
+    measurements (``policy.cost_min_samples`` of each chunk kind still to run)."""
     with_deps: list[int] = field(default_factory=list)
     outstanding_s: float = 0.0
-    """Remaining work of every live job not suspended."""
+    """Remaining work of every live job not suspended that is due within the load horizon
+    (work due later counts pro rata: horizon ÷ time to its deadline)."""
     incumbent: int | None = None
 
 
@@ -66,10 +86,11 @@ def survey_jobs(snapshot: ClusterSnapshot, alive: Sequence[WorkerView], policy: 
     """Walk the jobs once, estimating, partitioning and scoring them (the tick's hot path: every
     attribute read here costs 10 000 times, so each is read once into a local)."""
     sv = Survey()
-    table = _RateTable(snapshot.cost, [w.device for w in alive])
-    rates = table.rates
+    table = _RateTable(snapshot.cost, [w.device for w in alive], policy.cost_min_samples)
+    rates, confident = table.rates, table.confident
     incumbent_id = snapshot.state.origin_id
-    bound_s, grace_s = policy.aging_bound_s, policy.expire_grace_s
+    bound_s, grace_s, hop_s = policy.aging_bound_s, policy.expire_grace_s, policy.hop_overhead_s
+    horizon_s = policy.load_horizon_s
     pending, preempted, suspended = JobState.PENDING, JobState.PREEMPTED, JobState.SUSPENDED
     queued, running, realtime = JobState.QUEUED, JobState.RUNNING, SloClass.REALTIME
     interactive, gold, memory = SloClass.INTERACTIVE, Tier.GOLD, ResourceProfile.MEMORY
@@ -119,17 +140,25 @@ def survey_jobs(snapshot: ClusterSnapshot, alive: Sequence[WorkerView], policy: 
                 w_wait * waited if waited > 0.0 else 0.0)
         else:
             continue
-        cost_key = job.cost_key
-        try:
-            rem = job.remaining_cost_units * rates[cost_key]
-        except KeyError:  # first job of this cost key in the tick (a plain dict stays fast)
-            rem = job.remaining_cost_units * table.learn(cost_key)
+        if job.remaining_units_by_key:
+            rem, sure = table.remaining_s(job)
+        else:
+            cost_key = job.cost_key
+            try:
+                rem = job.remaining_cost_units * rates[cost_key]
+            except KeyError:  # first job of this cost key in the tick (a plain dict stays fast)
+                rem = job.remaining_cost_units * table.learn(cost_key)
+            sure = confident[cost_key]
+        rem += (job.num_chunks - job.next_chunk) * hop_s
         add_live(job)
         add_remaining(rem)
-        if state is not suspended:
-            outstanding += rem
         finish_s, deadline = now_s + rem, job.deadline_s
-        if finish_s > deadline + grace_s:
+        if state is not suspended:
+            # Demand within the horizon: work due later counts pro rata (a video due in five
+            # minutes is not an overload of the next thirty seconds).
+            due_in_s = deadline - now_s
+            outstanding += rem if due_in_s <= horizon_s else rem * horizon_s / due_in_s
+        if finish_s > deadline + grace_s and sure:
             add_late(index)
         if job.depends_on:
             add_with_deps(index)

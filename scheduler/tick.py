@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from scheduler.baselines import plan_fifo, plan_priority
+from scheduler.baselines import plan_edf, plan_fifo, plan_least_slack, plan_priority, plan_srpt
 from scheduler.invariants import check_plan_invariants
 from scheduler.model import ClusterSnapshot
 from scheduler.plan import TickPlan
@@ -54,9 +54,13 @@ def _without(plan: TickPlan, moving: set[str]) -> TickPlan:
     )
 
 
+_BASELINES = {PolicyKind.FIFO: plan_fifo, PolicyKind.PRIORITY: plan_priority,
+              PolicyKind.EDF: plan_edf, PolicyKind.SRPT: plan_srpt,
+              PolicyKind.LEAST_SLACK: plan_least_slack}
+
+
 def _plan_policy(snapshot: ClusterSnapshot, policy: PolicyConfig, now_s: float) -> TickPlan:
-    if policy.policy is PolicyKind.FIFO:
-        return plan_fifo(snapshot, policy, now_s)
-    if policy.policy is PolicyKind.PRIORITY:
-        return plan_priority(snapshot, policy, now_s)
+    baseline = _BASELINES.get(policy.policy)
+    if baseline is not None:
+        return baseline(snapshot, policy, now_s)
     return plan_stepline(snapshot, policy, now_s)

@@ -158,13 +158,15 @@ class LiveTarget:
                            reason="overload convergence: moved to standby")
         return self.store.update_as_seen(job, queue=STANDBY)
 
-    def release(self, job_id: str, queue: str, atomic: bool) -> bool:
+    def release(self, job_id: str, queue: str, atomic: bool,
+                estimate_s: float | None = None) -> bool:
         job = self.seen[job_id]
         if self._directory is None and job.kind is JobKind.TEXT:
             self._directory = WorkerDirectory.read(self.store)
         queue = release_queue(self.settings, job, queue, self._directory)
         return release(self.store, job, queue=queue, by="scheduler",
-                       reason=f"released to {queue}", atomic=True if atomic else None)
+                       reason=f"released to {queue}", atomic=True if atomic else None,
+                       estimate_s=estimate_s)
 
     def set_worker_queues(self, wanted: Mapping[str, tuple[str, ...]]) -> None:
         apply_worker_queues(self.store, expand_worker_queues(self.settings, wanted))

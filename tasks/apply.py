@@ -53,8 +53,10 @@ class TickTarget(Protocol):
         """QUEUED: requeued to standby; RUNNING: its next chunk goes there."""
         ...
 
-    def release(self, job_id: str, queue: str, atomic: bool) -> bool:
-        """A waiting job → QUEUED on ``queue`` with its next chunk published."""
+    def release(self, job_id: str, queue: str, atomic: bool,
+                estimate_s: float | None = None) -> bool:
+        """A waiting job → QUEUED on ``queue`` with its next chunk published; ``estimate_s``
+        (the policy's estimate of its whole service time) is kept from its first release."""
         ...
 
     def set_worker_queues(self, wanted: Mapping[str, tuple[str, ...]]) -> None:
@@ -86,7 +88,7 @@ def apply_plan(plan: TickPlan, target: TickTarget) -> list[str]:
     for job_id in plan.standby:
         target.standby(job_id)
     for rel in plan.releases:
-        target.release(rel.job_id, rel.queue, plan.atomic_release)
+        target.release(rel.job_id, rel.queue, plan.atomic_release, rel.estimate_s)
     target.set_worker_queues(plan.worker_queues)
     target.publish_decisions(plan)
     return recovered

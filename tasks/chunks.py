@@ -15,6 +15,7 @@ import redis
 from celery import shared_task
 from pydantic import BaseModel, Field, ValidationError
 
+from scheduler.cost import chunk_cost_key
 from scheduler.lifecycle import JobState
 from scheduler.model import JobKind
 from tasks.affinity import hop_queues
@@ -137,6 +138,7 @@ def _commit(
             service_s=elapsed_s, worker=ctx.name, task_id=task_id,
             hop_queues=hop_queues(ctx.settings, ctx.name, ctx.consuming(), job.kind.value),
             then_continue=job.atomic, artifact=artifact, timing=timing,
+            timing_key=chunk_cost_key(job.cost_key, job.chunk_name),
         )
         if commit.status is not CommitStatus.NEEDS_CHECKPOINT:
             return commit

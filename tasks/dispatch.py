@@ -51,18 +51,21 @@ def declared_queue(name: str) -> str | Queue:
 
 def release(
     store: JobStore, seen: JobRecord, *, queue: str, by: str, reason: str,
-    bump_epoch: bool = False, atomic: bool | None = None,
+    bump_epoch: bool = False, atomic: bool | None = None, estimate_s: float | None = None,
 ) -> bool:
     """Move a waiting job (as ``seen``) to QUEUED on ``queue`` and publish its next chunk.
 
     ``bump_epoch`` fences any message of the job already on a queue (a requeue); ``atomic``
-    marks a FIFO-baseline job that runs every chunk in one task. Returns False if the job moved
-    since ``seen`` was read.
+    marks a FIFO-baseline job that runs every chunk in one task; ``estimate_s`` is the policy's
+    estimate of the job's whole service time, kept from its first release. Returns False if the
+    job moved since ``seen`` was read.
     """
     epoch = seen.epoch + (1 if bump_epoch else 0)
     updates = encode(queue=queue, epoch=epoch, preempt=False, queued_at_s=time.time())
     if atomic is not None:
         updates.update(encode(atomic=atomic))
+    if estimate_s is not None and seen.first_estimate_s is None:
+        updates.update(encode(first_estimate_s=estimate_s))
     moved = store.transition_as_seen(seen, JobState.QUEUED, by=by, reason=reason,
                                      updates=updates)
     if moved:

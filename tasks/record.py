@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
+from scheduler.cost import chunk_cost_key
 from scheduler.lifecycle import JobState, SloClass
 from scheduler.model import JobKind, ResourceProfile, Tier
 from tasks.errors import SteplineError
@@ -116,6 +117,9 @@ class JobRecord:
     artifact: str | None = None
     media_type: str | None = None
     expert_version: str | None = None
+    first_estimate_s: float | None = None
+    """The scheduler's estimate of the job's whole service time at its first release (the bench
+    compares it with ``service_s`` at the end)."""
 
     @classmethod
     def from_hash(cls, raw: Mapping[str, str] | Mapping[bytes, bytes]) -> JobRecord:
@@ -155,6 +159,18 @@ class JobRecord:
     @property
     def remaining_cost_units(self) -> float:
         return float(sum(self.cost_units[self.next_chunk:]))
+
+    @property
+    def remaining_units_by_key(self) -> tuple[tuple[str, float], ...]:
+        """Cost units still to run per chunk-kind cost key (:func:`chunk_cost_key`), in the
+        order the kinds come; empty when the record names no chunks (the job's key then)."""
+        if len(self.chunk_names) != self.num_chunks:
+            return ()
+        units: dict[str, float] = {}
+        for index in range(self.next_chunk, self.num_chunks):
+            key = chunk_cost_key(self.cost_key, self.chunk_names[index])
+            units[key] = units.get(key, 0.0) + self.cost_units[index]
+        return tuple(units.items())
 
     @property
     def chunk_running_since_s(self) -> float | None:
@@ -240,5 +256,6 @@ _FIELDS: dict[str, tuple[str, _Codec]] = {
     "artifact": ("artifact", _OPT_TEXT),
     "media_type": ("media_type", _OPT_TEXT),
     "expert_version": ("expert_version", _OPT_TEXT),
+    "first_estimate_s": ("first_estimate", _OPT_FLOAT),
 }
 _REQUIRED = frozenset(f.name for f in fields(JobRecord) if f.default is MISSING)

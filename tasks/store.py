@@ -113,7 +113,8 @@ return {'ok', redis.call('HGETALL', KEYS[1])}
 # KEYS: job, ckpt, events, active, done, timings.
 # ARGV: 1 chunk, 2 epoch, 3 seq, 4 complete, 5 has_ckpt, 6 ckpt, 7 service_s, 8 now, 9 worker,
 # 10 task, 11 then ('hop' | 'continue'), 12 artifact, 13 media_type, 14 device,
-# 15 s_per_unit ('' for none), 16 npairs, (class, hop queue)...
+# 15 s_per_unit ('' for none), 16 npairs, (class, hop queue)..., then the timing's cost key
+# ('' for the job's own).
 # The commit and the job's next step are one script: the last chunk's commit is its DONE, a
 # flagged job stops, any other job hops to its next chunk's queue (or, atomic, keeps running).
 _COMMIT = _EVENT + """
@@ -141,8 +142,10 @@ end
 redis.call('XADD', KEYS[3], '*', 'kind', 'commit', 'chunk', ARGV[1], 'complete', ARGV[4],
            'seq', seq, 'by', ARGV[9], 'task', ARGV[10], 'service_s', ARGV[7], 'ts', now)
 if complete and ARGV[15] ~= '' then
-  redis.call('XADD', KEYS[6], 'MAXLEN', '~', 10000, '*', 'cost_key', h[11], 'device', ARGV[14],
-             's_per_unit', ARGV[15])
+  local timed_key = ARGV[17 + 2 * tonumber(ARGV[16])]
+  if timed_key == nil or timed_key == '' then timed_key = h[11] end
+  redis.call('XADD', KEYS[6], 'MAXLEN', '~', 10000, '*', 'cost_key', timed_key,
+             'device', ARGV[14], 's_per_unit', ARGV[15])
 end
 if last then
   redis.call('HSET', KEYS[1], 'state', 'DONE', 'preempt', '0')
@@ -522,13 +525,15 @@ class JobStore:
         then_continue: bool = False,
         artifact: tuple[str, str] | None = None,
         timing: tuple[str, float] | None = None,
+        timing_key: str = "",
     ) -> Commit:
         """Compare-and-set the job's cursor and take its next step in one script.
 
         ``hop_queues`` maps a class queue to where this worker sends the job's next chunk of
         that class (its own affinity queue); ``then_continue`` keeps an atomic job RUNNING;
         ``artifact`` is (name, media type) of the last chunk's output; ``timing`` is (device,
-        seconds per cost unit) for the cost model."""
+        seconds per cost unit) for the cost model, learned under ``timing_key`` (the chunk
+        kind's key, :func:`scheduler.cost.chunk_cost_key`; the job's cost key when empty)."""
         pairs = [x for pair in (hop_queues or {}).items() for x in pair]
         name, media_type = artifact or ("", "")
         device, s_per_unit = timing or ("", None)
@@ -540,6 +545,7 @@ class JobStore:
                 checkpoint or b"", repr(service_s), repr(time.time()), worker, task_id,
                 "continue" if then_continue else "hop", name, media_type, device,
                 "" if s_per_unit is None else repr(s_per_unit), len(pairs) // 2, *pairs,
+                timing_key,
             ],
         )
         status = CommitStatus(_text(reply[0]))

@@ -54,6 +54,11 @@ def validate_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
     raise InvalidJob(f"unknown job kind {kind!r}; use simulated, image, video or text")
 
 
+TICK_RELEASED = frozenset({"edf", "srpt", "least_slack"})
+"""Baselines that keep exactly their top jobs in flight: the tick releases each job, the submit
+path never does (as the simulator models them)."""
+
+
 class JobService:
     """The one path every client (CLI, REST, Python) takes into the store."""
 
@@ -87,8 +92,8 @@ class JobService:
             atomic=policy == "fifo", chunk_names=plan.names,
             resource_profile=ResourceProfile(plan.resource_profile),
         )
-        if not created or spec.depends_on:
-            return job_id, created  # a job with dependencies is released by the tick
+        if not created or spec.depends_on or policy in TICK_RELEASED:
+            return job_id, created  # released by the tick (dependencies, top-cap baselines)
         if decision.verdict is Admission.SUSPEND:
             self.store.try_transition(job_id, JobState.SUSPENDED, by="submit",
                                       reason=decision.reason)

@@ -1,19 +1,39 @@
-"""Figures of a benchmark run: SLO attainment and latency percentiles per class, goodput,
-utilisation, preemption latency, and each ratio against the fifo baseline of the same run."""
+"""Figures of a benchmark run: SLO attainment (with 95 % intervals) and latency percentiles per
+class, goodput, utilisation, idle capacity while work waited, cost-model error, preemption
+latency, and each ratio against the fifo baseline of the same run."""
 
 from __future__ import annotations
 
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from app.bench.driver import Outcome
-from scheduler.lifecycle import SloClass
+from app.bench.occupancy import IdleWhileWaiting, JobSpan, idle_while_waiting, running_intervals
+from scheduler.lifecycle import JobState, SloClass
 from tasks.record import JobRecord
+
+Z_95 = 1.959963984540054
+"""The standard normal quantile of 0.975: two-sided 95 % intervals."""
+
+DEFINITIONS = {
+    "slo_attainment_ci95": "95 % Wilson score interval of slo_attainment (jobs that met their "
+                           "deadline / jobs; rejected, shed, failed and late jobs all miss)",
+    "idle_while_waiting": "worker-seconds in which a worker held no job of the run while at "
+                          "least one accepted job was runnable and waiting (submitted, not ended, "
+                          "held by no worker: a chunked job between two chunks waits), from the "
+                          "first submit to the last observed event; share_of_capacity divides by "
+                          "workers x that window; servable_worker_s counts at most one idle "
+                          "worker per waiting job",
+    "estimate_error": "|first_estimate_s - service_s| / service_s over DONE jobs that have a "
+                      "first estimate (the scheduler's estimate of the job's whole service at its "
+                      "first release, against the service it received): p50, p95, count",
+}
+"""What the less obvious figures of ``report.json`` mean; written into it for its readers."""
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -23,6 +43,36 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     ordered = sorted(values)
     rank = min(len(ordered), max(1, math.ceil(q / 100 * len(ordered))))
     return ordered[rank - 1]
+
+
+def wilson_interval(
+    successes: int, trials: int, z: float = Z_95
+) -> tuple[float, float] | None:
+    """Wilson score interval of a binomial proportion (95 % by default); None for no trials.
+    Unlike the normal approximation it stays inside [0, 1] and is sound at 0 % and 100 %."""
+    if trials <= 0:
+        return None
+    p = successes / trials
+    z2n = z * z / trials
+    centre = (p + z2n / 2) / (1 + z2n)
+    half = z * math.sqrt(p * (1 - p) / trials + z2n / (4 * trials)) / (1 + z2n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def attainment(met: int, jobs: int) -> dict[str, Any]:
+    """SLO attainment ``met / jobs`` and its 95 % Wilson interval (None for no jobs)."""
+    ci = wilson_interval(met, jobs)
+    return {"slo_attainment": met / jobs if jobs else None,
+            "slo_attainment_ci95": None if ci is None else {"lo": ci[0], "hi": ci[1]}}
+
+
+def estimate_error(records: Iterable[JobRecord]) -> dict[str, Any]:
+    """Relative error of the cost model's first estimate, |first_estimate_s − service_s| ÷
+    service_s: p50, p95 and the count of jobs it covers. Only DONE jobs with both figures count:
+    a job that ended early never received the whole service the estimate was of."""
+    errors = [abs(r.first_estimate_s - r.service_s) / r.service_s for r in records
+              if r.state is JobState.DONE and r.first_estimate_s is not None and r.service_s > 0]
+    return {"count": len(errors), "p50": percentile(errors, 50), "p95": percentile(errors, 95)}
 
 
 def met_slo(outcome: Outcome, record: JobRecord | None) -> bool:
@@ -63,7 +113,7 @@ def class_figures(run: RunData) -> dict[str, Any]:
         met = sum(met_slo(o, run.records.get(o.job_id or "")) for o in mine)
         figures[slo.value] = {
             "count": len(mine),
-            "slo_attainment": met / len(mine) if mine else None,
+            **attainment(met, len(mine)),
             "p50_s": percentile(lat, 50), "p95_s": percentile(lat, 95),
             "p99_s": percentile(lat, 99),
             "rejected": sum(1 for o in mine if o.rejected),
@@ -87,10 +137,13 @@ def run_figures(run: RunData) -> dict[str, Any]:
     return {
         "classes": class_figures(run),
         "jobs": len(run.outcomes),
+        **attainment(met, len(run.outcomes)),
         "completed": sum(1 for o in done if o.final_state == "DONE"),
         "makespan_s": makespan_s,
         "goodput_jobs_per_s": met / makespan_s,
         "worker_utilisation": service_s / (run.workers * makespan_s),
+        "idle_while_waiting": idle_figures(run).as_json(),
+        "estimate_error": estimate_error(run.records.values()),
         "short_jobs_p95_s": percentile(short, 95),
         "short_jobs_p50_s": percentile(short, 50),
         "preemptions": sum(r.preemptions for r in run.records.values()),
@@ -104,6 +157,36 @@ def run_figures(run: RunData) -> dict[str, Any]:
                                     if len(run.tick_intervals_ms) > 1 else None),
         "checkpoint_cache_hit_rate": _hit_rate(run.checkpoint_cache),
     }
+
+
+def idle_figures(run: RunData) -> IdleWhileWaiting:
+    """Idle worker-seconds while accepted jobs waited (:func:`occupancy.idle_while_waiting`),
+    from the first submit to the last thing observed. Submit and end times are the store's (the
+    client's where a record is missing); bench traces carry no dependencies, so a job is
+    runnable from its submit."""
+    accepted = [o for o in run.outcomes if o.job_id]
+    until_s = _observed_until(run)
+    spans = [_job_span(o, run.records.get(o.job_id or ""), run.events.get(o.job_id or "", []),
+                       until_s) for o in accepted]
+    start_s = min((s.runnable_at_s for s in spans), default=until_s)
+    return idle_while_waiting(spans, run.workers, (start_s, until_s))
+
+
+def _job_span(
+    outcome: Outcome, record: JobRecord | None, events: list[dict[str, str]], until_s: float
+) -> JobSpan:
+    submitted_s = outcome.submitted_at if record is None else record.submitted_at_s
+    finished_s = None if record is None else record.finished_at_s
+    return JobSpan(runnable_at_s=submitted_s,
+                   finished_at_s=outcome.finished_at if finished_s is None else finished_s,
+                   running=tuple(running_intervals(events, until_s)))
+
+
+def _observed_until(run: RunData) -> float:
+    stamps = [float(e["ts"]) for events in run.events.values() for e in events]
+    stamps += [o.finished_at for o in run.outcomes if o.finished_at is not None]
+    stamps += [r.finished_at_s for r in run.records.values() if r.finished_at_s is not None]
+    return max(stamps, default=max((o.submitted_at for o in run.outcomes), default=0.0))
 
 
 def _hit_rate(counts: dict[str, int]) -> float | None:
@@ -129,7 +212,8 @@ def ratios_against(baseline: dict[str, Any], other: dict[str, Any]) -> dict[str,
 
 
 def plot(runs: list[RunData], out_dir: Path) -> list[str]:
-    """Latency CDF per class, SLO attainment per class and policy, a worker timeline."""
+    """Latency CDF per class, SLO attainment per class and policy (with its 95 % interval), a
+    worker timeline."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -154,7 +238,8 @@ def plot(runs: list[RunData], out_dir: Path) -> list[str]:
     for i, run in enumerate(runs):
         figures = class_figures(run)
         values = [figures[s.value]["slo_attainment"] or 0.0 for s in SloClass]
-        ax.bar([x + i * width for x in range(3)], values, width, label=run.policy)
+        ax.bar([x + i * width for x in range(3)], values, width, label=run.policy,
+               yerr=_error_bars(values, [figures[s.value] for s in SloClass]), capsize=3)
     ax.set_xticks([x + width * (len(runs) - 1) / 2 for x in range(3)], [s.value for s in SloClass])
     ax.set_ylabel("SLO attainment")
     ax.set_ylim(0, 1.05)
@@ -163,6 +248,14 @@ def plot(runs: list[RunData], out_dir: Path) -> list[str]:
     for run in runs:
         written.append(_timeline(plt, run, out_dir / f"timeline_{run.policy}.png"))
     return written
+
+
+def _error_bars(values: list[float], figures: list[dict[str, Any]]) -> list[list[float]]:
+    """Distances from each bar down to its interval's low end and up to its high end."""
+    ci = [f["slo_attainment_ci95"] or {"lo": v, "hi": v} for v, f in zip(values, figures,
+                                                                           strict=True)]
+    return [[v - c["lo"] for v, c in zip(values, ci, strict=True)],
+            [c["hi"] - v for v, c in zip(values, ci, strict=True)]]
 
 
 def _timeline(plt: Any, run: RunData, path: Path) -> str:

@@ -7,12 +7,12 @@ import json
 import logging
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from app.bench.driver import Outcome, replay
-from app.bench.report import RunData, plot, ratios_against, run_figures
+from app.bench.report import DEFINITIONS, RunData, plot, ratios_against, run_figures
 from app.bench.workload import (
     Arrival,
     Workload,
@@ -25,6 +25,7 @@ from app.celery import configure as configure_celery
 from app.schemas import JobSpec
 from app.stack import Stack
 from scheduler.lifecycle import SloClass
+from scheduler.policy import PolicyKind
 from tasks import keys
 from tasks.record import JobRecord, UnreadableRecord
 from tasks.runtime import connect, current_settings, redis_url
@@ -139,6 +140,7 @@ def write_report(
         "workers": runs[0].workers if runs else 0,
         "device": "simulated (steps sleep calibrated step times)" if simulated else "cpu",
         "policies": policies,
+        "definitions": DEFINITIONS,
     }
     if "fifo" in policies:
         report["ratios_vs_fifo"] = {name: ratios_against(policies["fifo"], figures)
@@ -150,26 +152,71 @@ def write_report(
 
 
 def summary_table(report: dict[str, Any]) -> Any:
-    """A rich table: per policy and class, SLO attainment and p95; short-job p95 and its ratio."""
+    """Two rich tables: per policy and class, SLO attainment with its 95 % interval and latency
+    percentiles (short-job p95 against fifo); per policy, the capacity left idle while work
+    waited and the cost model's estimate error."""
+    from rich.console import Group
+
+    return Group(_class_table(report), _policy_table(report))
+
+
+def _class_table(report: dict[str, Any]) -> Any:
     from rich.table import Table
 
-    table = Table("policy", "class", "jobs", "SLO met", "p50 s", "p95 s", "p99 s",
+    table = Table("policy", "class", "jobs", "SLO met [95 % CI]", "p50 s", "p95 s", "p99 s",
                   title=f"{report['workload']} at load {report['load']} on {report['workers']} "
                         f"workers ({report['device']})")
     for name, figures in report["policies"].items():
         for slo, c in figures["classes"].items():
-            att = "-" if c["slo_attainment"] is None else f"{100 * c['slo_attainment']:.1f}%"
-            table.add_row(name, slo, str(c["count"]), att, *(_s(c[k]) for k in
-                                                              ("p50_s", "p95_s", "p99_s")))
-        short = figures["short_jobs_p95_s"]
+            table.add_row(name, slo, str(c["count"]), _attainment(c),
+                          *(_s(c[k]) for k in ("p50_s", "p95_s", "p99_s")))
+        table.add_row(name, "all", str(figures["jobs"]), _attainment(figures), "", "", "")
         ratio = report.get("ratios_vs_fifo", {}).get(name, {}).get("short_jobs_p95")
         extra = f" ({ratio:.2f}× fifo)" if ratio is not None else ""
-        table.add_row(name, "short jobs", "", "", "", _s(short) + extra, "", end_section=True)
+        table.add_row(name, "short jobs", "", "", "", _s(figures["short_jobs_p95_s"]) + extra,
+                      "", end_section=True)
     return table
+
+
+def _policy_table(report: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    table = Table("policy", "idle while work queued", "of which servable",
+                  "estimate error p50", "p95", "jobs estimated",
+                  title="capacity and cost model (definitions in report.json)")
+    for name, figures in report["policies"].items():
+        idle, error = figures["idle_while_waiting"], figures["estimate_error"]
+        table.add_row(name, f"{idle['worker_s']:.1f} worker-s ({_pct(idle['share_of_capacity'])})",
+                      f"{idle['servable_worker_s']:.1f} worker-s", _pct(error["p50"]),
+                      _pct(error["p95"]), str(error["count"]))
+    return table
+
+
+def _attainment(figures: dict[str, Any]) -> str:
+    """``97.1 % [93.0, 98.9]``: the attainment and its 95 % Wilson interval."""
+    value, ci = figures["slo_attainment"], figures.get("slo_attainment_ci95")
+    if value is None:
+        return "-"
+    bounds = "" if ci is None else f" [{100 * ci['lo']:.1f}, {100 * ci['hi']:.1f}]"
+    return f"{100 * value:.1f} %{bounds}"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f} %"
 
 
 def _s(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
+
+
+def check_policies(names: Sequence[str]) -> None:
+    """Raise ValueError unless ``names`` are distinct values of ``PolicyKind``: the bench runs
+    every planner the scheduler has, with no list of its own."""
+    known = [kind.value for kind in PolicyKind]
+    unknown = sorted(set(names) - set(known))
+    if unknown or not names or len(set(names)) != len(names):
+        raise ValueError(f"policies {list(names)}: give each of {', '.join(known)} at most "
+                         f"once, comma-separated (unknown: {unknown or 'none'})")
 
 
 def run_bench(
@@ -177,7 +224,7 @@ def run_bench(
     duration_s: float | None = None, trace_file: Path | None = None, run_dir: Path,
 ) -> dict[str, Any]:
     """Start the embedded stack, replay the same trace under each policy, write the report."""
-
+    check_policies(policies)
     settings = current_settings()
     workload = load_workload(workload_name)
     trace = build_trace(workload, workers, load, duration_s, trace_file)

@@ -17,12 +17,13 @@ import random
 import statistics
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from app.bench.oracle import Discipline, OracleJob, mean_response_lower_bound_s, run_oracle
 from app.bench.report import percentile
+from app.bench.workload import Arrivals, arrival_times
 from scheduler import (
     Admission,
     AdmissionStatus,
@@ -50,11 +51,15 @@ from tasks.apply import apply_plan
 NOTE = ("simulated: a discrete-event model of the adapter, the workers and the Celery queues "
         "driving the real plan_tick on a virtual clock; chunk times are published H100 step "
         "figures (cost-model priors) with jitter, not measurements of this machine")
-SIM_POLICIES = ("fifo", "priority", "stepline")
+SIM_POLICIES = ("fifo", "priority", "edf", "srpt", "least_slack", "stepline")
 ORACLES = ("oracle-edf", "oracle-srpt")
 ALL_POLICIES = (*SIM_POLICIES, *ORACLES)
 GROUPS = ("urgent", "realtime", "interactive", "batch", "all")
 """Report rows: ``urgent`` is the realtime jobs with an SLO under 100 ms (stress test only)."""
+
+TOP_CAP_POLICIES = frozenset({PolicyKind.EDF, PolicyKind.SRPT, PolicyKind.LEAST_SLACK})
+"""Baselines that keep at most their capacity in flight: a job arriving to a full cluster
+waits for the tick (the others are released to their class queue at once)."""
 
 CLASS_QUEUE = {SloClass.REALTIME: "realtime", SloClass.INTERACTIVE: "interactive",
                SloClass.BATCH: "batch"}
@@ -120,6 +125,9 @@ class SimConfig:
     the chunk lease (and heartbeat) lapse."""
     lease_s: float = 10.0
     gold_share: float = 0.3
+    bursty: bool = False
+    """On/off modulated Poisson arrivals (``Arrivals(process="bursty")``: bursts at 4× the
+    rate, then a lull) at the same mean rate; otherwise plain Poisson."""
 
     @classmethod
     def stress(cls, workers: int = 256, rate_per_s: float = 1000.0,
@@ -143,11 +151,8 @@ class SimArrival:
     shape: Shape
     tier: Tier
     chunk_s: tuple[float, ...]
-
-    @property
-    def deadline_s(self) -> float:
-        budget_s = self.shape.deadline_s or CLASS_TARGET_S[self.shape.slo]
-        return self.arrival_s + budget_s
+    deadline_s: float
+    """Absolute, on the trace's clock: the job's own, or its shape's SLO after arrival."""
 
     @property
     def group(self) -> str:
@@ -155,28 +160,44 @@ class SimArrival:
 
 
 def generate_trace(config: SimConfig) -> list[SimArrival]:
-    """Poisson arrivals of the mix (and urgent jobs), seeded: every policy sees the same jobs."""
+    """Arrivals of the mix (and urgent jobs), seeded: every policy sees the same jobs."""
     rng = random.Random(config.seed)
     weights = [s.share for s in MIX]
     trace: list[SimArrival] = []
-    t = 0.0
-    while (t := t + rng.expovariate(config.rate_per_s)) < config.duration_s:
+    for t in _arrival_instants(config, rng):
         urgent = rng.random() < config.urgent_share
         shape = URGENT if urgent else rng.choices(MIX, weights)[0]
         tier = Tier.GOLD if rng.random() < config.gold_share else Tier.STANDARD
         base_s = shape.units_per_chunk * shape.s_per_unit
         chunk_s = tuple(base_s * (1.0 + config.jitter * (2.0 * rng.random() - 1.0))
                         for _ in range(shape.chunks))
-        trace.append(SimArrival(len(trace), t, shape, tier, chunk_s))
+        budget_s = shape.deadline_s or CLASS_TARGET_S[shape.slo]
+        trace.append(SimArrival(len(trace), t, shape, tier, chunk_s, t + budget_s))
     return trace
+
+
+def _arrival_instants(config: SimConfig, rng: random.Random) -> Iterator[float]:
+    """Poisson gaps drawn lazily from ``rng`` (between the draws of each job), or the whole
+    bursty process up front."""
+    if config.bursty:
+        yield from arrival_times(rng, Arrivals(process="bursty"), config.rate_per_s,
+                                 config.duration_s)
+        return
+    t = 0.0
+    while (t := t + rng.expovariate(config.rate_per_s)) < config.duration_s:
+        yield t
+
+
+def mix_mean_service_s(urgent_share: float = 0.0) -> float:
+    """E[service] of an arrival of the mix with ``urgent_share`` of urgent jobs."""
+    total = sum(s.share for s in MIX)
+    mean_s = sum(s.share * s.service_s for s in MIX) / total
+    return (1 - urgent_share) * mean_s + urgent_share * URGENT.service_s
 
 
 def offered_load(config: SimConfig) -> float:
     """ρ = λ · E[service] / workers for the configured mix."""
-    total = sum(s.share for s in MIX)
-    mean_s = sum(s.share * s.service_s for s in MIX) / total
-    mean_s = (1 - config.urgent_share) * mean_s + config.urgent_share * URGENT.service_s
-    return config.rate_per_s * mean_s / config.workers
+    return config.rate_per_s * mix_mean_service_s(config.urgent_share) / config.workers
 
 
 # -- the simulated cluster ---------------------------------------------------------------------
@@ -237,6 +258,8 @@ class _Job:
                 submitted_at_s=a.arrival_s, deadline_s=a.deadline_s, cost_key=shape.cost_key,
                 num_chunks=shape.chunks, next_chunk=self.next_chunk,
                 remaining_cost_units=self.units_left, queue=self.queue,
+                next_chunk_cost_units=shape.units_per_chunk if self.units_left > 0 else 0.0,
+                block_groups=shape.block_groups,
                 running_on=self.running_on, service_s=self.service_s,
                 waiting_since_s=self.waiting_since_s, preemptions=self.preemptions,
                 resource_profile=ResourceProfile.MEMORY if shape.kind is JobKind.TEXT
@@ -382,7 +405,17 @@ class ClusterSim:
             if verdict is Admission.SUSPEND:
                 self._set_state(job, JobState.SUSPENDED)
                 return
+        if self.kind in TOP_CAP_POLICIES and self._in_flight() >= self._capacity():
+            return  # PENDING: the next tick ranks it against the jobs in flight
         self._release(job, CLASS_QUEUE[job.arrival.shape.slo])
+
+    def _capacity(self) -> int:
+        return sum(w.alive for w in self.workers) * self.policy.slots_per_worker
+
+    def _in_flight(self) -> int:
+        queued, running = JobState.QUEUED, JobState.RUNNING
+        return sum(1 for j in self.live.values() if (j.state is queued or j.state is running)
+                   and not j.preempt and j.queue != STANDBY_QUEUE)
 
     # -- queues and workers -----------------------------------------------------------------
 
@@ -464,6 +497,10 @@ class ClusterSim:
                 job.groups_done = w.stop_groups
                 self._preempted(job, self.now)
             else:
+                if w.start_groups == 0:  # the chunk ran whole: the worker reports its time
+                    shape = job.arrival.shape
+                    self.cost = self.cost.observe(shape.cost_key, "cuda",
+                                                  shape.units_per_chunk, ran_s)
                 self._chunks_done(job, 1)
         self._wake(w)
 
@@ -601,7 +638,8 @@ class ClusterSim:
             job.queue, job.view = STANDBY_QUEUE, None
         return True
 
-    def release(self, job_id: str, queue: str, atomic: bool) -> bool:
+    def release(self, job_id: str, queue: str, atomic: bool,
+                estimate_s: float | None = None) -> bool:
         job = self.live[job_id]
         job.atomic = job.atomic or atomic
         self._release(job, queue)
@@ -640,7 +678,14 @@ def simulate_policy(config: SimConfig, trace: Sequence[SimArrival], policy: str)
     """One policy (or oracle) on ``trace``."""
     if policy in ORACLES:
         return _oracle_result(config, trace, Discipline(policy.removeprefix("oracle-")))
-    return ClusterSim(config, trace, PolicyConfig(policy=PolicyKind(policy))).run()
+    return ClusterSim(config, trace, sim_policy(config, policy)).run()
+
+
+def sim_policy(config: SimConfig, policy: str) -> PolicyConfig:
+    """The policy as an operator would configure it for this cluster: its measured hop cost
+    and tick interval."""
+    return PolicyConfig(policy=PolicyKind(policy), hop_overhead_s=config.dispatch_overhead_s,
+                        tick_interval_s=config.tick_s)
 
 
 def _oracle_result(config: SimConfig, trace: Sequence[SimArrival],

@@ -122,7 +122,7 @@ def generate_trace(
     rho = load if load is not None else workload.load
     horizon_s = duration_s if duration_s is not None else workload.duration_s
     rate_per_s = rho * workers / workload.mean_service_s()
-    times = _arrival_times(rng, workload.arrivals, rate_per_s, horizon_s)
+    times = arrival_times(rng, workload.arrivals, rate_per_s, horizon_s)
     mix_weights = [m.share for m in workload.mix]
     tenant_weights = [t.share for t in workload.tenants]
     trace = []
@@ -138,9 +138,11 @@ def generate_trace(
     return trace
 
 
-def _arrival_times(
+def arrival_times(
     rng: random.Random, arrivals: Arrivals, rate_per_s: float, horizon_s: float
 ) -> list[float]:
+    """Arrival instants in [0, ``horizon_s``) at a mean of ``rate_per_s``, by ``arrivals``'
+    process."""
     times, t = [], 0.0
     if arrivals.process == "poisson":
         while (t := t + rng.expovariate(rate_per_s)) < horizon_s:

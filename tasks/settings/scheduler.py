@@ -69,12 +69,14 @@ class SchedulerSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    policy: Literal["fifo", "priority", "stepline"] = "stepline"
-    """Which policy plans the ticks: plain FIFO, static class priority, or Stepline's."""
+    policy: Literal["fifo", "priority", "edf", "srpt", "least_slack", "stepline"] = "stepline"
+    """Which policy plans the ticks: Stepline's, or a baseline (plain FIFO, static class
+    priority, or step-preemptive earliest-deadline, shortest-remaining or least-slack first)."""
     origin_detection_interval: Seconds = Field(default=0.1, gt=0, le=10)
     """How often beat sends the scheduler tick (the origin is re-scored every tick)."""
     resource_reserve_ratio: float = Field(default=0.2, ge=0, le=0.9)
-    """Share of workers kept for origin and realtime work."""
+    """Share of workers realtime work may reclaim by preemption; lent to other work meanwhile,
+    held idle only while preemption would come too late for a realtime deadline."""
     preemption_timeout: Seconds = Field(default=0.05, gt=0, le=60)
     """How long a preempted job may take to stop (one block group should fit inside)."""
     convergence_threshold: float = Field(default=0.8, gt=0, le=1)
@@ -100,13 +102,11 @@ class SchedulerSettings(BaseModel):
     """Remaining work that scores half on the 'remaining' dimension."""
     kind_impact: dict[KindName, float] = Field(default_factory=_default_impact)
     """Impact of an SLO miss per job kind, each in [0, 1]."""
-    realtime_min_share: float = Field(default=0.6, ge=0, le=1)
-    """Share of in-flight slots realtime work may claim by preemption while it waits."""
     slots_per_worker: int = Field(default=1, ge=1, le=64)
     """Jobs in flight (queued or running) per alive worker."""
     reserve_hold: Seconds = Field(default=2.0, ge=0, le=3600)
     """The reserve stays this long after the last realtime or origin work."""
-    max_preemptions: int = Field(default=3, ge=0, le=1000)
+    max_preemptions: int = Field(default=20, ge=0, le=1000)
     """A job preempted this many times is not preempted again."""
     convergence_hysteresis: float = Field(default=0.1, ge=0, le=1)
     """Convergence ends only once load is below the threshold minus this."""
@@ -132,6 +132,12 @@ class SchedulerSettings(BaseModel):
     """Weight of a new chunk timing once the running mean has enough samples."""
     cost_prior_samples: int = Field(default=1, ge=0, le=1000)
     """How many measurements the prior counts for."""
+    hop_overhead: Seconds = Field(default=0.005, ge=0, le=60)
+    """Time from one chunk's end to the next one's start (commit, publish, claim), added to
+    a job's remaining time per chunk left (``stepline bench`` measures it)."""
+    cost_min_samples: int = Field(default=3, ge=0, le=1_000_000)
+    """Measured chunks of each remaining kind a job's estimate needs before the job may be
+    judged unable to meet its deadline (demoted, or shed if it asked to be)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> SchedulerSettings:
@@ -155,7 +161,6 @@ class SchedulerSettings(BaseModel):
             aging_bound_s=self.aging_bound,
             short_job_s=self.short_job,
             kind_impact={JobKind(kind): value for kind, value in self.kind_impact.items()},
-            realtime_min_share=self.realtime_min_share,
             slots_per_worker=self.slots_per_worker,
             resource_reserve_ratio=self.resource_reserve_ratio,
             reserve_hold_s=self.reserve_hold,
@@ -173,4 +178,7 @@ class SchedulerSettings(BaseModel):
             default_s_per_unit=self.default_cost,
             cost_ewma_alpha=self.cost_ewma_alpha,
             cost_prior_samples=self.cost_prior_samples,
+            cost_min_samples=self.cost_min_samples,
+            hop_overhead_s=self.hop_overhead,
+            tick_interval_s=self.origin_detection_interval,
         )

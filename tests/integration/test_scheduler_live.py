@@ -53,16 +53,17 @@ def test_a_realtime_job_arriving_while_batch_holds_the_workers_starts_within_one
 def test_batch_admission_pauses_above_the_threshold_and_resumes_below(
     processes: Processes, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # a 2 s load horizon: 2 workers x 2 s = 4 s of outstanding work is load 1.0
-    monkeypatch.setenv("STEPLINE_SCHEDULER__LOAD_HORIZON", "2")
-    processes.env["STEPLINE_SCHEDULER__LOAD_HORIZON"] = "2"
+    # a 5 s load horizon: 2 workers x 5 s = 10 s of outstanding work due within 5 s (the
+    # interactive target) is load 1.0; eight 1.2 s interactive jobs are load ~0.96
+    monkeypatch.setenv("STEPLINE_SCHEDULER__LOAD_HORIZON", "5")
+    processes.env["STEPLINE_SCHEDULER__LOAD_HORIZON"] = "5"
     current_settings.cache_clear()
     processes.worker("w1")
     processes.worker("w2")
     processes.scheduler()
     wait_for_workers(redis_client, ["w1", "w2", "scheduler"])
     service = JobService(JobStore(redis_client), current_settings())
-    load = [service.submit(_sim(SloClass.INTERACTIVE, 12, 100))[0] for _ in range(4)]
+    load = [service.submit(_sim(SloClass.INTERACTIVE, 12, 100))[0] for _ in range(8)]
     wait_for(lambda: _admission(redis_client).get("state") == "converging", 20,
              "the tick to see the overload")
 

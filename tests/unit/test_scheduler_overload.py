@@ -27,7 +27,8 @@ POLICY = PolicyConfig(load_horizon_s=10.0)
 
 
 def _heavy(job_id: str, **overrides: Any):  # type: ignore[no-untyped-def]
-    return make_job(job_id, work_s=20.0, deadline_s=NOW_S + 1e4, **overrides)
+    # due in 20 s: with the 10 s horizon, half its work counts as load now
+    return make_job(job_id, work_s=20.0, deadline_s=NOW_S + 20.0, **overrides)
 
 
 def test_load_is_outstanding_work_over_what_the_workers_do_in_the_horizon() -> None:
@@ -56,7 +57,7 @@ def test_overload_suspends_waiting_batch_work_and_keeps_interactive_work() -> No
 
 
 def test_overload_moves_running_batch_work_to_standby() -> None:
-    jobs = [running("r", "w0", work_s=30.0, deadline_s=NOW_S + 1e4)]
+    jobs = [running("r", "w0", work_s=30.0, deadline_s=NOW_S + 20.0)]
     plan = plan_tick(make_snapshot(jobs, 1, policy=POLICY), POLICY, NOW_S)
     assert plan.standby == ("r",)
 
@@ -64,7 +65,7 @@ def test_overload_moves_running_batch_work_to_standby() -> None:
 def test_overload_expires_late_work_that_asked_to_be_shed_with_a_reason() -> None:
     jobs = [_heavy("b"), make_job("late", slo_class=SloClass.INTERACTIVE, work_s=4.0,
                                   deadline_s=NOW_S + 1.0, shed_if_late=True)]
-    plan = plan_tick(make_snapshot(jobs, 1, policy=POLICY), POLICY, NOW_S)
+    plan = plan_tick(make_snapshot(jobs, 1, policy=POLICY, measured=3), POLICY, NOW_S)
     (expiry,) = plan.expire
     assert expiry.job_id == "late"
     assert "cannot meet its deadline" in expiry.reason
@@ -77,13 +78,23 @@ def test_overload_demotes_late_work_behind_work_that_can_still_meet_its_deadline
             make_job("ok", slo_class=SloClass.INTERACTIVE, work_s=0.5,
                      deadline_s=NOW_S + 5.0)]
     # when the tick plans
-    plan = plan_tick(make_snapshot(jobs, 1, policy=POLICY), POLICY, NOW_S)
+    plan = plan_tick(make_snapshot(jobs, 1, policy=POLICY, measured=3), POLICY, NOW_S)
     # then the late job is not shed: it drops to the lowest level and is held back, and the
     # job that can still make it is released
     assert plan.expire == ()
     assert plan.levels["late"].level == 2 and "late" in plan.suspend
     assert [r.job_id for r in plan.releases] == ["ok"]
     assert plan.origin_id != "late"
+
+
+def test_a_late_job_judged_on_too_few_measurements_is_neither_shed_nor_demoted() -> None:
+    # given overload and a job the prior says cannot make it, with only two chunks measured
+    jobs = [_heavy("b"), make_job("late", slo_class=SloClass.INTERACTIVE, work_s=4.0,
+                                  deadline_s=NOW_S + 1.0, shed_if_late=True)]
+    plan = plan_tick(make_snapshot(jobs, 1, policy=POLICY, measured=2), POLICY, NOW_S)
+    # then it is not judged: not shed, not marked down to the lowest level
+    assert plan.expire == ()
+    assert "late" not in plan.levels or plan.levels["late"].level < 2
 
 
 def test_without_overload_a_late_job_is_not_expired() -> None:
@@ -132,6 +143,7 @@ def test_admission_ignores_a_stale_status() -> None:
 
 def test_plan_publishes_the_admission_status_for_the_submit_path() -> None:
     plan = plan_tick(make_snapshot([_heavy("b")], 1, policy=POLICY), POLICY, NOW_S)
-    assert plan.admission.load == pytest.approx(2.0)
+    # 20 s of work and 10 hops, due in 20 s: half of it counts within the 10 s horizon
+    assert plan.admission.load == pytest.approx((20.0 + 10 * POLICY.hop_overhead_s) / 2 / 10)
     assert plan.admission.retry_after_s > 0
     assert plan.admission.measured_at_s == NOW_S

@@ -4,7 +4,10 @@ The digests were recorded with the planner before its fast paths (fused survey, 
 mark, O(plan) invariant check), then updated on purpose: under overload convergence a
 realtime-class job that skip-joined the batch level is now held back like other batch work;
 and a job that can no longer meet its deadline is demoted to the lowest level, not expired,
-unless it asked to be shed (with every job shedding, the previous digests still come out).
+unless it asked to be shed (with every job shedding, the previous digests still come out);
+then the deadline-aware order (value-weighted SRPT among on-time work, Moore-Hodgson
+deferral, the top ``cap`` in flight, the reserve lent out), estimates with hop overhead and
+load due within the horizon.
 A change that means to alter behaviour updates them; run
 ``python -m tests.unit.test_scheduler_plan_digest`` to print the new ones.
 """
@@ -44,12 +47,12 @@ pytestmark = pytest.mark.timeout(120)
 
 POLICIES = (PolicyConfig(), PolicyConfig(slots_per_worker=2),
             PolicyConfig(top_scores=1, resume_per_tick=0),
-            PolicyConfig(resume_per_tick=50, max_preemptions=0, realtime_min_share=1.0),
+            PolicyConfig(resume_per_tick=50, max_preemptions=0, resource_reserve_ratio=0.5),
             PolicyConfig(policy=PolicyKind.PRIORITY))
 EXPECTED = {
-    "random": "967c14d9ac2647aa85c3c48eca5e4cfcb2318ff726777e4b02e9d3c4acf1ba67",
-    "bench": "41dbe6302bd66ee6fd9bfdb7b009bf19698f2dba6c81682e4f1507376a3661d3",
-    "simulated": "8344e4a12c13b85c8ab4bf4484bf60089df561c9bd59a8675e9d85aafface0cf",
+    "random": "0b150489251ccb8c7197f10ae26d69fbb40aa396894338020ff4fce83822abe7",
+    "bench": "a140c46c4dc637047ca2da100dbe56029bd7761576254572a5bbbf8dc0b61e88",
+    "simulated": "7c68a301b561e4dfd50f7683231d34774b92de419b8e66a44a6d78d4dc5a323e",
 }
 
 ADDED_LATER = frozenset({"recoveries", "failures"})

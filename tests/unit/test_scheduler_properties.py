@@ -164,11 +164,16 @@ def test_realtime_gets_at_least_sixty_percent_of_worker_time_under_contention() 
             cluster.submit(sim_job(f"r{serial}", SloClass.REALTIME, 3, deadline_s=NOW_S + 1e4))
             serial += 1
         cluster.step()
-    # then realtime work got >= 60 % of the worker time of that period, and batch still ran
+    # then realtime work got >= 60 % of the worker time of that period, and once the flood
+    # ends every batch job still finishes (none is starved for good)
     realtime_s = cluster.busy_s[SloClass.REALTIME]
     batch_s = cluster.busy_s[SloClass.BATCH] - 20 * 0.1 * 5
     assert realtime_s / (realtime_s + batch_s) >= 0.6
-    assert batch_s > 0
+    for _ in range(3000):
+        if not cluster.jobs:
+            break
+        cluster.step()
+    assert all(f"b{k}" in cluster.done for k in range(40))
 
 
 def test_a_long_simulation_under_every_policy_keeps_the_invariants() -> None:

@@ -65,12 +65,16 @@ def make_workers(count: int, busy: dict[str, str] | None = None) -> tuple[Worker
 
 def make_snapshot(jobs: Iterable[JobView], workers: int | tuple[WorkerView, ...] = 4,
                   state: PolicyState | None = None,
-                  policy: PolicyConfig | None = None) -> ClusterSnapshot:
+                  policy: PolicyConfig | None = None, measured: int = 0) -> ClusterSnapshot:
+    """``measured``: chunks of the simulated cost key timed on the cpu (at the prior's rate),
+    so estimates are trusted once it reaches ``policy.cost_min_samples``."""
     jobs = tuple(jobs)
     if isinstance(workers, int):
         busy = {j.running_on: j.job_id for j in jobs if j.running_on}
         workers = make_workers(workers, busy)
     cost = (policy or PolicyConfig()).new_cost_model()
+    for _ in range(measured):
+        cost = cost.observe("simulated", "cpu", 1.0, SIM_RATE_S_PER_UNIT)
     return ClusterSnapshot(jobs, workers, cost, state or PolicyState())
 
 

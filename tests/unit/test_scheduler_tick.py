@@ -33,6 +33,7 @@ from tests.unit.test_scheduler_support import (
 
 pytestmark = pytest.mark.timeout(30)
 POLICY = PolicyConfig()
+UNCONVERGED = PolicyConfig(convergence_threshold=10.0, shed_load=10.0)
 
 
 def _busy_with_batch(workers: int, **overrides: Any) -> list:  # type: ignore[type-arg]
@@ -51,26 +52,29 @@ def test_waiting_jobs_fill_free_slots_in_score_order() -> None:
     check_plan_invariants(plan, make_snapshot(jobs, workers=2), POLICY)
 
 
-def test_realtime_job_preempts_the_lowest_scoring_batch_job_when_no_worker_is_free() -> None:
-    # given four workers busy with batch jobs, one of them gold, and a realtime job waiting
-    busy = _busy_with_batch(4)
+def test_realtime_job_preempts_the_lowest_ranked_batch_job_when_no_worker_frees_in_time() -> None:
+    # given four workers busy with long batch jobs, one of them gold, and a realtime job
+    # waiting that would miss its deadline waiting for one of them to finish
+    busy = _busy_with_batch(4, work_s=30.0)
     busy[0] = replace(busy[0], tier=Tier.GOLD)
-    rt = make_job("rt", slo_class=SloClass.REALTIME, work_s=0.3, deadline_s=NOW_S + 5)
+    rt = make_job("rt", slo_class=SloClass.REALTIME, work_s=0.3, deadline_s=NOW_S + 2)
     snapshot = make_snapshot([*busy, rt], workers=4)
-    # when the tick runs
-    plan = plan_tick(snapshot, POLICY, NOW_S)
+    # when the tick runs (below the overload threshold)
+    plan = plan_tick(snapshot, UNCONVERGED, NOW_S)
     # then the realtime job is released to the realtime queue and one standard batch job yields
     assert Release("rt", "realtime") in plan.releases
     assert len(plan.preempt) == 1 and plan.preempt[0] != "b0"
-    check_plan_invariants(plan, snapshot, POLICY)
+    check_plan_invariants(plan, snapshot, UNCONVERGED)
 
 
 def test_a_job_preempted_max_times_is_never_preempted_again() -> None:
-    busy = _busy_with_batch(4, preemptions=POLICY.max_preemptions)
+    busy = _busy_with_batch(4, preemptions=POLICY.max_preemptions, work_s=30.0)
     rt = make_job("rt", slo_class=SloClass.REALTIME, work_s=0.3)
-    plan = plan_tick(make_snapshot([*busy, rt], workers=4), POLICY, NOW_S)
+    plan = plan_tick(make_snapshot([*busy, rt], workers=4), UNCONVERGED, NOW_S)
+    # the realtime job cannot wait for a 3 s chunk, but no batch job may be preempted again:
+    # it is queued for the first worker to free, and one batch job's next chunk goes to standby
     assert plan.preempt == ()
-    assert plan.releases == ()
+    assert [r.job_id for r in plan.releases] == ["rt"] and len(plan.standby) == 1
 
 
 def test_origin_preempts_even_realtime_work_when_the_fleet_is_full() -> None:
@@ -99,13 +103,29 @@ def test_preempted_job_keeps_its_place_ahead_of_later_arrivals() -> None:
     assert [r.job_id for r in plan.releases] == ["old"]
 
 
-def test_reserve_names_workers_that_consume_only_realtime_while_realtime_work_is_live() -> None:
-    # given ten idle workers and one realtime job
-    snapshot = make_snapshot([make_job("rt", slo_class=SloClass.REALTIME, work_s=0.2)], 10)
-    # when the tick runs
-    plan = plan_tick(snapshot, POLICY, NOW_S)
-    # then ceil(0.2 × 10) = 2 workers are reserved and consume the realtime queue only
-    assert len(plan.reserved_workers) == 2
+def test_reserve_is_lent_out_while_preemption_can_reclaim_it_in_time() -> None:
+    # given five workers, realtime work live and plenty of batch work whose block groups
+    # are far shorter than the realtime job's slack
+    jobs = [make_job("rt", slo_class=SloClass.REALTIME, work_s=0.2)]
+    jobs += [make_job(f"b{k}") for k in range(10)]
+    plan = plan_tick(make_snapshot(jobs, 5), POLICY, NOW_S)
+    # then no worker is held: every slot is filled, the realtime job first
+    assert plan.reserved_workers == frozenset() and plan.reserve_reason is None
+    assert len(plan.releases) == 5 and plan.releases[0] == Release("rt", "realtime")
+
+
+def test_reserve_is_held_when_a_block_group_outlasts_the_realtime_slack() -> None:
+    # given ten workers, eight busy with batch chunks of 2 s in one block group, and a
+    # realtime job that has only 0.3 s to spare
+    busy = [running(f"b{k}", f"w{k}", work_s=20.0, next_chunk_cost_units=2.0 / 0.01 / 10,
+                    deadline_s=NOW_S + 500) for k in range(8)]
+    rt = make_job("rt", slo_class=SloClass.REALTIME, work_s=0.2, deadline_s=NOW_S + 0.5,
+                  submitted_at_s=NOW_S)
+    plan = plan_tick(make_snapshot([*busy, rt], 10), POLICY, NOW_S)
+    # then ceil(0.2 × 10) = 2 workers (the idle ones) consume the realtime queue only, and
+    # the plan says why
+    assert plan.reserved_workers == {"w8", "w9"}
+    assert plan.reserve_reason is not None and "too late" in plan.reserve_reason
     for name, queues in plan.worker_queues.items():
         expected = ("realtime",) if name in plan.reserved_workers else (
             "realtime", "interactive", "batch", "standby")
@@ -121,14 +141,19 @@ def test_reserve_is_released_after_the_hold_once_realtime_pressure_ends() -> Non
     assert released.reserved_workers == frozenset()
 
 
-def test_batch_work_does_not_grow_onto_reserved_workers() -> None:
-    # given 5 idle workers, one realtime job and many batch jobs
-    jobs = [make_job("rt", slo_class=SloClass.REALTIME, work_s=0.2)]
-    jobs += [make_job(f"b{k}") for k in range(10)]
-    plan = plan_tick(make_snapshot(jobs, 5), POLICY, NOW_S)
-    # then one worker is reserved (the realtime job's), and batch fills only the other four
+def test_batch_work_does_not_grow_onto_a_held_reserve() -> None:
+    # given 5 workers, a realtime job with 0.3 s to spare, and batch work whose chunks run
+    # 2 s in one block group
+    slow = {"next_chunk_cost_units": 2.0 / 0.01 / 10}
+    jobs = [make_job("rt", slo_class=SloClass.REALTIME, work_s=0.2, deadline_s=NOW_S + 0.5,
+                     submitted_at_s=NOW_S)]
+    jobs += [running("b0", "w0", work_s=20.0, deadline_s=NOW_S + 500, **slow)]
+    jobs += [make_job(f"b{k}", work_s=20.0, **slow) for k in range(1, 10)]
+    plan = plan_tick(make_snapshot(jobs, 5), UNCONVERGED, NOW_S)
+    # then one worker is held for realtime work, and batch work holds only the other four
+    # (the running batch job, with the most slack, makes way for three fresher ones)
     assert len(plan.reserved_workers) == 1
-    assert sum(r.queue == "batch" for r in plan.releases) == 4
+    assert sum(r.queue == "batch" for r in plan.releases) == 4 and plan.standby == ("b0",)
     assert plan.releases[0] == Release("rt", "realtime")
 
 
