@@ -2,13 +2,12 @@
 
 Slots: at most ``alive workers × slots_per_worker`` jobs are in flight (QUEUED or RUNNING, not on
 standby, not being preempted): the best-ranked ones; every slot is filled while runnable work
-waits. Jobs rank in three bands: the origin; the jobs that can still finish by their deadlines
-(shortest value-weighted remaining work first, with aging; least slack on ties); then the rest —
-work past saving by its estimate, or that the fleet cannot fit together with the work that can
-(Moore-Hodgson, least value per second deferred first) — shortest remaining work first, with
-aging. In-flight work outside the top goes to the standby queue; a running job outside it
-yields at its next block group when a job of the top would otherwise wait past its deadline
-for a worker.
+waits. The origin ranks first; then shortest value-weighted remaining work first, with aging
+(least slack on ties), where work past saving by its estimate, or that the fleet cannot fit
+together with the work that can (Moore-Hodgson, least value per second deferred first), counts
+``late_penalty`` times its size. In-flight work outside the top goes to the standby queue; a
+running job outside it yields at its next block group when a job of the top would otherwise
+wait past its deadline for a worker.
 """
 
 from __future__ import annotations
@@ -36,8 +35,8 @@ from scheduler.survey import Survey, survey_jobs
 
 _WAITING = frozenset({JobState.PENDING, JobState.PREEMPTED})
 _CLASS_VALUE = {SloClass.REALTIME: 4.0, SloClass.INTERACTIVE: 2.0, SloClass.BATCH: 1.0}
-_ORIGIN, _ON_TIME, _BEHIND = 0, 1, 2
-"""Rank bands, best first."""
+_ORIGIN, _ON_TIME = 0, 1
+"""Rank bands, best first: the origin, then everything else by key."""
 
 Rank = tuple[int, float, float]
 """(band, key, tie-break): smaller ranks first."""
@@ -160,11 +159,13 @@ class _Planner:
         slack_s = self.slack_s(i)
         if i in self.demoted or i in self.deferred or slack_s < 0.0:
             # Past saving by the estimate (however few measurements back it: this only
-            # orders, it marks and sheds nothing): behind the work that can still make it.
+            # orders, it marks and sheds nothing), or deferred: it ranks as on-time work
+            # ``late_penalty`` times its size — still before long work that has slack to
+            # spare, never before short work that can make its deadline.
             waited_s = 0.0 if job.state is JobState.RUNNING else max(
                 self.now_s - job.waiting_since_s, 0.0)
             aged = 1.0 + waited_s / self.policy.aging_bound_s
-            return (_BEHIND, tie / aged, tie)
+            return (_ON_TIME, tie * self.policy.late_penalty / aged, tie)
         if self.inherited and self.inherited.get(i, LOWEST_LEVEL) < self.base_level(i):
             return (_ON_TIME, -math.inf, tie)  # others wait on it: it runs first
         # Shortest remaining work first, in value-weighted seconds: the class and tier are

@@ -97,6 +97,9 @@ class PolicyConfig:
     hop_overhead_s: float = 0.005
     """Time between one chunk's end and the next one's start (commit, publish, claim): every
     chunk still to run adds it to a job's remaining time."""
+    late_penalty: float = 4.0
+    """Work past saving by its estimate, or deferred because the fleet cannot fit it with the
+    work that can still make its deadline, ranks as on-time work this many times its size."""
     tick_interval_s: float = 0.1
     """How often the policy plans: a decision put off now is taken again this much later."""
     cost_min_samples: int = 3
@@ -149,6 +152,7 @@ class PolicyConfig:
             ("cost_min_samples", self.cost_min_samples, 0, 1_000_000),
             ("hop_overhead_s", self.hop_overhead_s, 0.0, 60.0),
             ("tick_interval_s", self.tick_interval_s, 1e-3, 60.0),
+            ("late_penalty", self.late_penalty, 1.0, 1e6),
             ("slots_per_worker", self.slots_per_worker, 1, 64),
             ("resource_reserve_ratio", self.resource_reserve_ratio, 0.0, 0.9),
             ("reserve_hold_s", self.reserve_hold_s, 0.0, 3600.0),

@@ -135,6 +135,9 @@ class SchedulerSettings(BaseModel):
     hop_overhead: Seconds = Field(default=0.005, ge=0, le=60)
     """Time from one chunk's end to the next one's start (commit, publish, claim), added to
     a job's remaining time per chunk left (``stepline bench`` measures it)."""
+    late_penalty: float = Field(default=4.0, ge=1, le=1e6)
+    """Work past saving (or that the fleet cannot fit with the work that can still make its
+    deadline) ranks as on-time work this many times its size."""
     cost_min_samples: int = Field(default=3, ge=0, le=1_000_000)
     """Measured chunks of each remaining kind a job's estimate needs before the job may be
     judged unable to meet its deadline (demoted, or shed if it asked to be)."""
@@ -179,6 +182,7 @@ class SchedulerSettings(BaseModel):
             cost_ewma_alpha=self.cost_ewma_alpha,
             cost_prior_samples=self.cost_prior_samples,
             cost_min_samples=self.cost_min_samples,
+            late_penalty=self.late_penalty,
             hop_overhead_s=self.hop_overhead,
             tick_interval_s=self.origin_detection_interval,
         )

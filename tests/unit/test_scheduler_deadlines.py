@@ -14,7 +14,7 @@ pytestmark = pytest.mark.timeout(30)
 POLICY = PolicyConfig(convergence_threshold=10.0, shed_load=10.0)
 
 
-def test_jobs_of_one_class_are_released_shortest_first_and_hopeless_work_last() -> None:
+def test_jobs_of_one_class_are_released_shortest_first_and_hopeless_work_as_if_longer() -> None:
     # given three free workers and four interactive jobs: the first to arrive is the longest,
     # one is already past saving (its deadline is nearer than its work)
     jobs = [make_job("long", slo_class=SloClass.INTERACTIVE, submitted_at_s=NOW_S - 3,
@@ -25,9 +25,11 @@ def test_jobs_of_one_class_are_released_shortest_first_and_hopeless_work_last() 
                      deadline_s=NOW_S + 3, work_s=0.5),
             make_job("middle", slo_class=SloClass.INTERACTIVE, submitted_at_s=NOW_S - 2,
                      deadline_s=NOW_S + 10, work_s=1.0)]
-    # when the tick runs, then the order is the policy's, not arrival order
+    # when the tick runs, then the order is the policy's, not arrival order: the hopeless job
+    # ranks as one four times its size (ahead of the long job, which has slack to spare)
     plan = plan_tick(make_snapshot(jobs, 3), POLICY, NOW_S)
-    assert [r.job_id for r in plan.releases] == ["short", "middle", "long"]
+    assert [r.job_id for r in plan.releases] == ["short", "middle", "hopeless"]
+    assert plan.standby == () and "long" not in [r.job_id for r in plan.releases]
 
 
 def test_work_the_fleet_cannot_fit_by_its_deadline_is_deferred_behind_work_that_can() -> None:

@@ -5,8 +5,8 @@ mark, O(plan) invariant check), then updated on purpose: under overload converge
 realtime-class job that skip-joined the batch level is now held back like other batch work;
 and a job that can no longer meet its deadline is demoted to the lowest level, not expired,
 unless it asked to be shed (with every job shedding, the previous digests still come out);
-then the deadline-aware order (value-weighted SRPT among on-time work, Moore-Hodgson
-deferral, the top ``cap`` in flight, the reserve lent out), estimates with hop overhead and
+then the deadline-aware order (value-weighted SRPT, late and Moore-Hodgson-deferred work
+penalised, the top ``cap`` in flight, the reserve lent out), estimates with hop overhead and
 load due within the horizon.
 A change that means to alter behaviour updates them; run
 ``python -m tests.unit.test_scheduler_plan_digest`` to print the new ones.
@@ -50,9 +50,9 @@ POLICIES = (PolicyConfig(), PolicyConfig(slots_per_worker=2),
             PolicyConfig(resume_per_tick=50, max_preemptions=0, resource_reserve_ratio=0.5),
             PolicyConfig(policy=PolicyKind.PRIORITY))
 EXPECTED = {
-    "random": "0b150489251ccb8c7197f10ae26d69fbb40aa396894338020ff4fce83822abe7",
-    "bench": "a140c46c4dc637047ca2da100dbe56029bd7761576254572a5bbbf8dc0b61e88",
-    "simulated": "7c68a301b561e4dfd50f7683231d34774b92de419b8e66a44a6d78d4dc5a323e",
+    "random": "f3d42ff9c30c2f55af246885c08cec24391e83b22ee27277d0f7f0d3964476c7",
+    "bench": "5f66cd4d76e298cad50c0df44ca49632ec569e9733dd7419aff804b3f93bed93",
+    "simulated": "9edce547dc4884204989aba251d1aca8de41b6f6f66807054da58e1772e79b25",
 }
 
 ADDED_LATER = frozenset({"recoveries", "failures"})
