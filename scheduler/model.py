@@ -81,6 +81,8 @@ class JobView:
     """``service_s`` when the job entered ``level``; the quantum used is the difference."""
     preempt_requested: bool = False
     """A preempt flag is set and the job has not stopped yet."""
+    estimated: bool = False
+    """The job's first estimate of its whole service time is on record already."""
     shed_if_late: bool = False
     """Under overload, expire the job once it cannot meet its deadline; otherwise it is
     demoted to the lowest level, behind the work that still can."""

@@ -106,6 +106,9 @@ class TickPlan:
     planned before everything else, and left out of the rest of the plan."""
     failures: tuple[Failure, ...] = ()
     """Jobs that can never run (a failed dependency, an unreadable record) → FAILED."""
+    estimates: Mapping[str, float] | None = None
+    """Whole-service-time estimates of jobs that have none on record yet (kept once, so the
+    bench can report the cost model's error)."""
     reserve_reason: str | None = None
     """Why workers are held for realtime work only (None: the reserve is lent out)."""
     deferred: tuple[str, ...] = ()

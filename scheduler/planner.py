@@ -484,9 +484,15 @@ class _Planner:
             admission=admission_status(self.admission, self.load, self.policy, self.now_s),
             capacity_slots=cap,
             state=self._next_state(reserved),
+            estimates=self._first_estimates(),
             reserve_reason=self.reserve_reason,
             deferred=_job_ids(live, sorted(self.deferred)),
         )
+
+    def _first_estimates(self) -> dict[str, float]:
+        live, remaining = self.sv.live, self.sv.remaining_s
+        return {live[i].job_id: live[i].service_s + remaining[i]
+                for i in range(len(live)) if not live[i].estimated}
 
     def _release(self, i: int, queue: str) -> Release:
         job = self.sv.live[i]

@@ -127,6 +127,9 @@ class LiveTarget:
             log.warning("job %s: %s", job.job_id, recovery.reason)
         return moved
 
+    def record_estimate(self, job_id: str, estimate_s: float) -> None:
+        self.store.keep_first_estimate(job_id, estimate_s)
+
     def mark_level(self, job_id: str, mark: LevelMark) -> None:
         self.store.set_fields(job_id, level=mark.level, level_mark_s=mark.service_mark_s)
 

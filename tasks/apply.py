@@ -59,6 +59,10 @@ class TickTarget(Protocol):
         (the policy's estimate of its whole service time) is kept from its first release."""
         ...
 
+    def record_estimate(self, job_id: str, estimate_s: float) -> None:
+        """Keep the job's first whole-service-time estimate (a later one never replaces it)."""
+        ...
+
     def set_worker_queues(self, wanted: Mapping[str, tuple[str, ...]]) -> None:
         ...
 
@@ -89,6 +93,8 @@ def apply_plan(plan: TickPlan, target: TickTarget) -> list[str]:
         target.standby(job_id)
     for rel in plan.releases:
         target.release(rel.job_id, rel.queue, plan.atomic_release, rel.estimate_s)
+    for job_id, estimate_s in (plan.estimates or {}).items():
+        target.record_estimate(job_id, estimate_s)
     target.set_worker_queues(plan.worker_queues)
     target.publish_decisions(plan)
     return recovered

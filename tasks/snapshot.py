@@ -78,7 +78,7 @@ def job_view(r: JobRecord, failed_dependency: str | None = None,
                                else 0.0),
         own_s_per_unit=own_s_per_unit, parked_on=affinity_worker(r.queue),
         published=published, failed_dependency=failed_dependency,
-        shed_if_late=r.shed_if_late,
+        shed_if_late=r.shed_if_late, estimated=r.first_estimate_s is not None,
     )
 
 

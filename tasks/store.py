@@ -25,7 +25,7 @@ from scheduler.lifecycle import TRANSITIONS, JobState
 from scheduler.model import ResourceProfile
 from tasks import keys
 from tasks.errors import JobNotFound
-from tasks.record import JobRecord, UnreadableRecord, encode
+from tasks.record import JobRecord, UnreadableRecord, encode, field_name
 from tasks.spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -180,6 +180,12 @@ event(KEYS[3], 'state', 'RUNNING', 'QUEUED', ARGV[9], 'next chunk ' .. nxt .. ' 
 return {'hop', tostring(seq), tostring(nxt), target}
 """
 
+# KEYS: job. ARGV: field, value. Set once, on a record that exists.
+_FIRST_ESTIMATE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) end
+return 1
+"""
+
 # KEYS: job. ARGV: state, epoch. A preempt flag only for the attempt the tick saw running.
 _FLAG_PREEMPT = """
 local h = redis.call('HMGET', KEYS[1], 'state', 'epoch')
@@ -260,6 +266,7 @@ class JobStore:
         self._create = client.register_script(_CREATE)
         self._claim = client.register_script(_CLAIM)
         self._commit = client.register_script(_COMMIT)
+        self._first_estimate = client.register_script(_FIRST_ESTIMATE)
         self._flag_preempt = client.register_script(_FLAG_PREEMPT)
         self._update_as_seen = client.register_script(_UPDATE_AS_SEEN)
         self._fail_unreadable = client.register_script(_FAIL_UNREADABLE)
@@ -552,6 +559,12 @@ class JobStore:
         if len(reply) < 4:
             return Commit(status)
         return Commit(status, seq=int(reply[1]), next_chunk=int(reply[2]), queue=_text(reply[3]))
+
+    def keep_first_estimate(self, job_id: str, estimate_s: float) -> None:
+        """Record the scheduler's first estimate of the job's whole service time, once, and
+        only on a record that still exists (never recreating a deleted job's hash)."""
+        self._first_estimate(keys=[keys.job(job_id)],
+                             args=[field_name("first_estimate_s"), repr(estimate_s)])
 
     def load_checkpoint(self, job_id: str) -> bytes | None:
         return cast(bytes | None, self.redis.get(keys.job_checkpoint(job_id)))

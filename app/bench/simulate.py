@@ -210,6 +210,7 @@ class _Job:
         "atomic",
         "epoch",
         "finished_s",
+        "first_estimate_s",
         "groups_done",
         "id",
         "lease_until_s",
@@ -244,6 +245,7 @@ class _Job:
         self.epoch = 0
         self.atomic = False
         self.finished_s: float | None = None
+        self.first_estimate_s: float | None = None
         self.lease_until_s: float | None = None
         """Set when the worker running it dies: its lease lapses then (a live worker renews)."""
         self.view: JobView | None = None
@@ -266,6 +268,7 @@ class _Job:
                 else ResourceProfile.COMPUTE,
                 level=self.level, level_service_s=self.level_service_s,
                 preempt_requested=self.preempt, epoch=self.epoch,
+                estimated=self.first_estimate_s is not None,
                 lease_until_s=self.lease_until_s,
             )
         return self.view
@@ -322,6 +325,8 @@ class SimResult:
     lost_jobs: list[int] = field(default_factory=list)
     """Jobs whose running chunk died with the failed worker."""
     wall_s: float = 0.0
+    first_estimates_s: list[float | None] = field(default_factory=list)
+    """Each job's first whole-service-time estimate from the policy (None: never made)."""
 
 
 class ClusterSim:
@@ -386,6 +391,7 @@ class ClusterSim:
         lost_worker_s = self.now - fail_s if fail_s is not None and fail_s < self.now else 0.0
         r.capacity_s = len(self.workers) * self.now - lost_worker_s
         r.preemptions = sum(j.preemptions for j in self.jobs)
+        r.first_estimates_s = [j.first_estimate_s for j in self.jobs]
         r.wall_s = wall_s
         return r
 
@@ -645,6 +651,11 @@ class ClusterSim:
         self._release(job, queue)
         return True
 
+    def record_estimate(self, job_id: str, estimate_s: float) -> None:
+        job = self.live[job_id]
+        if job.first_estimate_s is None:
+            job.first_estimate_s, job.view = estimate_s, None
+
     def set_worker_queues(self, wanted: Mapping[str, tuple[str, ...]]) -> None:
         for name, queues in wanted.items():
             w = self.by_name[name]
@@ -733,6 +744,19 @@ def group_metrics(trace: Sequence[SimArrival], result: SimResult, duration_s: fl
     return rows
 
 
+def estimate_error(config: SimConfig, trace: Sequence[SimArrival],
+                   result: SimResult) -> dict[str, Any] | None:
+    """|first estimate − true service| ÷ true service (chunk times plus one hop each) over the
+    jobs the policy estimated: p50, p95 and how many."""
+    hop_s = config.dispatch_overhead_s
+    errors = sorted(abs(est - true_s) / true_s
+                    for a, est in zip(trace, result.first_estimates_s, strict=False)
+                    if est is not None and (true_s := sum(a.chunk_s) + len(a.chunk_s) * hop_s) > 0)
+    if not errors:
+        return None
+    return {"jobs": len(errors), "p50": percentile(errors, 50), "p95": percentile(errors, 95)}
+
+
 def _tick_stats(result: SimResult) -> dict[str, Any] | None:
     if not result.tick_ms:
         return None
@@ -753,6 +777,7 @@ def policy_report(config: SimConfig, trace: Sequence[SimArrival],
         "lost_work_s": result.lost_s,
         "preemptions": result.preemptions,
         "plan_tick": _tick_stats(result),
+        "estimate_error": estimate_error(config, trace, result),
         "wall_s": result.wall_s,
     }
 

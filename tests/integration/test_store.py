@@ -8,6 +8,7 @@ import redis
 from app.schemas import JobSpec
 from scheduler.errors import IllegalTransition
 from scheduler.lifecycle import JobState
+from tasks import keys
 from tasks.record import UnreadableRecord, encode
 from tasks.store import CommitStatus, JobStore
 
@@ -178,3 +179,16 @@ def test_cancel_of_a_waiting_job_is_immediate(redis_client: redis.Redis) -> None
     store = JobStore(redis_client)
     job_id, _ = _create(store)
     assert store.request_cancel(job_id) is JobState.CANCELLED
+
+
+def test_the_first_estimate_is_kept_once_and_never_recreates_a_deleted_record(
+        redis_client: redis.Redis) -> None:
+    store = JobStore(redis_client)
+    job_id, _ = _create(store)
+    # given two estimates for one job, then one for a job whose record is gone
+    store.keep_first_estimate(job_id, 2.5)
+    store.keep_first_estimate(job_id, 9.0)
+    store.keep_first_estimate("gone", 1.0)
+    # then the first one stands, and no record appears for the missing job
+    assert store.record(job_id).first_estimate_s == 2.5
+    assert not redis_client.exists(keys.job("gone"))

@@ -56,6 +56,8 @@ EXPECTED = {
 }
 
 ADDED_LATER = frozenset({"recoveries", "failures"})
+NOT_DECISIONS = frozenset({"estimates"})
+"""Plan fields that report rather than decide (the cost model's first estimates): left out."""
 """Plan fields added after the digests were recorded: left out while empty, so the digests
 still prove that every earlier decision is unchanged."""
 
@@ -180,7 +182,8 @@ def canonical(value: object) -> object:
     if is_dataclass(value) and not isinstance(value, type):
         return (type(value).__name__,
                 tuple((f.name, canonical(getattr(value, f.name))) for f in fields(value)
-                      if not (f.name in ADDED_LATER and getattr(value, f.name) == ())))
+                      if f.name not in NOT_DECISIONS
+                      and not (f.name in ADDED_LATER and getattr(value, f.name) == ())))
     if isinstance(value, tuple | list):
         return tuple(canonical(v) for v in value)
     if isinstance(value, frozenset):
