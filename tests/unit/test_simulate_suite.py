@@ -223,13 +223,11 @@ GOAL_ROWS = [
     pytest.param(SMALL_ROWS[0], id="mixed-1.2-w4"),
     pytest.param(SMALL_ROWS[1], id="mixed-bursty-0.9-w8"),
     pytest.param(SMALL_ROWS[2], id="lognormal-3x-split-0.9-w4", marks=_xfail(
-        "attainment 99.4 % (best baseline 100 %), but batch p95 23.2 s vs priority 19.7 s")),
-    pytest.param(SMALL_ROWS[3], id="pareto-2x-interactive-1.2-w8", marks=_xfail(
-        "attainment and goodput above every baseline; interactive p95 17.9 s vs priority "
-        "14.8 s")),
+        "attainment 99.4 % (best baseline 100 %), but batch p95 23.5 s vs priority 19.7 s")),
+    pytest.param(SMALL_ROWS[3], id="pareto-2x-interactive-1.2-w8"),
     pytest.param(SMALL_ROWS[4], id="lognormal-2x-split-0.7-w2-fail", marks=_xfail(
-        "attainment 80.6 % vs srpt 85.7 %, goodput 0.313/s vs 0.333/s, interactive p95 "
-        "9.89 s vs priority 2.13 s")),
+        "attainment 83.7 % vs srpt 85.7 %, goodput 0.325/s vs 0.333/s, 0.95 x oracle-srpt "
+        "84.3 %")),
 ]
 
 
