@@ -33,7 +33,6 @@ from scheduler.scoring import select_origin
 from scheduler.state import AdmissionState, PolicyState
 from scheduler.survey import Survey, survey_jobs
 
-_WAITING = frozenset({JobState.PENDING, JobState.PREEMPTED})
 _CLASS_VALUE = {SloClass.REALTIME: 4.0, SloClass.INTERACTIVE: 2.0, SloClass.BATCH: 1.0}
 _ORIGIN, _ON_TIME = 0, 1
 """Rank bands, best first: the origin, then everything else by key."""
