@@ -15,9 +15,10 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Literal, Optional
 
 import typer
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Column, Table
@@ -36,6 +37,7 @@ from app.tenants import API_KEY_FILE
 from scheduler.lifecycle import JobState, SloClass
 from tasks.errors import SteplineError
 from tasks.runtime import connect, current_settings, redis_url
+from tasks.settings.moe import cache_config
 
 cli = typer.Typer(
     help="Stepline: SLO-aware serving of diffusion and MoE jobs.", no_args_is_help=True
@@ -397,7 +399,8 @@ def reliability(
     raise typer.Exit(run_reliability(out.resolve(), burst_s=burst_s, cpu_hogs=cpu_hogs))
 
 
-experts_cli = typer.Typer(help="Expert hot updates of MoE models (canary with rollback).",
+experts_cli = typer.Typer(help="MoE experts: hot updates (canary with rollback), routing "
+                          "traces and cache replay.",
                           no_args_is_help=True)
 cli.add_typer(experts_cli, name="experts")
 
@@ -466,6 +469,164 @@ def experts_rollback(
     _setup(run_dir, None)
     record = _expert_updates().roll_back(model, time.time())
     console.print(f"{model}: live {record.state['live']}")
+
+
+class _ReplayOptions(BaseModel):
+    """What `stepline experts replay` was asked, validated before any work."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    slots: list[int] = Field(min_length=1)
+    policies: list[str] = Field(min_length=1)
+    prefetch: int = Field(ge=0, le=64)
+    copy_cost: float = Field(gt=0, le=100)
+    min_confidence: float = Field(ge=0, le=1)
+    allocation: Literal["uniform", "reuse"]
+
+    @field_validator("slots")
+    @classmethod
+    def _positive(cls, value: list[int]) -> list[int]:
+        if any(s < 1 for s in value):
+            raise ValueError("every slots-per-layer size must be at least 1")
+        return sorted(set(value))
+
+
+def _int_list(text: str, what: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"{what} must be comma-separated integers, got {text!r}") from None
+
+
+@experts_cli.command("record")
+def experts_record(
+    model: Annotated[str, typer.Option(help="MoE model recipe name (configs/models).")],
+    inputs: Annotated[Path, typer.Option(help="Prompts: JSON Lines of {\"prompt\", "
+                                         "\"max_new_tokens\"} or one prompt per line.")],
+    out: Annotated[Path, typer.Option(help="Trace file to write (JSON Lines).")],
+    max_new_tokens: Annotated[int, typer.Option(min=1, max=4096, help="Tokens per prompt "
+                                                "when the input line does not say.")] = 64,
+    config: ConfigFile = None,
+) -> None:
+    """Run the prompts through the model (greedy, its own routing) and write the routing trace:
+    per request, per step, per MoE layer, the chosen experts and the lookahead's prediction."""
+    _setup(None, config)
+    from workers.moe.record import read_inputs, record_trace  # deferred: loads torch
+    from workers.moe.traces import top_k_overlap, write_trace  # deferred: loads torch
+
+    trace = record_trace(model, read_inputs(inputs, max_new_tokens))
+    write_trace(trace, out)
+    accuracy = top_k_overlap(trace)
+    console.print(f"{out}: {len(trace.requests)} requests, {trace.tokens()} steps, "
+                  f"{len(trace.moe_layers())} MoE layers x {trace.experts()} experts; lookahead "
+                  f"top-k accuracy {'-' if accuracy is None else format(accuracy, '.3f')}")
+
+
+@experts_cli.command("synth")
+def experts_synth(
+    out: Annotated[Path, typer.Option(help="Trace file to write (JSON Lines).")],
+    layers: Annotated[int, typer.Option(min=1, max=256)] = 24,
+    experts: Annotated[int, typer.Option(min=2, max=4096)] = 128,
+    top_k: Annotated[int, typer.Option(min=1, max=64)] = 1,
+    requests: Annotated[int, typer.Option(min=1, max=10_000)] = 30,
+    decode_tokens: Annotated[int, typer.Option(min=1, max=100_000)] = 128,
+    skew: Annotated[str, typer.Option(help="Zipf exponent range per layer, LO,HI.")] = "0.6,1.4",
+    locality: Annotated[float, typer.Option(min=0, max=1)] = 0.5,
+    layer_correlation: Annotated[float, typer.Option(min=0, max=1)] = 0.5,
+    lookahead_accuracy: Annotated[float, typer.Option(
+        min=0, max=1, help="Share of routed experts the recorded lookahead names.")] = 0.9,
+    seed: int = 0,
+) -> None:
+    """Write a synthetic routing trace with tunable skew, locality and lookahead accuracy."""
+    from workers.moe.traces import synthetic_trace, write_trace  # deferred: loads torch
+
+    try:
+        lo, hi = (float(x) for x in skew.split(","))
+    except ValueError:
+        raise typer.BadParameter(f"--skew takes LO,HI, got {skew!r}") from None
+    if not 0 < lo <= hi <= 4:
+        raise typer.BadParameter(f"--skew needs 0 < LO <= HI <= 4, got {skew!r}")
+    if top_k > experts:
+        raise typer.BadParameter(f"--top-k {top_k} exceeds --experts {experts}")
+    trace = synthetic_trace(layers=layers, experts=experts, top_k=top_k, requests=requests,
+                            decode_tokens=decode_tokens, skew=(lo, hi), locality=locality,
+                            layer_correlation=layer_correlation,
+                            lookahead_accuracy=lookahead_accuracy, seed=seed)
+    write_trace(trace, out)
+    console.print(f"{out}: {len(trace.requests)} requests, {trace.tokens()} steps")
+
+
+@experts_cli.command("replay")
+def experts_replay(
+    trace_file: Annotated[Path, typer.Argument(metavar="TRACE", help="Routing trace (JSON "
+                                               "Lines, one list of steps per request).")],
+    slots: Annotated[str, typer.Option(help="Slots per layer to compare.")] = "4,8,16,32",
+    policy: Annotated[Optional[str], typer.Option(help="Policies to compare (default all).")]
+    = None,
+    prefetch: Annotated[Optional[int], typer.Option(help="Experts prefetched per layer "
+                                                    "(default moe.cache.prefetch_experts).")]
+    = None,
+    allocation: Annotated[Optional[str], typer.Option(help="uniform or reuse (default "
+                                                      "moe.cache.allocation).")] = None,
+    copy_cost: Annotated[float, typer.Option(help="One expert copy, in layers of compute.")]
+    = 0.5,
+    min_confidence: Annotated[Optional[float], typer.Option(help="Least confidence of a "
+                                                            "prefetch.")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Also write the figures as JSON.")] = None,
+    config: ConfigFile = None,
+) -> None:
+    """Per slots-per-layer size: each policy's demand hit rate, Belady's optimum, the configured
+    cache's ratio to it, and with prefetch the stall-free share, prefetches used / late / wasted
+    and bytes moved against demand paging."""
+    _setup(None, config)
+    import json
+
+    from workers.moe.policy import POLICY_NAMES  # deferred: loads torch
+    from workers.moe.replay import format_table, replay_table  # deferred: loads torch
+    from workers.moe.traces import TraceError, read_trace, top_k_overlap  # deferred: loads torch
+
+    base = cache_config(current_settings().moe, "cpu")
+    try:
+        options = _ReplayOptions.model_validate({
+            "slots": _int_list(slots, "--slots"),
+            "policies": policy.split(",") if policy else list(POLICY_NAMES),
+            "prefetch": base.prefetch_experts if prefetch is None else prefetch,
+            "copy_cost": copy_cost,
+            "min_confidence": base.prefetch_min_confidence if min_confidence is None
+            else min_confidence,
+            "allocation": allocation or base.allocation,
+        })
+    except ValidationError as exc:
+        raise typer.BadParameter(_validation_message(exc)) from None
+    unknown = [p for p in options.policies if p not in POLICY_NAMES]
+    if unknown:
+        raise typer.BadParameter(f"unknown policy {', '.join(unknown)}; choose from "
+                                 f"{', '.join(POLICY_NAMES)}")
+    policies = [p for p in POLICY_NAMES if p in options.policies]
+    try:
+        trace = read_trace(trace_file)
+    except (TraceError, OSError) as exc:
+        raise typer.BadParameter(str(exc)) from None
+    settings = replace(base, prefetch_experts=options.prefetch, allocation=options.allocation,
+                          prefetch_min_confidence=options.min_confidence)
+    rows = replay_table(trace, options.slots, settings, policies, options.copy_cost)
+    accuracy = top_k_overlap(trace)
+    console.print(f"{trace_file}: {len(trace.requests)} requests, {trace.tokens()} steps, "
+                  f"{len(trace.moe_layers())} MoE layers x {trace.experts()} experts; default "
+                  f"{settings.policy} + {settings.allocation} slots; copy cost {copy_cost} "
+                  f"layer(s); recorded lookahead accuracy "
+                  f"{'-' if accuracy is None else format(accuracy, '.3f')}")
+    console.print(format_table(rows, policies), highlight=False, soft_wrap=True)
+    if out is not None:
+        report = {"trace": str(trace_file), "copy_cost": copy_cost, "policy": settings.policy,
+                  "allocation": settings.allocation, "prefetch": settings.prefetch_experts,
+                  "lookahead_accuracy": accuracy, "rows": [r.as_dict() for r in rows]}
+        out.write_text(json.dumps(report, indent=2))
+        console.print(f"wrote {out}")
+
+
+def _validation_message(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
 
 
 def main() -> None:

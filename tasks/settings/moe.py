@@ -46,12 +46,25 @@ class ExpertCacheSettings(BaseModel):
     budget_mb: float | None = Field(default=None, gt=0)
     """Device memory for resident experts, in MiB; unset: resource_limits.memory of the device's
     memory on CUDA, every expert on CPU. The slots fill memory_threshold of it."""
-    policy: Literal["lru", "lfru"] = "lfru"
-    """Eviction policy: least recently used, or decayed frequency (LFRU, history-aware)."""
+    policy: Literal["lru", "lfru", "arc", "s3fifo", "lecar"] = "lfru"
+    """Eviction policy: least recently used, decayed frequency (LFRU), adaptive replacement
+    (ARC), S3-FIFO or LeCaR; `stepline experts replay` compares them on a trace (LFRU led on
+    every trace measured)."""
+    allocation: Literal["uniform", "reuse"] = "reuse"
+    """Slots per layer: the same for every layer, or the same total rebalanced toward the layers
+    whose measured reuse gains most per slot."""
+    rebalance_every: int = Field(default=256, ge=1)
+    """Forward passes between two rebalancings of the slots (allocation: reuse)."""
     prefetch_experts: int = Field(default=2, ge=0, le=64)
-    """Experts of the next layer prefetched from the routing history per layer (0 disables)."""
-    prefetch_min_confidence: float = Field(default=0.3, ge=0, le=1)
-    """A prefetch may evict a resident expert only when its predicted share is at least this."""
+    """Most experts of the next layer prefetched per layer per forward (0 disables)."""
+    prefetch_min_confidence: float = Field(default=0.5, ge=0, le=1)
+    """Least estimated chance that a prefetched expert is routed (it costs a slot and a copy)."""
+    lookahead_weight: float = Field(default=0.7, ge=0, le=1)
+    """Weight of the next router applied early (lookahead) against routing history."""
+    history_decay: float = Field(default=0.999, gt=0, le=1)
+    """Per-token decay of the routing history used for prediction and warm-up."""
+    overlap: bool = True
+    """Prefetches copy on a side lane (a CUDA stream; a copy thread on the CPU)."""
 
 
 class VersionSettings(BaseModel):
@@ -127,6 +140,11 @@ def cache_config(settings: MoeSettings, device: str) -> CacheConfig:
         idle_unload_s=c.idle_unload,
         warmup_experts=c.warmup_experts,
         policy=c.policy,
+        allocation=c.allocation,
+        rebalance_every=c.rebalance_every,
         prefetch_experts=c.prefetch_experts,
         prefetch_min_confidence=c.prefetch_min_confidence,
+        lookahead_weight=c.lookahead_weight,
+        history_decay=c.history_decay,
+        overlap=c.overlap,
     )

@@ -1,6 +1,13 @@
-"""The per-worker expert cache: every expert in host memory, a device slot pool per layer sized
-from a memory budget, loads on miss, eviction by policy, prefetch from routing history, warm-up,
-idle unload and pinning of experts in use.
+"""The per-worker expert cache: every expert in host memory, device slots per layer sized from
+a memory budget, loads on miss, eviction by policy, prefetch of the next layer's experts on a
+side copy lane, slots rebalanced toward the layers that reuse them, warm-up, idle unload and
+pinning of experts in use.
+
+How one forward pass drives it, layer by layer: the router calls :meth:`ExpertCache.observe_routing`
+as soon as the layer is routed (with the lookahead for the next layer, if any); that records the
+routing and issues the next layer's prefetches, which copy while this layer computes. The experts
+module then :meth:`~ExpertCache.acquire`\\ s the routed experts (waiting for any still in flight)
+and :meth:`~ExpertCache.release`\\ s them; :meth:`~ExpertCache.end_forward` closes the token.
 
 Time is injected: the worker calls :meth:`ExpertCache.tick` with ``time.monotonic()``; policy
 code never reads a clock. On CPU a device slot is a separate tensor copy, so the budget and the
@@ -11,15 +18,37 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Literal
 
+import numpy as np
 import torch
 
 from workers.errors import ExpertCacheError
+from workers.moe.allocation import ReuseTracker
+from workers.moe.copy import CopyEngine, CopyHandle, Weights, copier_for
 from workers.moe.policy import EvictionPolicy, PolicyName, make_policy
-from workers.moe.prefetch import RoutingHistory
+from workers.moe.prefetch import (
+    Calibration,
+    Lookahead,
+    LookaheadAccuracy,
+    RoutingHistory,
+    lookahead_inclusion,
+)
 
 ExpertKey = tuple[int, int]  # (layer, expert)
+Allocation = Literal["uniform", "reuse"]
 _MIB = 1024 * 1024
+_MAX_GROWTH = 3
+"""A layer holds at most this many times its uniform share of slots after rebalancing."""
+_REUSE_WINDOW = 1024
+"""Tokens per layer whose reuse decides the slot split."""
+_UNTRUSTED_LOOKAHEAD = 0.5
+_USEFUL_LOOKAHEAD = 0.5
+"""Below this measured accuracy a layer's lookahead is computed only to probe it again."""
+_PROBE_EVERY = 16
+_IDLE_PREDICTIONS = 32
+"""Predictions in a row that issued nothing before a layer is only probed."""
+"""The accuracy a layer's lookahead is credited with before it has been scored once."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,36 +60,73 @@ class CacheConfig:
     idle_unload_s: float = 300.0
     warmup_experts: int = 16
     policy: PolicyName = "lfru"
+    allocation: Allocation = "reuse"
+    """``uniform``: every layer the same slots; ``reuse``: the same total, rebalanced every
+    ``rebalance_every`` forwards toward the layers whose measured reuse gains most per slot."""
+    rebalance_every: int = 256
     prefetch_experts: int = 2
-    prefetch_min_confidence: float = 0.3
+    """Most experts of the next layer prefetched per layer per forward (0 disables)."""
+    prefetch_min_confidence: float = 0.5
+    """Least estimated chance of being routed for a prefetch (it costs a slot and a copy)."""
+    lookahead_weight: float = 0.7
+    """Weight of the next router's lookahead against routing history when both predict."""
+    history_decay: float = 0.999
+    """Per-observation decay of routing history counts (half-life ~700 tokens per layer)."""
+    overlap: bool = True
+    """Prefetches copy on a side lane (CUDA stream, or a copy thread on the CPU)."""
 
 
 @dataclass(slots=True)
 class CacheCounters:
-    """Cumulative counters of one cache (per worker, across jobs)."""
+    """Cumulative counters of one cache (per worker, across jobs).
+
+    Every access is exactly one of ``hits`` (resident and arrived: no stall), ``late`` (a
+    prefetch still in flight: a shorter stall) or ``misses`` (a demand load: a full stall)."""
 
     hits: int = 0
     misses: int = 0
+    late: int = 0
     loads: int = 0
     bytes_moved: int = 0
+    bytes_prefetched: int = 0
     evictions: int = 0
     idle_unloads: int = 0
     prefetch_issued: int = 0
     prefetch_used: int = 0
+    """Prefetched experts used before eviction (in time or late)."""
+    prefetch_late: int = 0
+    """Of those, used while still in flight (the wait was shorter than a demand load)."""
     prefetch_wasted: int = 0
+    """Prefetched experts evicted or unloaded without being used."""
+    stall_s: float = 0.0
+    """Time the forward waited for expert copies (demand loads and late prefetches)."""
+    late_wait_s: float = 0.0
+    """Of that, waiting on late prefetches."""
+    lookahead_scored: int = 0
+    lookahead_overlap: float = 0.0
+    """Sum over scored lookahead predictions of their top-k overlap with the routed experts."""
+    rebalances: int = 0
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, float]:
         return asdict(self)
 
     @property
+    def accesses(self) -> int:
+        return self.hits + self.late + self.misses
+
+    @property
     def hit_rate(self) -> float:
-        total = self.hits + self.misses
-        return self.hits / total if total else 0.0
+        """Stall-free share of accesses (hits, including prefetches that arrived in time)."""
+        return self.hits / self.accesses if self.accesses else 0.0
 
     @property
     def prefetch_accuracy(self) -> float:
         done = self.prefetch_used + self.prefetch_wasted
         return self.prefetch_used / done if done else 0.0
+
+    @property
+    def lookahead_accuracy(self) -> float | None:
+        return self.lookahead_overlap / self.lookahead_scored if self.lookahead_scored else None
 
 
 @dataclass(slots=True)
@@ -89,39 +155,80 @@ class HostExperts:
     def total_bytes(self) -> int:
         return self.expert_bytes * self.num_experts * len(self.layers)
 
+    def weights(self, layer: int, expert: int) -> Weights:
+        return self.gate_up[layer][expert], self.down[layer][expert]
+
+
+@dataclass(slots=True)
+class _Slot:
+    """A resident expert: its device weights, or the copy still bringing them."""
+
+    weights: Weights | None
+    handle: CopyHandle | None = None
+
 
 @dataclass(slots=True)
 class _LayerSlots:
-    """Residency of one layer: expert -> (gate_up, down) device tensors."""
+    """Residency of one layer."""
 
     capacity: int
     policy: EvictionPolicy
-    resident: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    resident: dict[int, _Slot] = field(default_factory=dict)
     last_use_s: dict[int, float] = field(default_factory=dict)
     pinned: set[int] = field(default_factory=set)
+    protected: set[int] = field(default_factory=set)
+    """Prefetched for this layer's coming forward, or routed in its current one: evicted only
+    when nothing else can go."""
     prefetched: set[int] = field(default_factory=set)
+    """Prefetched and not used yet."""
 
 
 class ExpertCache:
     """Device-resident experts of one model, within ``budget_bytes * memory_threshold``."""
 
-    def __init__(self, host: HostExperts, config: CacheConfig, device: str = "cpu") -> None:
+    def __init__(self, host: HostExperts, config: CacheConfig, device: str = "cpu",
+                 copier: CopyEngine | None = None, min_slots: int = 1) -> None:
         self.host = host
         self.config = config
         self.device = torch.device(device)
+        self.copier = copier or copier_for(self.device, config.overlap)
         self.counters = CacheCounters()
-        self.history = RoutingHistory(host.layers, host.num_experts)
+        self._expert_bytes = host.expert_bytes
         self.slots_per_layer = slots_per_layer(host, config)
+        """The uniform share of the budget per layer (layers may hold more or fewer)."""
+        self.min_slots = max(1, min(min_slots, self.slots_per_layer))
+        self.token_group = 2 * max(1, min_slots)
+        """Routings of at most this many experts are one token's (decode); larger ones are a
+        prefill's union, which teaches nothing about what follows what and needs no prefetch."""
+        self.history = RoutingHistory(host.layers, host.num_experts, config.history_decay,
+                                      max_group=self.token_group)
+        self.lookahead = LookaheadAccuracy()
+        self.calibration = Calibration()
+        self._candidates: dict[int, list[tuple[int, float]]] = {}
+        """Per layer, the raw confidences of the last prediction for it, to calibrate against
+        what the layer then routes."""
+        self.reuse = ReuseTracker(window=_REUSE_WINDOW)
         self.now_s = 0.0
         self._layers = {
-            layer: _LayerSlots(self.slots_per_layer, make_policy(config.policy))
+            layer: _LayerSlots(self.slots_per_layer,
+                               make_policy(config.policy, self.slots_per_layer))
             for layer in host.layers
         }
         self._previous: tuple[int, list[int]] | None = None
+        self._predicted: dict[int, Lookahead] = {}
+        self._forwards = 0
+        self._idle_predictions: dict[int, int] = {}
 
     # -- residency ---------------------------------------------------------------------------
 
-    def acquire(self, layer: int, experts: Sequence[int]) -> dict[int, tuple[torch.Tensor, ...]]:
+    def capacity(self, layer: int) -> int:
+        """Slots ``layer`` holds now."""
+        return self._layers[layer].capacity
+
+    def capacities(self) -> dict[int, int]:
+        return {layer: s.capacity for layer, s in self._layers.items()}
+
+    def acquire(self, layer: int, experts: Sequence[int]) -> dict[int, Weights]:
         """Make ``experts`` of ``layer`` resident and pin them; returns their device weights.
 
         Call :meth:`release` when the forward pass no longer needs them.
@@ -129,33 +236,54 @@ class ExpertCache:
         self.ensure_resident(layer, experts)
         slots = self._layers[layer]
         slots.pinned.update(experts)
-        return {e: slots.resident[e] for e in experts}
+        return {e: self._arrived(slots, e) for e in experts}
 
     def release(self, layer: int, experts: Iterable[int]) -> None:
         """Unpin experts acquired with :meth:`acquire`."""
         self._layers[layer].pinned.difference_update(experts)
 
     def ensure_resident(self, layer: int, experts: Sequence[int]) -> None:
-        """Load the missing ones of ``experts`` (a miss each), evicting by policy if needed."""
+        """Count and serve each access: a hit, a late prefetch (wait for it) or a miss (load
+        it, evicting by policy if needed)."""
         slots = self._layers[layer]
-        if len(set(experts)) > slots.capacity:
+        needed = set(experts)
+        if len(needed) > slots.capacity:
             raise ExpertCacheError(
-                f"layer {layer} needs {len(set(experts))} experts at once but holds "
+                f"layer {layer} needs {len(needed)} experts at once but holds "
                 f"{slots.capacity}; acquire them in groups or raise moe.cache.budget_mb"
             )
-        protected = set(experts)
         for expert in experts:
-            self._touch(slots, expert)
-            if expert in slots.resident:
-                self.counters.hits += 1
-                if expert in slots.prefetched:
-                    slots.prefetched.discard(expert)
-                    self.counters.prefetch_used += 1
-            else:
+            entry = slots.resident.get(expert)
+            if entry is None:
                 self.counters.misses += 1
-                self._load(layer, expert, protected)
+                self._make_room(layer, needed)
+                started = self.copier.now()
+                weights, _ = self.copier.copy(self.host.weights(layer, expert), False).wait()
+                self.counters.stall_s += self.copier.now() - started
+                slots.resident[expert] = _Slot(weights)
+                self._count_load(prefetch=False)
+            elif entry.weights is None:
+                assert entry.handle is not None
+                if entry.handle.ready():
+                    self.counters.hits += 1
+                else:
+                    self.counters.late += 1
+                    started = self.copier.now()
+                    self._arrived(slots, expert)
+                    waited = self.copier.now() - started
+                    self.counters.stall_s += waited
+                    self.counters.late_wait_s += waited
+                    if expert in slots.prefetched:
+                        self.counters.prefetch_late += 1
+            else:
+                self.counters.hits += 1
+            if expert in slots.prefetched:
+                slots.prefetched.discard(expert)
+                self.counters.prefetch_used += 1
+            self._touch(slots, expert)
 
     def is_resident(self, layer: int, expert: int) -> bool:
+        """Resident or on its way (a prefetch in flight holds its slot)."""
         return expert in self._layers[layer].resident
 
     def resident_signature(self) -> frozenset[ExpertKey]:
@@ -167,73 +295,165 @@ class ExpertCache:
         experts per layer, and the most frequently routed experts with their shares."""
         masks = {str(layer): format(sum(1 << e for e in s.resident), "x")
                  for layer, s in self._layers.items()}
-        total = float(self.history.frequency.sum())
         hot = []
+        layers = len(self._layers)
         for layer, expert in self.history.ranking()[:hot_experts]:
-            count = float(self.history.frequency[self.history.layers.index(layer), expert])
-            if count > 0:
-                hot.append([layer, expert, round(count / total, 6)])
+            share = self.history.share(layer, expert) / layers
+            if share > 0:
+                hot.append([layer, expert, round(share, 6)])
         return {"resident": masks, "hot": hot}
 
     def resident_bytes(self) -> int:
         return len(self.resident_signature()) * self.host.expert_bytes
 
-    # -- routing history, prefetch, warm-up, idle unload --------------------------------------
+    # -- routing history, prefetch, rebalancing, warm-up, idle unload ------------------------
 
-    def observe_routing(self, layer: int, experts: Sequence[int]) -> None:
-        """Record that a forward used ``experts`` at ``layer``; prefetch the next layer's."""
-        previous = self._previous[1] if self._previous and self._previous[0] < layer else None
-        self.history.record(layer, experts, previous)
-        self._previous = (layer, list(experts))
+    def begin_request(self) -> None:
+        """A new request starts: its first layer does not follow the last request's last."""
+        self._previous = None
+        self._predicted.clear()
+        self._candidates.clear()
+
+    def observe_routing(self, layer: int, experts: Sequence[int],
+                        lookahead: Lookahead | None = None) -> None:
+        """``layer`` was just routed to ``experts`` (before they run): record it, score the
+        lookahead made for this layer, and prefetch the next layer's likely experts (from
+        ``lookahead``, the next router applied to this layer's hidden state, and history)."""
+        slots = self._layers[layer]
+        routed = sorted(set(experts))
+        # Predictions for this layer are settled: the routed experts stay protected through this
+        # forward; wrong guesses become ordinary residents (the policy decides their fate).
+        slots.protected = set(routed)
+        token = len(routed) <= self.token_group
+        candidates = self._candidates.pop(layer, None)
+        if candidates is not None and token:
+            for expert, raw in candidates:
+                self.calibration.observe(raw, expert in routed)
+        prediction = self._predicted.pop(layer, None)
+        if prediction is not None and token:
+            self.counters.lookahead_scored += 1
+            self.counters.lookahead_overlap += self.lookahead.score(prediction, routed)
+        previous = None
+        if self._previous is not None and self._previous[0] == self._layer_before(layer):
+            previous = self._previous[1]
+        self.history.record(layer, routed, previous)
+        if token:  # a prefill's union would read as "every slot is needed at once"
+            self.reuse.record(layer, routed)
+        self._previous = (layer, routed)
+        if lookahead is not None:
+            self._predicted[lookahead.layer] = lookahead
+        if self.config.prefetch_experts > 0 and token and self._worth_predicting(layer):
+            self._prefetch_after(layer, routed, lookahead)
+
+    def wants_lookahead(self, layer: int) -> bool:
+        """Whether a lookahead for the layer after ``layer`` is worth computing now: prefetch is
+        on, that layer has experts left to bring, and its lookahead has proven useful (one
+        token in ``_PROBE_EVERY`` still probes a layer whose lookahead has not, so a predictor
+        that starts working is noticed)."""
+        if self.config.prefetch_experts <= 0 or not self._worth_predicting(layer):
+            return False
+        accuracy = self.lookahead.recent(self.history.next_layer(layer))
+        useful = accuracy is None or accuracy >= _USEFUL_LOOKAHEAD
+        return useful or self._forwards % _PROBE_EVERY == 0
+
+    def predict_next(self, layer: int, experts: Sequence[int], lookahead: Lookahead | None = None,
+                     count: int = 8) -> list[tuple[int, float]]:
+        """The ``count`` likeliest experts of the next layer that are not resident, most likely
+        first, each with its estimated chance of being routed (lookahead blended with history)."""
         next_layer = self.history.next_layer(layer)
-        if next_layer is None or self.config.prefetch_experts <= 0:
-            self._previous = None if next_layer is None else self._previous
-            return
-        predicted = self.history.predict_next(layer, experts, self.config.prefetch_experts)
-        for expert, confidence in predicted:
-            self.prefetch(next_layer, expert, confidence)
+        confidence = self.history.inclusion(layer, experts)
+        if lookahead is not None and lookahead.layer == next_layer:
+            accuracy = self.lookahead.recent(next_layer)
+            accuracy = _UNTRUSTED_LOOKAHEAD if accuracy is None else accuracy
+            ahead = lookahead_inclusion(lookahead, accuracy, self.host.num_experts,
+                                        max(1, len(experts)))
+            w = self.config.lookahead_weight
+            confidence = w * ahead + (1.0 - w) * confidence
+        resident = list(self._layers[next_layer].resident)
+        if resident:
+            confidence[resident] = -1.0  # ranked among the experts a prefetch would bring
+        order = np.argsort(-confidence, kind="stable")[:count]
+        raw = [(int(e), float(confidence[e])) for e in order if confidence[e] > 0.0]
+        self._candidates[next_layer] = raw
+        calibrated = [(e, self.calibration(c)) for e, c in raw]
+        return sorted(calibrated, key=lambda item: -item[1])
 
     def prefetch(self, layer: int, expert: int, confidence: float = 1.0) -> bool:
-        """Load ``expert`` ahead of need into a free slot, or over the policy's victim when the
-        prediction is confident enough; True if it loaded."""
+        """Start copying ``expert`` of ``layer`` ahead of need, into a free slot or over the
+        policy's victim; it is protected until that layer has been routed. True if started."""
         slots = self._layers[layer]
-        if expert in slots.resident or len(slots.pinned) >= slots.capacity:
+        if expert in slots.resident or confidence < self.config.prefetch_min_confidence:
             return False
-        full = len(slots.resident) >= slots.capacity
-        if full and confidence < self.config.prefetch_min_confidence:
-            return False
-        self._load(layer, expert, protected=set())
+        if len(slots.resident) >= slots.capacity:
+            candidates = [e for e in slots.resident
+                          if e not in slots.pinned and e not in slots.protected]
+            if not candidates:
+                return False
+            self._evict(layer, slots.policy.choose_victim(candidates))
+            self.counters.evictions += 1
+        handle = self.copier.copy(self.host.weights(layer, expert), True)
+        slots.resident[expert] = _Slot(None, handle)
         slots.prefetched.add(expert)
-        slots.last_use_s[expert] = self.now_s
+        slots.protected.add(expert)
+        self._touch(slots, expert)  # a prefetch is an access: the policy must not evict it first
         self.counters.prefetch_issued += 1
+        self._count_load(prefetch=True)
         return True
+
+    def end_forward(self) -> None:
+        """A forward pass (one token step) finished; rebalances slots every so often."""
+        self._forwards += 1
+        every = self.config.rebalance_every
+        if self.config.allocation == "reuse" and every > 0 and self._forwards % every == 0:
+            self.rebalance()
+
+    def rebalance(self) -> dict[int, int]:
+        """Re-split the layers' total slots by measured reuse (more slots where they gain more
+        hits); a layer that shrinks evicts by its policy. Returns the new capacities."""
+        total = self.slots_per_layer * len(self._layers)
+        most = min(self.host.num_experts, _MAX_GROWTH * self.slots_per_layer)
+        # A layer keeps at least half its share: the plan reads LRU curves, which undersell
+        # what a frequency-aware policy gets from a few slots in a skewed layer.
+        least = max(self.min_slots, self.slots_per_layer // 2)
+        plan = self.reuse.plan(total, dict.fromkeys(self._layers, least),
+                               dict.fromkeys(self._layers, most))
+        if not plan:
+            return self.capacities()
+        for layer, capacity in plan.items():
+            slots = self._layers[layer]
+            capacity = max(capacity, len(slots.pinned), self.min_slots)
+            while len(slots.resident) > capacity:
+                candidates = [e for e in slots.resident
+                              if e not in slots.pinned and e not in slots.protected]
+                candidates = candidates or [e for e in slots.resident if e not in slots.pinned]
+                self._evict(layer, slots.policy.choose_victim(candidates))
+                self.counters.evictions += 1
+            slots.capacity = capacity
+            slots.policy.resize(capacity)
+        self.counters.rebalances += 1
+        return self.capacities()
 
     def warm_up(self, ranking: Sequence[ExpertKey] | None = None) -> int:
         """Load the ``warmup_experts`` first of ``ranking`` (default: the routing history's)."""
         ranked = list(ranking) if ranking is not None else self.history.ranking()
         loaded = 0
         for layer, expert in ranked[: self.config.warmup_experts]:
-            slots = self._layers[layer]
-            if expert not in slots.resident and len(slots.resident) < slots.capacity:
-                self._load(layer, expert, protected=set())
-                slots.last_use_s[expert] = self.now_s
+            if self._fill(layer, expert):
                 loaded += 1
         return loaded
 
     def mirror(self, other: ExpertCache) -> int:
         """Load the experts resident in ``other`` (another version of the same model), hottest
-        first, so a new version does not start cold against the live one; returns how many."""
+        first, with its slot split, so a new version does not start cold against the live one;
+        returns how many."""
+        for layer, capacity in other.capacities().items():
+            self._layers[layer].capacity = capacity
+            self._layers[layer].policy.resize(capacity)
         resident = other.resident_signature()
         ranked = [key for key in other.history.ranking() if key in resident]
-        loaded = 0
-        for layer, expert in ranked:
-            slots = self._layers[layer]
-            if expert not in slots.resident and len(slots.resident) < slots.capacity:
-                self._load(layer, expert, protected=set())
-                slots.last_use_s[expert] = self.now_s
-                loaded += 1
-        self.history.frequency += other.history.frequency
-        self.history.transitions += other.history.transitions
+        loaded = sum(1 for layer, expert in ranked if self._fill(layer, expert))
+        self.history.merge(other.history)
+        self.reuse.merge(other.reuse)
         return loaded
 
     def tick(self, now_s: float) -> int:
@@ -253,34 +473,87 @@ class ExpertCache:
         self.counters.idle_unloads += unloaded
         return unloaded
 
-    def end_forward(self) -> None:
-        """A forward pass finished: the next ``observe_routing`` starts a new token."""
-        self._previous = None
+    def close(self) -> None:
+        """Stop the copy lane (pending prefetches finish)."""
+        self.copier.close()
 
     # -- internals ----------------------------------------------------------------------------
+
+    def _layer_before(self, layer: int) -> int:
+        layers = self.history.layers
+        return layers[(layers.index(layer) - 1) % len(layers)]
+
+    def _worth_predicting(self, layer: int) -> bool:
+        """False while the layer after ``layer`` has nothing left to bring, or its recent
+        predictions have issued no prefetch (then one token in ``_PROBE_EVERY`` tries again):
+        a prediction costs the forward pass time, so it must earn it."""
+        next_layer = self.history.next_layer(layer)
+        if len(self._layers[next_layer].resident) >= self.host.num_experts:
+            return False
+        idle = self._idle_predictions.get(next_layer, 0) >= _IDLE_PREDICTIONS
+        return not idle or self._forwards % _PROBE_EVERY == 0
+
+    def _prefetch_after(self, layer: int, routed: Sequence[int],
+                        lookahead: Lookahead | None) -> None:
+        next_layer = self.history.next_layer(layer)
+        issued = 0
+        count = self.config.prefetch_experts
+        for expert, confidence in self.predict_next(layer, routed, lookahead, 2 * count):
+            if issued >= self.config.prefetch_experts:
+                break
+            if confidence < self.config.prefetch_min_confidence:
+                break
+            if self.prefetch(next_layer, expert, confidence):
+                issued += 1
+        self._idle_predictions[next_layer] = (
+            0 if issued else self._idle_predictions.get(next_layer, 0) + 1)
+
+    def _fill(self, layer: int, expert: int) -> bool:
+        """Load ``expert`` into a free slot (no eviction); True if it loaded."""
+        slots = self._layers[layer]
+        if expert in slots.resident or len(slots.resident) >= slots.capacity:
+            return False
+        weights, _ = self.copier.copy(self.host.weights(layer, expert), False).wait()
+        slots.resident[expert] = _Slot(weights)
+        slots.last_use_s[expert] = self.now_s
+        self._count_load(prefetch=False)
+        return True
+
+    def _arrived(self, slots: _LayerSlots, expert: int) -> Weights:
+        entry = slots.resident[expert]
+        if entry.weights is None:
+            assert entry.handle is not None
+            entry.weights, _ = entry.handle.wait()
+            entry.handle = None
+        return entry.weights
 
     def _touch(self, slots: _LayerSlots, expert: int) -> None:
         slots.policy.record_access(expert)
         slots.last_use_s[expert] = self.now_s
 
-    def _load(self, layer: int, expert: int, protected: set[int]) -> None:
+    def _make_room(self, layer: int, needed: set[int]) -> None:
         slots = self._layers[layer]
-        if len(slots.resident) >= slots.capacity:
-            candidates = [e for e in slots.resident if e not in slots.pinned | protected]
-            if not candidates:
-                raise ExpertCacheError(f"layer {layer}: every resident expert is pinned")
-            self._evict(layer, slots.policy.choose_victim(candidates))
-            self.counters.evictions += 1
-        gate_up = self.host.gate_up[layer][expert].to(self.device, non_blocking=True, copy=True)
-        down = self.host.down[layer][expert].to(self.device, non_blocking=True, copy=True)
-        slots.resident[expert] = (gate_up, down)
+        if len(slots.resident) < slots.capacity:
+            return
+        keep = slots.pinned | needed
+        candidates = [e for e in slots.resident if e not in keep and e not in slots.protected]
+        candidates = candidates or [e for e in slots.resident if e not in keep]
+        if not candidates:
+            raise ExpertCacheError(f"layer {layer}: every resident expert is pinned")
+        self._evict(layer, slots.policy.choose_victim(candidates))
+        self.counters.evictions += 1
+
+    def _count_load(self, prefetch: bool) -> None:
         self.counters.loads += 1
-        self.counters.bytes_moved += self.host.expert_bytes
+        self.counters.bytes_moved += self._expert_bytes
+        if prefetch:
+            self.counters.bytes_prefetched += self._expert_bytes
 
     def _evict(self, layer: int, expert: int) -> None:
         slots = self._layers[layer]
         del slots.resident[expert]
         slots.last_use_s.pop(expert, None)
+        slots.protected.discard(expert)
         slots.policy.forget(expert)
         if expert in slots.prefetched:
             slots.prefetched.discard(expert)

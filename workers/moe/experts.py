@@ -19,7 +19,8 @@ from workers.moe.versioned import VersionedExperts
 
 class CachedExperts(nn.Module):
     """Runs the experts a batch routes to, a slot-pool-sized group at a time, pinned while used.
-    With :class:`VersionedExperts` the weights come from the active version's cache."""
+    With :class:`VersionedExperts` the weights come from the active version's cache. The routing
+    itself reaches the cache earlier, from the router (so prefetch overlaps this compute)."""
 
     def __init__(
         self,
@@ -48,7 +49,7 @@ class CachedExperts(nn.Module):
             hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero().reshape(-1)
         needed = [int(e) for e in hit if int(e) < self.num_experts]
         cache = self.cache  # one version for the whole pass
-        group_size = cache.slots_per_layer
+        group_size = cache.capacity(self.layer)
         # Ascending expert order in every group keeps the native accumulation order.
         for start in range(0, len(needed), group_size):
             group = needed[start : start + group_size]
@@ -63,5 +64,4 @@ class CachedExperts(nn.Module):
                     final.index_add_(0, token_idx, out.to(final.dtype))
             finally:
                 cache.release(self.layer, group)
-        cache.observe_routing(self.layer, needed)
         return final

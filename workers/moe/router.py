@@ -9,6 +9,7 @@ more experts than the model was trained with costs memory and changes its output
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -62,6 +63,10 @@ class RoutingContext:
     step_seed: int = 0
     trace: list[tuple[int, list[list[int]]]] | None = None
     layer_order: dict[int, int] = field(default_factory=dict)
+    observer: Callable[[int, torch.Tensor, torch.Tensor], None] | None = None
+    """Called as soon as a layer is routed, before its experts run, with (layer, the router's
+    input ``[tokens, H]``, the chosen expert ids ``[tokens, k]``): the expert cache's prefetch
+    hook."""
 
     def record(self, layer: int, top_probs: torch.Tensor, top_index: torch.Tensor) -> None:
         row = self.layer_order.get(layer, layer)
@@ -118,6 +123,8 @@ class StepRouter(nn.Module):
             generator = torch.Generator().manual_seed(self.context.step_seed * 1009 + self.layer)
             top_probs, top_index = apply_capacity(probs, top_probs, top_index, config, generator)
         self.context.record(self.layer, top_probs, top_index)
+        if self.context.observer is not None:
+            self.context.observer(self.layer, hidden, top_index)
         if self.normalise:
             top_probs = top_probs / top_probs.sum(dim=-1, keepdim=True)
         return logits, top_probs.to(logits.dtype), top_index

@@ -56,7 +56,7 @@ class _Job:
     version: str = BASE_VERSION
     finished: bool = False
     latency_ms: float = 0.0
-    cache_stats: dict[str, int] = field(default_factory=dict)
+    cache_stats: dict[str, float] = field(default_factory=dict)
 
     @property
     def generated(self) -> int:
@@ -188,7 +188,7 @@ class TextRunner:
             version=session.experts.active_version,
             finished=bool(meta["finished"]),
             latency_ms=float(meta["latency_ms"]),
-            cache_stats={str(k): int(v) for k, v in meta["cache"].items()},
+            cache_stats={str(k): v for k, v in meta["cache"].items()},
         )
 
     def _decode_until(
@@ -261,7 +261,7 @@ def _artifact(p: TextParams, session: ModelSession, job: _Job) -> Artifact:
     text = tokenizer.decode(new_ids, skip_special_tokens=True)
     context = session.context
     stats = dict(job.cache_stats)
-    lookups = stats.get("hits", 0) + stats.get("misses", 0)
+    lookups = stats.get("hits", 0) + stats.get("late", 0) + stats.get("misses", 0)
     hit_rate = round(stats.get("hits", 0) / lookups, 6) if lookups else 0.0
     metrics = {
         "activated_experts": context.activated_experts(),

@@ -3,7 +3,8 @@ routers replaced by :class:`StepRouter`, sharing one :class:`RoutingContext` per
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -11,6 +12,7 @@ from torch import nn
 from workers.errors import ModelConfigError
 from workers.moe.expert_cache import CacheConfig, ExpertCache, HostExperts
 from workers.moe.experts import CachedExperts
+from workers.moe.prefetch import Lookahead, LookaheadPredictor
 from workers.moe.recipes import LoadedModel
 from workers.moe.router import RouterConfig, RoutingContext, StepRouter
 from workers.moe.tokenizer import encode_prompt
@@ -28,6 +30,22 @@ class ModelSession:
     context: RoutingContext
     moe_layers: list[int]
     device: torch.device
+    predictor: LookaheadPredictor | None = None
+    """The next router applied early; None when prefetch is off."""
+    listeners: list[Callable[[int, list[int], Lookahead | None], None]] = field(
+        default_factory=list)
+    """Also told of every routing (layer, experts, lookahead made there): trace recorders."""
+
+    def on_routed(self, layer: int, hidden: torch.Tensor, top_index: torch.Tensor) -> None:
+        """The router hook: hand the routing and the next layer's lookahead to the cache."""
+        num_experts = self.loaded.num_experts
+        experts = sorted({int(e) for e in top_index.reshape(-1).tolist() if 0 <= e < num_experts})
+        lookahead = None
+        if self.predictor is not None and (self.listeners or self.cache.wants_lookahead(layer)):
+            lookahead = self.predictor.predict(layer, hidden)
+        self.cache.observe_routing(layer, experts, lookahead)
+        for listener in self.listeners:
+            listener(layer, experts, lookahead)
 
     @property
     def cache(self) -> ExpertCache:
@@ -45,6 +63,7 @@ class ModelSession:
             len(self.moe_layers), self.loaded.num_experts, dtype=torch.int64
         )
         self.context.score_sum, self.context.score_count, self.context.step_seed = 0.0, 0, 0
+        self.cache.begin_request()
         return self.context
 
     def calibrate_and_warm_up(self) -> int:
@@ -59,21 +78,30 @@ class ModelSession:
 
 
 def open_session(
-    loaded: LoadedModel, cache_config: CacheConfig, device: str = "cpu"
+    loaded: LoadedModel, cache_config: CacheConfig, device: str = "cpu", lookahead: bool = False
 ) -> ModelSession:
-    """Move ``loaded``'s experts into a cache and install cache-backed experts and routers."""
+    """Move ``loaded``'s experts into a cache and install cache-backed experts and routers.
+    The lookahead predictor runs whenever prefetch is on (or ``lookahead`` asks for it, as the
+    trace recorder does)."""
     layers = _moe_layers(loaded.model)
     host = _extract_host_experts(layers, pin=device.startswith("cuda"))
-    experts = VersionedExperts(host, cache_config, device=device)
+    experts = VersionedExperts(host, cache_config, device=device, min_slots=loaded.native_top_k)
     context = RoutingContext(
         config=RouterConfig.native(),
         expert_counts=torch.zeros(len(layers), loaded.num_experts, dtype=torch.int64),
         layer_order={layer: row for row, layer in enumerate(sorted(layers))},
     )
+    gates = {}
     for layer, block in layers.items():
-        _install(block, layer, loaded, experts, context)
+        gates[layer] = _install(block, layer, loaded, experts, context)
     loaded.model.to(torch.device(device))  # type: ignore[arg-type]
-    return ModelSession(loaded, experts, context, sorted(layers), torch.device(device))
+    predictor = None
+    if cache_config.prefetch_experts > 0 or lookahead:
+        predictor = LookaheadPredictor(gates, rank=2 * loaded.native_top_k)
+    session = ModelSession(loaded, experts, context, sorted(layers), torch.device(device),
+                           predictor)
+    context.observer = session.on_routed
+    return session
 
 
 def _moe_layers(model: nn.Module) -> dict[int, nn.Module]:
@@ -100,13 +128,15 @@ def _extract_host_experts(layers: dict[int, nn.Module], pin: bool) -> HostExpert
 def _install(
     block: nn.Module, layer: int, loaded: LoadedModel, experts: VersionedExperts,
     context: RoutingContext,
-) -> None:
+) -> nn.Parameter:
+    """Swap in the cache-backed experts and the step router; returns the router's weight."""
     act_fn = block.get_submodule("experts").act_fn
     weight = _tensor(block.get_submodule("gate"), "weight")
     if not callable(act_fn) or not isinstance(weight, nn.Parameter):
         raise ModelConfigError(f"layer {layer}: the MoE block is not a transformers 5 fused block")
     block.experts = CachedExperts(experts, layer, loaded.num_experts, act_fn)
     block.gate = StepRouter(weight, layer, loaded.native_top_k, loaded.normalises_top_k, context)
+    return weight
 
 
 def _tensor(module: nn.Module, name: str) -> torch.Tensor:

@@ -29,11 +29,13 @@ class VersionedExperts:
     """One model's expert versions on one worker. Thread-safe: the worker's heartbeat thread
     may preload a version while a chunk runs."""
 
-    def __init__(self, base: HostExperts, config: CacheConfig, device: str = "cpu") -> None:
+    def __init__(self, base: HostExperts, config: CacheConfig, device: str = "cpu",
+                 min_slots: int = 1) -> None:
         self.config = config
         self.device = device
+        self.min_slots = min_slots
         self._hosts = {BASE_VERSION: base}
-        self._caches = {BASE_VERSION: ExpertCache(base, config, device)}
+        self._caches = {BASE_VERSION: ExpertCache(base, config, device, min_slots=min_slots)}
         self.active_version = BASE_VERSION
         self.live_version = BASE_VERSION
         """The version a job that names none runs on."""
@@ -63,7 +65,9 @@ class VersionedExperts:
         _check_compatible(self._hosts[self.live_version], host, name)
         with self._lock:
             self._hosts[name] = host
-            self._caches.pop(name, None)  # a reloaded version starts with a fresh device cache
+            stale = self._caches.pop(name, None)  # a reloaded version starts with a fresh cache
+        if stale is not None:
+            stale.close()
 
     def load_file(self, name: str, path: Path) -> None:
         """Read a version file and hold it as ``name``."""
@@ -90,7 +94,8 @@ class VersionedExperts:
             if name in self._caches:
                 return
             live = self._caches.get(self.live_version, self.active)
-            cache = ExpertCache(self._hosts[name], self.config, self.device)
+            cache = ExpertCache(self._hosts[name], self.config, self.device,
+                                min_slots=self.min_slots)
             cache.tick(live.now_s)
             cache.mirror(live)
             self._caches[name] = cache
@@ -104,7 +109,7 @@ class VersionedExperts:
             for name in dropped:
                 del self._hosts[name]
             for name in [v for v in self._caches if v not in set(caches) | pinned]:
-                del self._caches[name]
+                self._caches.pop(name).close()
             return dropped
 
     def tick(self, now_s: float) -> int:
