@@ -15,6 +15,7 @@ from kombu import Exchange, Queue
 from tasks.routing import ALL_QUEUES, CHUNK_TASK, CONTROL, INTERACTIVE, TICK_TASK
 from tasks.runtime import current_settings, kombu_url, redis_url, use_celery
 from tasks.settings import Settings
+from tasks.transport import install as install_transport
 
 __all__ = ["CHUNK_TASK", "TICK_TASK", "app", "celery_config", "create_celery_app"]
 
@@ -50,7 +51,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_acks_late": False,  # only the idempotent chunk task acks late
         "task_acks_on_failure_or_timeout": False,
         "worker_send_task_events": True,
-        "task_send_sent_event": True,
+        "task_send_sent_event": settings.broker.task_sent_events,
         "worker_hijack_root_logger": False,
         "worker_proc_alive_timeout": 120,
         "worker_cancel_long_running_tasks_on_connection_loss": False,
@@ -69,6 +70,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
 def create_celery_app(settings: Settings | None = None) -> Celery:
     """The Celery app for ``settings``, made the one the runtime publishes with."""
     settings = settings or current_settings()
+    install_transport()
     celery_app = Celery("stepline", include=["tasks.chunks", "tasks.tick", "tasks.signals"])
     celery_app.conf.update(celery_config(settings))
     use_celery(celery_app)

@@ -23,6 +23,9 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Column, Table
 
+from app.api.dashboard import TOKEN_FILE as DASHBOARD_TOKEN_FILE
+from app.api.dashboard import dashboard_token
+from app.autoscale import WorkerRange
 from app.bench.run import check_policies as check_bench_policies
 from app.bench.run import run_bench, summary_table
 from app.bench.simulate import check_policies, grid_configs, run_simulation
@@ -36,6 +39,7 @@ from app.stack import FLOWER_AUTH_FILE, Stack, run_until_signalled, wait_for_api
 from app.tenants import API_KEY_FILE
 from scheduler.lifecycle import JobState, SloClass
 from tasks.errors import SteplineError
+from tasks.keys import AUTOSCALE_EVENTS
 from tasks.runtime import connect, current_settings, redis_url
 from tasks.settings.moe import cache_config
 
@@ -69,15 +73,24 @@ def _client() -> Any:
 
 @cli.command()
 def up(
-    workers: Annotated[int, typer.Option(min=1, max=64, help="Worker processes.")] = 2,
+    workers: Annotated[str, typer.Option(
+        metavar="N|MIN:MAX",
+        help="Worker processes: N (a fixed pool) or MIN:MAX (autoscaled from the jobs waiting, "
+             "the oldest wait and the scheduler's load; see service.autoscale).")] = "2",
     run_dir: RunDir = None,
     config: ConfigFile = None,
 ) -> None:
     """Start the stack: Redis, workers, beat, scheduler, REST API, Flower (Ctrl-C stops all)."""
+    try:
+        pool = WorkerRange.parse(workers)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--workers") from None
     _setup(run_dir, config)
 
     settings = current_settings()
-    stack = Stack(settings=settings, run_dir=Path(os.environ["STEPLINE_RUN_DIR"]), workers=workers)
+    stack = Stack(settings=settings, run_dir=Path(os.environ["STEPLINE_RUN_DIR"]),
+                  workers=pool.min_workers, max_workers=pool.max_workers,
+                  on_autoscale=lambda line: print(f"  autoscale  {line}", flush=True))
     stack.start()
     where = settings.redis_url or f"embedded, {stack.run_dir / 'redis.sock'}"
     if not wait_for_api(stack.api_url):
@@ -85,10 +98,16 @@ def up(
     key = "configured keys (api.keys)" if settings.api.keys else stack.run_dir / API_KEY_FILE
     login = ("api.flower_password" if settings.api.flower_password
              else stack.run_dir / FLOWER_AUTH_FILE)
+    dashboard_token(settings)  # made now, so the line below names a file that exists
+    dashboard = ("api.dashboard_token" if settings.api.dashboard_token
+                 else stack.run_dir / DASHBOARD_TOKEN_FILE)
+    scaling = "" if pool.fixed else (
+        f" (autoscaled; decisions below and in the Redis stream {AUTOSCALE_EVENTS})")
     raise typer.Exit(run_until_signalled(
-        stack, f"stepline up: {workers} workers, redis {where}\n"
+        stack, f"stepline up: {pool} workers{scaling}, redis {where}\n"
         f"  API     {stack.api_url}  (docs {stack.api_url}/docs, key: {key})\n"
         f"  Flower  {stack.flower_url}  (login: {login})\n"
+        f"  SLOs    {stack.api_url}/dashboard?token=TOKEN  (TOKEN: {dashboard})\n"
         f"  logs    {stack.run_dir / 'logs'}"
     ))
 
@@ -122,7 +141,11 @@ def submit(
     shed_if_late: Annotated[bool, typer.Option(
         help="Under overload, end the job once it cannot meet its deadline (default: finish "
              "late, behind work that still can).")] = False,
-    wait: Annotated[bool, typer.Option(help="Wait; non-zero exit unless DONE.")] = False,
+    wait: Annotated[bool, typer.Option(help="Wait; non-zero exit unless DONE. A text job's "
+                                       "generated text is printed at the end.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Wait, then print only JSON: the "
+                                          "result document of a text (or simulated) job, "
+                                          "else the job's record.")] = False,
     run_dir: RunDir = None,
     config: ConfigFile = None,
 ) -> None:
@@ -148,9 +171,36 @@ def submit(
     except (SteplineError, ValueError) as exc:
         console.print(f"[red]rejected:[/red] {exc}")
         raise typer.Exit(2) from exc
+    if as_json:
+        raise typer.Exit(_print_json_result(job_id))
     console.print(job_id)
     if wait:
-        raise typer.Exit(_watch(job_id))
+        code = _watch(job_id)
+        if code == 0 and kind == "text":
+            typer.echo(_generated_text(_client().result(job_id)))
+        raise typer.Exit(code)
+
+
+def _print_json_result(job_id: str) -> int:
+    """Wait for the job, then print its JSON result document (or, for a job whose result is
+    not JSON or that did not finish, its record); 0 only when it is DONE."""
+    import json
+
+    client = _client()
+    view = client.wait(job_id)
+    done = view.state is JobState.DONE
+    document = view.model_dump(mode="json")
+    if done and view.media_type == "application/json":
+        document = json.loads(client.result(job_id))
+    typer.echo(json.dumps(document, indent=2))
+    return 0 if done else 1
+
+
+def _generated_text(result: bytes) -> str:
+    """The text a text job generated, from its JSON result document."""
+    import json
+
+    return str(json.loads(result).get("output", ""))
 
 
 def _parse_params(pairs: list[str]) -> dict[str, Any]:
@@ -253,10 +303,13 @@ def cancel(job_id: str, run_dir: RunDir = None) -> None:
 def result(
     job_id: str,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="File to write; "
-                                                   "default: the artifact's own name.")] = None,
+                                                   "default: the artifact's own name (a text "
+                                                   "job's text is printed instead).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the whole JSON result "
+                                          "document instead of writing a file.")] = False,
     run_dir: RunDir = None,
 ) -> None:
-    """Download a finished job's artifact (PNG, MP4, JSON ...)."""
+    """Download a finished job's artifact (PNG, MP4, JSON ...); print a text job's text."""
     _setup(run_dir, None)
 
     client = _client()
@@ -266,9 +319,23 @@ def result(
     except (JobMissing, NotReady) as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(1) from exc
+    if as_json or (output is None and view.kind == "text"):
+        raise typer.Exit(_print_document(job_id, view.media_type, data, as_json))
     target = output or Path(view.artifact or f"{job_id}.bin")
     target.write_bytes(data)
     console.print(f"{target} ({len(data)} bytes, {view.media_type})")
+
+
+def _print_document(job_id: str, media_type: str | None, data: bytes, as_json: bool) -> int:
+    """Print a JSON result: whole, or only a text job's generated text."""
+    import json
+
+    if media_type != "application/json":
+        console.print(f"[red]job {job_id}'s result is {media_type}, not JSON; write it to a "
+                      "file with -o[/red]")
+        return 2
+    typer.echo(json.dumps(json.loads(data), indent=2) if as_json else _generated_text(data))
+    return 0
 
 
 def _detail(job_id: str) -> None:

@@ -144,3 +144,274 @@ class ErrorBody(BaseModel):
 
     detail: str = Field(description="What went wrong and what to do.")
     job_id: str | None = Field(default=None, description="The job concerned, where one is.")
+
+
+# OpenAI-compatible routes (app/api/openai.py) -------------------------------------------------
+_IDEMPOTENCY = r"^[A-Za-z0-9._:\-]+$"
+
+
+class SteplineOptions(BaseModel):
+    """The ``stepline`` field of an OpenAI-compatible request (the OpenAI SDK sends it with
+    ``extra_body={"stepline": {...}}``); the ``X-Stepline-SLO-Class`` and
+    ``X-Stepline-Deadline-S`` headers fill what it leaves out."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    slo_class: SloClass | None = Field(
+        default=None, description="realtime, interactive or batch; default: api.inference_slo.")
+    deadline_s: float | None = Field(
+        default=None, gt=0, le=7 * 86400,
+        description="Seconds from submit to the deadline; default: the class target.")
+    shed_if_late: bool = Field(
+        default=False, description="Under overload, end the job (an error answer) once it can "
+                                   "no longer meet its deadline, instead of finishing late.")
+    idempotency_key: str | None = Field(
+        default=None, min_length=1, max_length=128, pattern=_IDEMPOTENCY,
+        description="Same key, same tenant → the same job (safe retries).")
+    params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="More parameters of the job's kind, e.g. chunk_tokens or routing (text), "
+                    "num_inference_steps, guidance_scale, scheduler or negative_prompt (image).")
+
+
+class OpenAIErrorDetail(BaseModel):
+    """What went wrong, as OpenAI spells it."""
+
+    message: str = Field(description="What was wrong and what to do.")
+    type: str = Field(description="invalid_request_error, rate_limit_error, server_error ...")
+    param: str | None = Field(default=None, description="The request field at fault.")
+    code: str | None = Field(default=None, description="A stable machine-readable reason.")
+
+
+class OpenAIErrorBody(BaseModel):
+    """Every 4xx/5xx answer of the OpenAI-compatible routes."""
+
+    error: OpenAIErrorDetail
+
+
+class ContentPart(BaseModel):
+    """One part of a message's content; only ``{"type": "text", "text": ...}`` is served."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str = Field(max_length=64)
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    """One message of a conversation."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = Field(default=None, max_length=256)
+
+
+class StreamOptions(BaseModel):
+    """``stream_options`` of a streaming request."""
+
+    model_config = ConfigDict(extra="allow")
+
+    include_usage: bool = Field(
+        default=False, description="End the stream with a chunk carrying the usage counts.")
+
+
+class _TextRequest(BaseModel):
+    """Fields the chat and the legacy completions request share. Fields OpenAI defines that
+    Stepline does not serve are refused when set (see app/api/openai.py); others are ignored."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(min_length=1, max_length=200, description="A text recipe (GET /v1/models).")
+    max_tokens: int | None = Field(default=None, ge=1, description="Most tokens to generate.")
+    temperature: float | None = Field(default=None, ge=0, le=2,
+                                      description="0 is greedy decoding; default 1.")
+    top_p: float | None = Field(default=None, gt=0, le=1, description="Nucleus; default 1.")
+    seed: int | None = Field(default=None, ge=0, lt=2**32,
+                             description="Sampling seed below 2**32 (the text runner's router "
+                                         "derives per-step seeds from it); default: drawn per "
+                                         "request, reported in stepline.seed.")
+    stop: str | list[str] | None = Field(default=None,
+                                         description="Up to 4 sequences that end the text.")
+    n: int | None = Field(default=None, ge=1, description="Choices per request; must be 1.")
+    stream: bool | None = Field(default=False, description="Server-sent events per chunk.")
+    stream_options: StreamOptions | None = None
+    user: str | None = Field(default=None, max_length=512, description="Accepted, unused.")
+    stepline: SteplineOptions | None = None
+
+
+class ChatCompletionRequest(_TextRequest):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage] = Field(min_length=1, max_length=4096)
+    max_completion_tokens: int | None = Field(default=None, ge=1,
+                                              description="Newer name of max_tokens.")
+
+
+class CompletionRequest(_TextRequest):
+    """POST /v1/completions (legacy): one prompt string."""
+
+    prompt: str | list[str] = Field(description="The prompt (a list holding one is accepted).")
+
+
+class Usage(BaseModel):
+    """Token counts of one answer."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class SteplineReport(BaseModel):
+    """The job behind an OpenAI-compatible answer (its ``stepline`` field)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    job_id: str
+    state: JobState
+    slo_class: SloClass
+    tier: str
+    model: str | None = None
+    seed: int | None = Field(default=None, description="The seed the job ran with.")
+    submitted_at: float
+    deadline_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    queue_s: float | None = Field(default=None, description="Submit to the first chunk.")
+    turnaround_s: float | None = Field(default=None, description="Submit to the end.")
+    service_s: float = Field(description="Seconds spent running chunks.")
+    deadline_met: bool | None = None
+    preemptions: int = 0
+    chunks: int = Field(description="Chunks in the job.")
+    chunks_done: int
+    metrics: dict[str, Any] = Field(
+        default_factory=dict,
+        description="What the run reported (text: activated experts, routing score, latency, "
+                    "expert version, cache counters).")
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+    refusal: str | None = None
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: Literal["stop", "length"]
+    logprobs: None = None
+
+
+class ChatCompletion(BaseModel):
+    """The answer of POST /v1/chat/completions."""
+
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    system_fingerprint: str | None = None
+    stepline: SteplineReport
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChatDelta
+    finish_reason: Literal["stop", "length"] | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    """One server-sent event of a streaming chat completion."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    system_fingerprint: str | None = None
+    usage: Usage | None = None
+    stepline: SteplineReport | None = None
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    finish_reason: Literal["stop", "length"] | None = None
+    logprobs: None = None
+
+
+class Completion(BaseModel):
+    """The answer of POST /v1/completions, and each event of its stream."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    system_fingerprint: str | None = None
+    usage: Usage | None = None
+    stepline: SteplineReport | None = None
+
+
+class ModelCard(BaseModel):
+    """One configured recipe."""
+
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "stepline"
+    stepline: dict[str, Any] = Field(default_factory=dict,
+                                     description="kind (text, image, video), description.")
+
+
+class ModelList(BaseModel):
+    """GET /v1/models."""
+
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ImageRequest(BaseModel):
+    """POST /v1/images/generations."""
+
+    model_config = ConfigDict(extra="allow")
+
+    prompt: str = Field(min_length=1, max_length=2000)
+    model: str | None = Field(default=None, max_length=200,
+                              description="An image recipe; default: the default image model.")
+    size: str | None = Field(default=None, pattern=r"^[0-9]{1,5}x[0-9]{1,5}$",
+                             description="WxH in pixels; default: the recipe's.")
+    n: int | None = Field(default=None, ge=1, description="Images per request; must be 1.")
+    response_format: Literal["url", "b64_json"] | None = Field(
+        default=None, description="url (default): the job's result URL, which takes the same "
+                                  "API key; b64_json: the image inline.")
+    output_format: Literal["png", "webp"] | None = None
+    quality: str | None = Field(default=None, max_length=32, description="Accepted, unused.")
+    style: str | None = Field(default=None, max_length=32, description="Accepted, unused.")
+    user: str | None = Field(default=None, max_length=512, description="Accepted, unused.")
+    stepline: SteplineOptions | None = None
+
+
+class ImageData(BaseModel):
+    b64_json: str | None = None
+    url: str | None = None
+    revised_prompt: str | None = None
+
+
+class ImagesResponse(BaseModel):
+    """The answer of POST /v1/images/generations."""
+
+    created: int
+    data: list[ImageData]
+    size: str | None = None
+    output_format: str | None = None
+    stepline: SteplineReport

@@ -1,28 +1,53 @@
-"""``stepline up``: the embedded Redis, N workers, beat, a scheduler worker, the API and Flower.
+"""``stepline up``: the embedded Redis, N workers (or MIN..MAX, autoscaled), beat, a scheduler
+worker, the API and Flower.
 
 Every process it starts is its child; SIGINT or SIGTERM stops them all, newest first.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import redis
 
 from app.api.server import api_command
+from app.autoscale import (
+    Cause,
+    PoolView,
+    ScaleAction,
+    ScalingDecision,
+    ScalingMemory,
+    ScalingPolicy,
+    ScalingSignals,
+    WorkerRange,
+    check_decision_invariants,
+    decide,
+    decision_event,
+    read_signals,
+    record_event,
+)
 from app.embedded_redis import EmbeddedRedis
 from app.tenants import ensure_dev_key, read_or_create_secret
+from scheduler.lifecycle import JobState
+from tasks import keys
+from tasks.errors import StackNotRunning
+from tasks.record import UnreadableRecord
 from tasks.routing import CONTROL, WORK_QUEUES
+from tasks.runtime import connect
 from tasks.settings import Settings
+from tasks.store import JobStore
 
 FLOWER_AUTH_FILE = "flower-auth"
 
@@ -77,18 +102,85 @@ def wait_for_api(url: str, timeout_s: float = 30.0) -> bool:
 
 
 @dataclass
+class PoolWorker:
+    """One worker process of the stack's pool."""
+
+    node: str
+    """Its Celery node name (``w3@host``), spelled as heartbeats and job records spell it."""
+    proc: subprocess.Popen[bytes]
+    drain_since_s: float | None = None
+    """When it was told to stop (None while active)."""
+    asked_to_yield: bool = False
+    killed: bool = False
+
+    @property
+    def label(self) -> str:
+        """``w3``: its process name in the stack and its log file's."""
+        return self.node.split("@", 1)[0]
+
+
+class Autoscaler:
+    """The decision loop's state: the policy, its memory between decisions, when the next
+    decision is due (drift-corrected: a late pass is skipped, never made up in a burst), and
+    what was last reported."""
+
+    def __init__(self, policy: ScalingPolicy, interval_s: float) -> None:
+        self.policy, self.interval_s = policy, interval_s
+        self.memory = ScalingMemory()
+        self.next_at_s: float | None = None
+        self.reported: tuple[ScaleAction, Cause] | None = None
+
+    def due(self, now_s: float) -> bool:
+        if self.next_at_s is None:
+            self.next_at_s = now_s
+        if now_s < self.next_at_s:
+            return False
+        self.next_at_s += self.interval_s
+        if self.next_at_s <= now_s:
+            log.debug("autoscale: a decision is late; skipping to the next interval")
+            self.next_at_s = now_s + self.interval_s
+        return True
+
+    def step(self, signals: ScalingSignals | None, pool: PoolView,
+             now_s: float) -> ScalingDecision:
+        decision = decide(signals, pool, self.policy, self.memory, now_s)
+        check_decision_invariants(decision, pool, self.policy)
+        self.memory = decision.memory
+        return decision
+
+    def worth_reporting(self, decision: ScalingDecision) -> bool:
+        """Every change; a hold only when its cause differs from the last one reported, so the
+        event stream reads as transitions rather than a sample per interval."""
+        key = (decision.action, decision.cause)
+        if decision.action is ScaleAction.HOLD and key == self.reported:
+            return False
+        self.reported = key
+        return True
+
+
+@dataclass
 class Stack:
     """The processes of one running Stepline, owned by this object."""
 
     settings: Settings
     run_dir: Path
     workers: int = 2
+    """Worker processes at start: the whole pool, or its minimum when ``max_workers`` is more."""
     with_beat: bool = True
     with_api: bool = True
     with_flower: bool = True
     extra_env: dict[str, str] = field(default_factory=dict)
+    max_workers: int | None = None
+    """Autoscale between ``workers`` and this (``stepline up --workers MIN:MAX``)."""
+    on_autoscale: Callable[[str], None] | None = None
+    """Called with one line per autoscaler event (``stepline up`` prints them)."""
     redis: EmbeddedRedis | None = None
     procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+    pool: list[PoolWorker] = field(default_factory=list)
+    """The worker processes, oldest first (draining ones until they exit)."""
+    autoscaler: Autoscaler | None = field(default=None, init=False)
+    _store: JobStore | None = field(default=None, init=False, repr=False)
+    _workers_spawned: int = field(default=0, init=False, repr=False)
 
     @property
     def api_url(self) -> str:
@@ -97,6 +189,10 @@ class Stack:
     @property
     def flower_url(self) -> str:
         return f"http://{self.settings.api.flower_host}:{self.settings.service.flower_port}"
+
+    @property
+    def worker_range(self) -> WorkerRange:
+        return WorkerRange(self.workers, max(self.max_workers or self.workers, self.workers))
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -111,8 +207,12 @@ class Stack:
             self.redis = EmbeddedRedis(
                 self.run_dir, appendfsync=self.settings.broker.redis_appendfsync)
             self.redis.start()
-        for i in range(self.workers):
-            self.spawn(f"w{i + 1}", worker_command(f"w{i + 1}@%h"))
+        for _ in range(self.workers):
+            self.start_worker()
+        if not self.worker_range.fixed:
+            scaling = self.settings.service.autoscale
+            self.autoscaler = Autoscaler(
+                ScalingPolicy.from_settings(scaling, self.worker_range), scaling.interval)
         if self.with_beat:
             self.spawn("scheduler", worker_command("scheduler@%h", queues=(CONTROL,),
                                                    loglevel="WARNING"))
@@ -138,8 +238,130 @@ class Stack:
         log.info("started %s (pid %d)", name, proc.pid)
         return proc
 
+    def start_worker(self) -> PoolWorker:
+        """One more chunk worker, ``w<n>``; a name is never reused within a stack, so nothing
+        keyed by a drained worker's name (its queue assignment) can mislead a new one."""
+        self._workers_spawned += 1
+        node = f"w{self._workers_spawned}@{socket.gethostname()}"  # what Celery's %h expands to
+        worker = PoolWorker(node, self.spawn(node.split("@")[0], worker_command(node)))
+        self.pool.append(worker)
+        return worker
+
+    def store(self) -> JobStore:
+        """The stack's own store client (for the autoscaler)."""
+        if self._store is None:
+            url = self.redis.url if self.redis is not None else self.settings.redis_url
+            if url is None:
+                raise StackNotRunning("the stack has not started: no Redis to read")
+            self._store = JobStore(connect(url))
+        return self._store
+
     def dead(self) -> list[str]:
-        return [name for name, proc in self.procs if proc.poll() is not None]
+        """Children that exited without being told to (a draining worker's exit is expected)."""
+        draining = {w.proc.pid for w in self.pool if w.drain_since_s is not None}
+        return [name for name, proc in self.procs
+                if proc.poll() is not None and proc.pid not in draining]
+
+    def supervise(self, now_s: float) -> list[str]:
+        """One pass of the supervisor loop: follow the drains, and scale when a decision is
+        due; returns the children that exited unexpectedly (the caller stops the stack)."""
+        self.follow_drains(now_s)
+        if dead := self.dead():
+            return dead
+        if self.autoscaler is not None and self.autoscaler.due(now_s):
+            self.scale(now_s)
+        return []
+
+    def pool_view(self) -> PoolView:
+        live = [w for w in self.pool if w.proc.poll() is None]
+        return PoolView(active=tuple(w.node for w in live if w.drain_since_s is None),
+                        draining=tuple(w.node for w in live if w.drain_since_s is not None))
+
+    def scale(self, now_s: float) -> ScalingDecision:
+        """Read the signals, decide, apply: start workers, or drain the ones named."""
+        assert self.autoscaler is not None
+        pool = self.pool_view()
+        try:
+            signals: ScalingSignals | None = read_signals(
+                self.store(), now_s, self.settings.scheduler.admission_status_ttl)
+        except redis.RedisError as exc:
+            log.warning("autoscale: cannot read the signals (%s); holding", exc)
+            signals = None
+        decision = self.autoscaler.step(signals, pool, now_s)
+        for _ in range(decision.workers_to - decision.workers_from):
+            self.start_worker()
+        for node in decision.retire:
+            self.drain(node, now_s)
+        if self.autoscaler.worth_reporting(decision):
+            self._report(decision.describe(), decision_event(decision, signals, pool, now_s))
+        return decision
+
+    def drain(self, node: str, now_s: float) -> None:
+        """Stop a worker gracefully. SIGTERM is Celery's warm shutdown: the worker stops
+        consuming at once, finishes the chunk it is running (acked late, so only once it has
+        committed) and exits. The commit has already published the job's next chunk, fenced by
+        epoch and sequence number, for whichever worker takes it."""
+        worker = next(w for w in self.pool if w.node == node)
+        worker.drain_since_s = now_s
+        log.info("draining %s (pid %d)", node, worker.proc.pid)
+        _signal_group(worker.proc, signal.SIGTERM)
+
+    def follow_drains(self, now_s: float) -> None:
+        """Reap the drained workers; a drain that takes too long first asks the worker's job to
+        yield at its next block-group boundary, then kills the worker."""
+        scaling = self.settings.service.autoscale
+        for worker in list(self.pool):
+            if worker.drain_since_s is None:
+                continue
+            waited_s = now_s - worker.drain_since_s
+            code = worker.proc.poll()
+            if code is not None:
+                self._reap(worker, code, waited_s, now_s)
+            elif waited_s >= scaling.drain_timeout and not worker.killed:
+                worker.killed = True
+                _signal_group(worker.proc, signal.SIGKILL)
+                log.warning("%s still running %.1fs after SIGTERM: killed; the lease watchdog "
+                            "requeues its chunk from the checkpoint", worker.node, waited_s)
+            elif waited_s >= scaling.drain_preempt_after and not worker.asked_to_yield:
+                worker.asked_to_yield = True
+                self._ask_to_yield(worker.node)
+
+    def _reap(self, worker: PoolWorker, code: int, waited_s: float, now_s: float) -> None:
+        self.pool.remove(worker)
+        self.procs[:] = [(name, proc) for name, proc in self.procs if proc is not worker.proc]
+        how = "killed" if worker.killed else "drained"
+        try:  # its queue assignment, kept by the tick's adapter, names a worker gone for good
+            self.store().redis.hdel(keys.WORKER_QUEUES, worker.node)
+        except redis.RedisError:
+            log.debug("could not forget the queues of %s", worker.node, exc_info=True)
+        self._report(f"{worker.label} {how} in {waited_s:.1f}s (exit code {code})", {
+            "kind": how, "ts": repr(now_s), "worker": worker.node,
+            "drain_s": f"{waited_s:.3f}", "exit_code": str(code),
+        })
+
+    def _ask_to_yield(self, node: str) -> None:
+        """Flag the job running on ``node`` to stop at its next boundary (a durable checkpoint;
+        the tick releases it to another worker). Fenced on the state and epoch seen here."""
+        try:
+            store = self.store()
+            for job in store.records(store.active_ids()):
+                if (isinstance(job, UnreadableRecord) or job.state is not JobState.RUNNING
+                        or job.running_on != node):
+                    continue
+                if store.request_preempt(job.job_id, state=job.state, epoch=job.epoch):
+                    log.warning("job %s: asked to yield: its worker %s is draining",
+                                job.job_id, node)
+        except redis.RedisError:
+            log.warning("could not ask the job on %s to yield", node, exc_info=True)
+
+    def _report(self, line: str, event: dict[str, str]) -> None:
+        log.info("autoscale: %s", line)
+        try:
+            record_event(self.store().redis, event)
+        except redis.RedisError:
+            log.warning("autoscale: could not record the event %r", line, exc_info=True)
+        if self.on_autoscale is not None:
+            self.on_autoscale(line)
 
     def stop(self, timeout_s: float = 15.0) -> None:
         """SIGTERM every child (warm shutdown: running chunks finish), then SIGKILL stragglers."""
@@ -155,6 +377,10 @@ class Stack:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         self.procs.clear()
+        self.pool.clear()
+        if self._store is not None:
+            self._store.redis.close()
+            self._store = None
         if self.redis is not None:
             self.redis.stop()
         (self.run_dir / "stack.pid").unlink(missing_ok=True)
@@ -165,6 +391,11 @@ class Stack:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):  # it exited meanwhile; the next pass reaps it
+        os.killpg(proc.pid, sig)
 
 
 def run_until_signalled(stack: Stack, on_ready: str = "") -> int:
@@ -181,8 +412,8 @@ def run_until_signalled(stack: Stack, on_ready: str = "") -> int:
         print(on_ready, flush=True)
     code = 0
     while not stopping:
-        time.sleep(0.2)
-        if dead := stack.dead():
+        time.sleep(0.1)
+        if dead := stack.supervise(time.time()):
             log.error("stopping: %s exited; see %s", ", ".join(dead), stack.run_dir / "logs")
             code = 1
             break

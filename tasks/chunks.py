@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -57,7 +58,9 @@ def execute_chunk(
 ) -> str:
     """Run chunks of one job starting at ``chunk``; returns what happened, for logs and tests."""
     store = ctx.store
+    started = time.perf_counter()
     claimed = store.claim_chunk(job_id, chunk, epoch, ctx.name, ctx.settings.broker.chunk_lease)
+    ctx.profile.add("claim", started)
     if isinstance(claimed, str):
         log.info("job %s chunk %d epoch %d: stale (%s)", job_id, chunk, epoch, claimed)
         _republish_if_lost(store, job_id, chunk, epoch)
@@ -80,7 +83,9 @@ def _run_claimed(ctx: WorkerContext, job: JobRecord, task_id: str) -> str:
         return _stop(store, job, JobState.PREEMPTED, ctx.name, "preempt flag")
     runner = ctx.runner(job.kind.value)
     params = dict(job.params)
+    loading = time.perf_counter()
     state = _load_state(ctx, job, runner, params)
+    ctx.profile.add("load_state", loading)
     version = None
     while True:
         started = time.monotonic()
@@ -91,7 +96,7 @@ def _run_claimed(ctx: WorkerContext, job: JobRecord, task_id: str) -> str:
                 version = choose_version(store, ctx.settings, ctx.text_runner(), job, params,
                                          state)
                 params = {**params, "expert_version": version}
-            result = runner.run_chunk(params, chunk, state, lambda: store.preempt_requested(job_id))
+            result = runner.run_chunk(params, chunk, state, _flag_poll(ctx, job_id))
         except redis.RedisError:
             raise  # the store went away, not the job: leave it RUNNING for the lease watchdog
         except Exception as exc:
@@ -109,7 +114,7 @@ def _run_claimed(ctx: WorkerContext, job: JobRecord, task_id: str) -> str:
         if commit.status is CommitStatus.HOP:
             ctx.cache.put(job_id, commit.seq, result.state)
             publish_chunk(store, job, chunk=commit.next_chunk, epoch=job.epoch,
-                          queue=commit.queue)
+                          queue=commit.queue, profile=ctx.profile)
             return "hop"
         if commit.status is not CommitStatus.CONTINUE:
             ctx.cache.drop(job_id)  # done, or stopped: another worker may resume it
@@ -132,17 +137,40 @@ def _commit(
     units = job.cost_units[chunk]
     timing = (ctx.settings.device, elapsed_s / max(units, 1e-9)) if result.complete else None
     for with_checkpoint in (durable, True):
+        encoding = time.perf_counter()
+        checkpoint = result.state.encode() if with_checkpoint else None
+        committing = ctx.profile.add("encode", encoding)
         commit = ctx.store.commit_chunk(
             job.job_id, chunk=chunk, epoch=job.epoch, seq=seq, complete=result.complete,
-            checkpoint=result.state.encode() if with_checkpoint else None,
+            checkpoint=checkpoint,
             service_s=elapsed_s, worker=ctx.name, task_id=task_id,
             hop_queues=hop_queues(ctx.settings, ctx.name, ctx.consuming(), job.kind.value),
             then_continue=job.atomic, artifact=artifact, timing=timing,
             timing_key=chunk_cost_key(job.cost_key, job.chunk_name),
         )
+        ctx.profile.add("commit", committing)
         if commit.status is not CommitStatus.NEEDS_CHECKPOINT:
             return commit
     raise AssertionError("a commit with a checkpoint never asks for one")
+
+
+def _flag_poll(ctx: WorkerContext, job_id: str) -> Callable[[], bool]:
+    """The runner's ``should_yield`` between block groups: asks Redis for a preempt or cancel
+    flag, at most once per fifth of the preemption timeout. A flag raised while the chunk runs
+    is then seen within that fifth (the commit sees it anyway), and short steps — most of a
+    small job's hops — skip the round trip."""
+    gap_s = ctx.settings.scheduler.preemption_timeout / 5
+    last_s = time.monotonic()
+
+    def should_yield() -> bool:
+        nonlocal last_s
+        now_s = time.monotonic()
+        if now_s - last_s < gap_s:
+            return False
+        last_s = now_s
+        return ctx.store.preempt_requested(job_id)
+
+    return should_yield
 
 
 def _record_text_outcome(

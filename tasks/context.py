@@ -34,6 +34,27 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
+class HopProfile:
+    """Where a worker's time between chunks goes: seconds and counts per phase of a hop
+    (claim, state load, checkpoint encode, commit, publish, bookkeeping), cumulative, published in
+    the heartbeat for `tests/bench/bench_hop.py`. Two clock reads per phase: always on."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def add(self, phase: str, started: float) -> float:
+        """Charge the time since ``started`` (``perf_counter``) to ``phase``; returns now."""
+        now = time.perf_counter()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - started
+        self.counts[phase] = self.counts.get(phase, 0) + 1
+        return now
+
+    def as_dict(self) -> dict[str, dict[str, float]]:
+        return {phase: {"s": round(self.seconds[phase], 6), "n": self.counts[phase]}
+                for phase in self.seconds}
+
+
+@dataclass
 class WorkerContext:
     """Process-wide state of one worker."""
 
@@ -49,6 +70,9 @@ class WorkerContext:
     """Celery's consumer of this worker (set once ready): what it consumes right now."""
     experts: dict[str, dict[str, object]] = field(default_factory=dict)
     """Residency summary of each loaded MoE model, refreshed after every text chunk."""
+    expert_cache: dict[str, float] = field(default_factory=dict)
+    """Hits, misses, stall time and prefetch outcomes of the expert caches (same refresh)."""
+    profile: HopProfile = field(default_factory=HopProfile)
     _kinds_run: set[str] = field(default_factory=set)
     _versions: VersionSync | None = None
     _beat: threading.Thread | None = None
@@ -95,6 +119,7 @@ class WorkerContext:
         from workers import moe  # deferred: loads torch
 
         self.experts = moe.residency()
+        self.expert_cache = moe.cache_totals()
 
     def start_heartbeat(self) -> None:
         if self._beat is None:
@@ -108,7 +133,8 @@ class WorkerContext:
             "device": self.settings.device, "ts": time.time(), "chunks_run": self.chunks_run,
             "ckpt_cache": {"hits": self.cache.hits, "misses": self.cache.misses,
                            "hit_rate": round(self.cache.hit_rate, 4)},
-            "experts": self.experts,
+            "experts": self.experts, "hop_profile": self.profile.as_dict(),
+            **({"expert_cache": self.expert_cache} if self.expert_cache else {}),
         }
         pipe = self.store.redis.pipeline(transaction=False)
         pipe.set(keys.worker(self.name), json.dumps(body), px=int(lease_s * 1000))

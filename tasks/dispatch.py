@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from typing import TYPE_CHECKING
 
 from kombu import Exchange, Queue
 
@@ -19,12 +20,17 @@ from tasks.routing import CHUNK_TASK, affinity_worker, class_queue_of
 from tasks.runtime import celery
 from tasks.store import JobStore
 
+if TYPE_CHECKING:
+    from tasks.context import HopProfile
+
 log = logging.getLogger(__name__)
 
 
-def publish_chunk(store: JobStore, job: JobRecord, *, chunk: int, epoch: int, queue: str) -> str:
+def publish_chunk(store: JobStore, job: JobRecord, *, chunk: int, epoch: int, queue: str,
+                  profile: HopProfile | None = None) -> str:
     """Send one chunk message of ``job``; the task id names the job and chunk so Flower shows
     them, and the record remembers what was published last (the healer compares it)."""
+    started = time.perf_counter()
     names = job.chunk_names
     chunk_name = names[chunk] if chunk < len(names) else f"chunk[{chunk}]"
     task_id = f"{job.job_id}.{chunk}.{epoch}.{uuid.uuid4().hex[:6]}"
@@ -35,7 +41,11 @@ def publish_chunk(store: JobStore, job: JobRecord, *, chunk: int, epoch: int, qu
         queue=declared_queue(queue),
         task_id=task_id,
     )
+    if profile is not None:
+        started = profile.add("publish", started)
     store.set_fields(job.job_id, published=chunk, last_task_id=task_id)
+    if profile is not None:
+        profile.add("bookkeeping", started)
     return task_id
 
 

@@ -26,6 +26,7 @@ The scheduler
 Workers
   ``sl:worker:<name>``         string  a worker's heartbeat (JSON, expires with its lease)
   ``sl:workers:queues``        hash    worker → the queues the tick last told it to consume
+  ``sl:autoscale:events``      stream  the autoscaler's decisions (with reasons) and drains
 
 MoE expert versions
   ``sl:experts:<model>``       string  the model's version record (JSON)
@@ -64,6 +65,8 @@ WORKER_PREFIX = PREFIX + "worker:"
 """Heartbeat keys, one per worker; ``WORKER_PREFIX + "*"`` finds the live workers."""
 WORKER_QUEUES = PREFIX + "workers:queues"
 """What the adapter last told each worker to consume (so consumers are not churned)."""
+AUTOSCALE_EVENTS = PREFIX + "autoscale:events"
+"""Every scaling decision of ``stepline up --workers MIN:MAX`` with its reason, and every drain."""
 
 EXPERTS_PREFIX = PREFIX + "experts:"
 EXPERT_UPDATES = PREFIX + "experts:updating"

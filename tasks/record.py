@@ -120,6 +120,9 @@ class JobRecord:
     first_estimate_s: float | None = None
     """The scheduler's estimate of the job's whole service time at its first release (the bench
     compares it with ``service_s`` at the end)."""
+    events_ttl_s: float | None = None
+    """How long the job's event stream is kept once the job has ended (None: for ever); the
+    stream is never trimmed while the job lives."""
 
     @classmethod
     def from_hash(cls, raw: Mapping[str, str] | Mapping[bytes, bytes]) -> JobRecord:
@@ -257,5 +260,6 @@ _FIELDS: dict[str, tuple[str, _Codec]] = {
     "media_type": ("media_type", _OPT_TEXT),
     "expert_version": ("expert_version", _OPT_TEXT),
     "first_estimate_s": ("first_estimate", _OPT_FLOAT),
+    "events_ttl_s": ("events_ttl", _OPT_FLOAT),
 }
 _REQUIRED = frozenset(f.name for f in fields(JobRecord) if f.default is MISSING)

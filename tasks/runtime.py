@@ -9,7 +9,7 @@ from pathlib import Path
 import redis
 from celery import Celery
 
-from tasks.errors import SteplineError
+from tasks.errors import SettingsError, SteplineError
 from tasks.settings import Settings, load_settings
 
 SOCKET_NAME = "redis.sock"
@@ -23,8 +23,14 @@ def socket_url(run_dir: Path) -> str:
 
 @lru_cache(maxsize=1)
 def current_settings() -> Settings:
-    """The process-wide settings (files + environment), loaded once."""
-    return load_settings()
+    """The process-wide settings (files + environment), loaded once. Settings that do not load
+    end the process with one line per bad value and no traceback: every entry point (the
+    ``stepline`` command, ``celery -A app``, the API under uvicorn) loads them while importing
+    ``app.celery``, before any error handler of its own exists."""
+    try:
+        return load_settings()
+    except SettingsError as exc:
+        raise SystemExit(f"stepline: {exc}") from None
 
 
 def redis_url(settings: Settings) -> str:

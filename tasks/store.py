@@ -39,10 +39,16 @@ local function ended(job, active, done, id, state, now)
   redis.call('SREM', active, id)
   redis.call('HSET', job, 'finished_at', now)
   redis.call('XADD', done, 'MAXLEN', '~', 100000, '*', 'id', id, 'state', state)
+  local ttl = tonumber(redis.call('HGET', job, 'events_ttl') or '')
+  if ttl ~= nil and ttl > 0 then
+    redis.call('PEXPIRE', job .. ':events', math.floor(ttl * 1000))
+  end
 end
 """
 # A job's event stream is kept whole while the job lives (no MAXLEN): a long job's preemption
-# history is part of its record.
+# history is part of its record. Once it has ended, the stream expires after the job's
+# ``events_ttl`` (``store.event_retention``; the stream key is the job key plus ``:events``,
+# see ``keys.job_events``).
 
 _TERMINAL_LUA = "local terminal = {DONE=true, FAILED=true, CANCELLED=true, EXPIRED=true}\n"
 
@@ -287,6 +293,7 @@ class JobStore:
         atomic: bool = False,
         chunk_names: Iterable[str] = (),
         resource_profile: ResourceProfile = ResourceProfile.COMPUTE,
+        events_ttl_s: float | None = None,
     ) -> tuple[str, bool]:
         """Store a new PENDING job; returns (job id, created). An idempotency key seen before
         for this tenant returns the first job's id and ``created=False``."""
@@ -298,7 +305,7 @@ class JobStore:
             epoch=0, queue=queue, preempt=False, cancel=False, preemptions=0, service_s=0.0,
             cost_key=cost_key, cost_units=tuple(cost_units), updated_at_s=now_s, atomic=atomic,
             chunk_names=tuple(chunk_names), resource_profile=resource_profile,
-            shed_if_late=spec.shed_if_late,
+            shed_if_late=spec.shed_if_late, events_ttl_s=events_ttl_s,
         )
         idem = keys.idempotency(tenant, spec.idempotency_key) if spec.idempotency_key else ""
         flat = [item for pair in fields.items() for item in pair]

@@ -91,6 +91,7 @@ class JobService:
             queue=FIFO_QUEUE if policy == "fifo" else CLASS_QUEUE[spec.slo],
             atomic=policy == "fifo", chunk_names=plan.names,
             resource_profile=ResourceProfile(plan.resource_profile),
+            events_ttl_s=self.settings.broker.event_retention,
         )
         if not created or spec.depends_on or policy in TICK_RELEASED:
             return job_id, created  # released by the tick (dependencies, top-cap baselines)

@@ -7,7 +7,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from app.api import jobs, observe
+from app.api import dashboard, jobs, observe, openai
 from app.api.context import ApiContext
 from app.api.errors import install_error_handlers
 from app.celery import configure as configure_celery
@@ -31,6 +31,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(api, settings.api.redis_retry_after)
     api.include_router(jobs.router)
     api.include_router(observe.router)
+    api.include_router(openai.router)
+    api.include_router(dashboard.router)
     return api
 
 

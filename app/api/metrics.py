@@ -1,9 +1,10 @@
-"""Prometheus ``/metrics``: read from Redis at scrape time, so every API process (and every
-worker's work) is counted once. Finished jobs are folded into counters stored in Redis exactly
-once each (a ``ZADD NX`` on a seen-set), which keeps the counters monotonic across processes."""
+"""Prometheus ``/metrics``, read from Redis at scrape time by the functions /v1/stats uses, so the
+two agree. Finished jobs are folded into counters kept in Redis exactly once each (a ``ZADD NX``
+on a seen-set), which keeps the counters monotonic across API processes."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import cast
@@ -19,12 +20,16 @@ from redis.client import Pipeline
 
 from app.api.stats import (
     ENDED,
+    WindowStats,
     class_stats,
     met_deadline,
+    observed_queues,
+    oldest_waits,
     queue_depths,
-    read_workers,
     readable_records,
     recent_jobs,
+    window_stats,
+    worker_views,
 )
 from scheduler.lifecycle import JobState, SloClass
 from tasks import keys
@@ -75,21 +80,20 @@ class StoreCollector(Collector):
         self.settings = settings
 
     def collect(self) -> Iterator[Metric]:
+        now_s = time.time()
         jobs = recent_jobs(self.store, self.settings.api.stats_window_jobs)
         account_finished(self.store, jobs)
         yield from self._finished()
         yield self._active()
         yield from self._latency()
         yield self._attainment(jobs)
-        depths = GaugeMetricFamily("stepline_queue_depth", "Messages waiting per queue",
-                                   labels=["queue"])
-        for queue, depth in queue_depths(self.store).items():
-            depths.add_metric([queue], depth)
-        yield depths
-        workers, counters = read_workers(self.store)
+        beats = self.store.heartbeats()
+        yield from self._queues(observed_queues(beats), now_s)
+        yield from self._window(window_stats(self.store, self.settings, now_s))
+        workers, counters = worker_views(beats, now_s, busy_visible={})
         yield GaugeMetricFamily("stepline_workers", "Workers with a live heartbeat",
                                 value=len(workers))
-        busy = sum(1 for w in workers if w.busy_job)
+        busy = sum(1 for beat in beats.values() if beat.get("busy_job"))
         yield GaugeMetricFamily("stepline_workers_busy", "Workers running a chunk", value=busy)
         hit = GaugeMetricFamily("stepline_cache_hit_ratio", "Cache hit ratio over live workers",
                                 labels=["cache"])
@@ -97,8 +101,54 @@ class StoreCollector(Collector):
             if rate is not None:
                 hit.add_metric([name], rate)
         yield hit
+        per_worker = GaugeMetricFamily("stepline_worker_cache_hit_ratio",
+                                       "Cache hit ratio of each live worker's own counters",
+                                       labels=["worker", "cache"])
+        for worker in workers:
+            for name, rate in worker.cache_hit_rates.items():
+                if rate is not None:
+                    per_worker.add_metric([worker.name, name], rate)
+        yield per_worker
         yield GaugeMetricFamily("stepline_origin_active", "1 while a job is the origin",
                                 value=1 if self.store.origin_id() else 0)
+
+    def _queues(self, queues: list[str], now_s: float) -> Iterator[Metric]:
+        depths = GaugeMetricFamily("stepline_queue_depth", "Messages waiting per queue",
+                                   labels=["queue"])
+        for queue, depth in queue_depths(self.store, queues).items():
+            depths.add_metric([queue], depth)
+        yield depths
+        ages = GaugeMetricFamily(
+            "stepline_queue_oldest_age_seconds",
+            "Seconds since the oldest message still waiting in the queue was queued (0: none)",
+            labels=["queue"])
+        for queue, age in oldest_waits(self.store, queues, now_s).items():
+            ages.add_metric([queue], age or 0.0)
+        yield ages
+
+    def _window(self, window: WindowStats) -> Iterator[Metric]:
+        yield GaugeMetricFamily("stepline_stats_window_seconds",
+                                "Length of the sliding window of the *_window metrics",
+                                value=window.seconds)
+        attained = GaugeMetricFamily(
+            "stepline_slo_attainment_window",
+            "Share of the jobs that ended in the sliding window DONE by their deadline, by class",
+            labels=["slo"])
+        ended = GaugeMetricFamily("stepline_jobs_ended_window",
+                                  "Jobs that ended (DONE, FAILED, EXPIRED) in the sliding window",
+                                  labels=["slo"])
+        latency = GaugeMetricFamily(
+            "stepline_job_latency_window_seconds",
+            "Submit-to-done latency quantiles of the DONE jobs of the sliding window",
+            labels=["slo", "quantile"])
+        for slo, stats in window.classes.items():
+            ended.add_metric([slo], stats.finished)
+            if stats.attainment is not None:
+                attained.add_metric([slo], stats.attainment)
+            for quantile, value in (("0.5", stats.p50_latency_s), ("0.95", stats.p95_latency_s)):
+                if value is not None:
+                    latency.add_metric([slo, quantile], value)
+        yield from (attained, ended, latency)
 
     def _finished(self) -> Iterator[Metric]:
         raw = cast(dict[bytes, bytes], self.store.redis.hgetall(keys.METRICS_FINISHED))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
@@ -11,40 +12,20 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from app.api.context import ApiContext, api_context, current_tenant
 from app.api.jobs import COMMON_RESPONSES
 from app.api.metrics import StoreCollector
-from app.api.stats import class_stats, queue_depths, read_load, read_workers, recent_jobs
-from app.schemas import ErrorBody, StatsView
+from app.api.stats import LiveStatsView, Viewer, live_stats
+from app.schemas import ErrorBody
 from app.tenants import Tenant
-from tasks.errors import JobNotFound
-from tasks.record import UnreadableRecord
 
 router = APIRouter(tags=["observe"])
 Ctx = Annotated[ApiContext, Depends(api_context)]
 
 
-@router.get("/v1/stats", response_model=StatsView, responses=COMMON_RESPONSES,
-            summary="SLO attainment, queues, origin, load, workers and cache hit rates")
-def stats(ctx: Ctx, tenant: Annotated[Tenant, Depends(current_tenant)]) -> StatsView:
-    window = ctx.settings.api.stats_window_jobs
-    jobs = recent_jobs(ctx.store, window)
-    origin = ctx.store.origin_id()
-    workers, counters = read_workers(ctx.store)
-    return StatsView(
-        classes=class_stats(jobs), queues=queue_depths(ctx.store),
-        origin=_own(ctx, tenant, origin), origin_active=origin is not None,
-        load=read_load(ctx.store), workers=workers, cache_hit_rates=counters.rates(),
-        window_jobs=len(jobs),
-    )
-
-
-def _own(ctx: ApiContext, tenant: Tenant, job_id: str | None) -> str | None:
-    """``job_id`` if it is the caller's job: another tenant's origin is only "active"."""
-    if job_id is None:
-        return None
-    try:
-        ctx.owned_record(tenant, job_id)
-    except (JobNotFound, UnreadableRecord):
-        return None
-    return job_id
+@router.get("/v1/stats", response_model=LiveStatsView, responses=COMMON_RESPONSES,
+            summary="SLO attainment (recent and over a sliding window), queues and their oldest "
+                    "waits, origin, load, workers and cache hit rates")
+def stats(ctx: Ctx, tenant: Annotated[Tenant, Depends(current_tenant)]) -> LiveStatsView:
+    """Another tenant's job ids (the origin, a worker's busy job) read as null."""
+    return live_stats(ctx.store, ctx.settings, Viewer(tenant.name), time.time())
 
 
 def registry_for(ctx: ApiContext) -> CollectorRegistry:

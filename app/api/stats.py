@@ -1,21 +1,27 @@
-"""What /v1/stats and /metrics report, read from Redis: SLO attainment over recent jobs, queue
-depths, the origin, the admission load, worker heartbeats and their cache hit rates."""
+"""What /v1/stats, /metrics and the dashboard report, read from Redis: SLO attainment over recent
+jobs and over a sliding window, queue depths and the age of each queue's oldest waiting message,
+the origin, the admission load, worker heartbeats and their cache hit rates."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import logging
 import statistics
-import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, cast
 
-from app.schemas import ClassStats, WorkerInfo
+from pydantic import BaseModel, Field
+
+from app.schemas import ClassStats, StatsView, WorkerInfo
 from scheduler.lifecycle import JobState, SloClass
 from tasks import keys
 from tasks.record import JobRecord, UnreadableRecord
-from tasks.routing import ALL_QUEUES
+from tasks.routing import ALL_QUEUES, CHUNK_TASK, affinity_worker
+from tasks.settings import Settings
 from tasks.store import JobStore
 
 log = logging.getLogger(__name__)
@@ -27,9 +33,67 @@ KOMBU_PRIORITY_STEPS = (0, 3, 6, 9)
 ENDED = frozenset({JobState.DONE, JobState.FAILED, JobState.EXPIRED})
 """States that count toward SLO attainment (a cancelled job is the client's choice)."""
 
+WINDOW_SLACK_S = 5.0
+"""The done stream's entry ids are Redis's clock and ``finished_at`` the committing worker's: the
+window reads this much further back in the stream, then keeps jobs by ``finished_at``."""
+
+TAIL_SCAN = 16
+"""Messages read from the delivery end of each kombu list when looking for the oldest one."""
+
+
+class WindowClassStats(BaseModel):
+    """SLO attainment and latency of one class over the jobs that ended in the sliding window."""
+
+    finished: int = Field(description="Jobs that ended (DONE, FAILED, EXPIRED) in the window.")
+    met: int = Field(description="Of those, DONE by their deadline.")
+    attainment: float | None = Field(description="met / finished; null with none finished.")
+    p50_latency_s: float | None = Field(default=None, description="Submit-to-done, DONE jobs.")
+    p95_latency_s: float | None = Field(default=None, description="Submit-to-done, DONE jobs.")
+
+
+class WindowStats(BaseModel):
+    """Per-class figures over the jobs that ended in the last ``seconds``."""
+
+    seconds: float = Field(description="The window's length (setting ``api.stats_window``).")
+    classes: dict[str, WindowClassStats]
+    jobs: int = Field(description="Ended jobs counted (CANCELLED ones are not).")
+    truncated: bool = Field(description="More jobs ended in the window than "
+                                        "``api.stats_window_max_jobs``: only the newest count.")
+
+
+class LiveStatsView(StatsView):
+    """GET /v1/stats: what the scheduler is doing now, and how each class fared lately."""
+
+    measured_at: float = Field(description="When these figures were read (Unix seconds).")
+    window: WindowStats = Field(description="Attainment and latency over a sliding window.")
+    queue_oldest_age_s: dict[str, float | None] = Field(
+        description="Per queue, seconds since the oldest message still waiting in it was queued "
+                    "(the job record's queued-at time; see the README); null when none waits.")
+
+
+@dataclass(frozen=True, slots=True)
+class Viewer:
+    """Whose eyes the figures are for: a tenant sees its own job ids only; the operator (the
+    dashboard's read-only token) sees every one."""
+
+    tenant: str | None
+
+    def sees(self, owner: str | None) -> bool:
+        return self.tenant is None or owner == self.tenant
+
+
+OPERATOR = Viewer(tenant=None)
+
 
 def queue_keys(queue: str) -> list[str]:
     return [queue if p == 0 else f"{queue}{KOMBU_PRIORITY_SEP}{p}" for p in KOMBU_PRIORITY_STEPS]
+
+
+def observed_queues(heartbeats: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The class queues, then the affinity queue of every live worker that consumes one."""
+    own = {q for beat in heartbeats.values() for q in beat.get("queues") or ()
+           if isinstance(q, str) and affinity_worker(q) is not None}
+    return [*ALL_QUEUES, *sorted(own)]
 
 
 def queue_depths(store: JobStore, queues: Iterable[str] = ALL_QUEUES) -> dict[str, int]:
@@ -42,6 +106,104 @@ def queue_depths(store: JobStore, queues: Iterable[str] = ALL_QUEUES) -> dict[st
     sizes = pipe.execute()
     steps = len(KOMBU_PRIORITY_STEPS)
     return {name: int(sum(sizes[i * steps:(i + 1) * steps])) for i, name in enumerate(names)}
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkRef:
+    """What a chunk message carries: the job, the chunk index and the epoch it was sent under."""
+
+    job_id: str
+    chunk: int
+    epoch: int
+
+
+def parse_message(raw: bytes) -> dict[str, Any] | None:
+    """A kombu message as stored in a Redis list (JSON); None if it is not readable."""
+    try:
+        message = json.loads(raw)
+    except ValueError:
+        return None
+    return message if isinstance(message, dict) else None
+
+
+def chunk_of(message: Mapping[str, Any]) -> ChunkRef | None:
+    """The chunk a ``stepline.chunk`` message runs (Celery's protocol 2: the body is
+    ``[args, kwargs, embed]``, base64 in Redis); None for any other message."""
+    headers, properties = message.get("headers") or {}, message.get("properties") or {}
+    if headers.get("task") != CHUNK_TASK:
+        return None
+    try:
+        body = message["body"]
+        if properties.get("body_encoding") == "base64":
+            body = base64.b64decode(body)
+        job_id, chunk, epoch = json.loads(body)[0][:3]
+        return ChunkRef(str(job_id), int(chunk), int(epoch))
+    except (KeyError, IndexError, TypeError, ValueError, binascii.Error):
+        return None
+
+
+def expiring_sent_at_s(message: Mapping[str, Any]) -> float | None:
+    """When a message with an expiry was sent (Celery sets the ``expires`` header and kombu the
+    ``expiration`` property, in ms, from one instant): the scheduler tick's messages."""
+    expires = (message.get("headers") or {}).get("expires")
+    ttl_ms = (message.get("properties") or {}).get("expiration")
+    if not isinstance(expires, str) or ttl_ms is None:
+        return None
+    try:
+        return datetime.fromisoformat(expires).timestamp() - float(ttl_ms) / 1000
+    except (TypeError, ValueError):
+        return None
+
+
+RECORD_QUEUE_FIELDS = ("state", "epoch", "next_chunk", "queued_at")
+
+
+def chunk_queued_at_s(ref: ChunkRef, fields: Sequence[bytes | None]) -> float | None:
+    """When ``ref``'s message was queued, from its job record (``RECORD_QUEUE_FIELDS``): the
+    record's ``queued_at`` if the job is QUEUED for exactly this chunk and epoch. Otherwise the
+    message is stale — a requeue bumped the epoch, or the job moved on or ended — and the worker
+    that pops it will drop it: it is not work waiting, and has no age."""
+    state, epoch, next_chunk, queued_at = (f.decode() if f is not None else None for f in fields)
+    if state != JobState.QUEUED.value or queued_at is None:
+        return None
+    if epoch != str(ref.epoch) or next_chunk != str(ref.chunk):
+        return None
+    return float(queued_at)
+
+
+def oldest_waits(store: JobStore, queues: Iterable[str], now_s: float) -> dict[str, float | None]:
+    """Per queue, the age of the oldest message still waiting in it (None if none waits).
+
+    Kombu LPUSHes and BRPOPs, so each priority list's oldest messages are at its tail; the last
+    ``TAIL_SCAN`` of every list are read, in two round trips whatever the number of queues. A
+    chunk message's queued time is its job record's (``chunk_queued_at_s``: messages carry no
+    timestamp of their own); a message with an expiry (the tick) dates itself."""
+    names = list(queues)
+    pipe = store.redis.pipeline(transaction=False)
+    for name in names:
+        for key in queue_keys(name):
+            pipe.lrange(key, -TAIL_SCAN, -1)
+    lists = cast(list[list[bytes]], pipe.execute())
+    steps = len(KOMBU_PRIORITY_STEPS)
+    tails = {name: [m for tail in lists[i * steps:(i + 1) * steps] for raw in tail
+                    if (m := parse_message(raw)) is not None] for i, name in enumerate(names)}
+    refs = {ref for ms in tails.values() for m in ms if (ref := chunk_of(m)) is not None}
+    pipe = store.redis.pipeline(transaction=False)
+    for ref in refs:
+        pipe.hmget(keys.job(ref.job_id), RECORD_QUEUE_FIELDS)
+    fields = dict(zip(refs, cast(list[list[bytes | None]], pipe.execute()), strict=True))
+    return {name: _oldest_age(messages, fields, now_s) for name, messages in tails.items()}
+
+
+def _oldest_age(messages: list[dict[str, Any]], fields: Mapping[ChunkRef, Sequence[bytes | None]],
+                now_s: float) -> float | None:
+    sent = []
+    for message in messages:
+        ref = chunk_of(message)
+        at = chunk_queued_at_s(ref, fields[ref]) if ref else expiring_sent_at_s(message)
+        if at is not None:
+            sent.append(at)
+    return max(now_s - min(sent), 0.0) if sent else None
 
 
 def met_deadline(record: JobRecord) -> bool:
@@ -72,6 +234,32 @@ def class_stats(jobs: list[JobRecord]) -> dict[str, ClassStats]:
             unfinished=sum(1 for r in mine if not r.state.is_terminal),
         )
     return out
+
+
+def window_class_stats(ended: list[JobRecord]) -> dict[str, WindowClassStats]:
+    """``class_stats`` of the jobs that ended in the window (all of them terminal)."""
+    return {slo: WindowClassStats(**stats.model_dump(exclude={"unfinished"}))
+            for slo, stats in class_stats(ended).items()}
+
+
+def ended_since(store: JobStore, since_s: float, limit: int) -> tuple[list[JobRecord], bool]:
+    """The jobs that ended (DONE, FAILED, EXPIRED) at or after ``since_s``, newest first, at most
+    ``limit`` of them, from the ``sl:done`` stream; and whether there were more."""
+    start_ms = max(int((since_s - WINDOW_SLACK_S) * 1000), 0)
+    raw = cast(list[tuple[bytes, dict[bytes, bytes]]],
+               store.redis.xrevrange(keys.DONE, max="+", min=f"{start_ms}-0", count=limit + 1))
+    ids = list(dict.fromkeys(f[b"id"].decode() for _, f in raw[:limit] if b"id" in f))
+    ended = [r for r in readable_records(store, ids, "the stats window")
+             if r.state in ENDED and r.finished_at_s is not None and r.finished_at_s >= since_s]
+    return ended, len(raw) > limit
+
+
+def window_stats(store: JobStore, settings: Settings, now_s: float) -> WindowStats:
+    """Per-class attainment and latency over the last ``api.stats_window`` seconds."""
+    seconds = settings.api.stats_window
+    ended, truncated = ended_since(store, now_s - seconds, settings.api.stats_window_max_jobs)
+    return WindowStats(seconds=seconds, classes=window_class_stats(ended), jobs=len(ended),
+                       truncated=truncated)
 
 
 def readable_records(store: JobStore, job_ids: list[str], purpose: str) -> list[JobRecord]:
@@ -138,17 +326,65 @@ class CacheCounters:
                 for name, h in self.hits.items()}
 
 
-def read_workers(store: JobStore, now_s: float | None = None) -> tuple[list[WorkerInfo],
-                                                                        CacheCounters]:
-    """Every live worker heartbeat, and the cache counters summed over them."""
-    now_s = time.time() if now_s is None else now_s
+def experts_resident(beat: Mapping[str, Any]) -> dict[str, int]:
+    """Experts resident on the device per loaded MoE model, from the heartbeat's residency
+    summary (a hex bitmask of resident experts per layer)."""
+    out = {}
+    for model, summary in (beat.get("experts") or {}).items():
+        masks = summary.get("resident") if isinstance(summary, dict) else None
+        if isinstance(masks, dict):
+            try:
+                out[str(model)] = sum(int(str(m), 16).bit_count() for m in masks.values() if m)
+            except ValueError:  # a worker of another version: leave the model out
+                continue
+    return out
+
+
+def worker_views(beats: Mapping[str, Mapping[str, Any]], now_s: float,
+                 busy_visible: Mapping[str, bool]) -> tuple[list[WorkerInfo], CacheCounters]:
+    """Every heartbeat as a ``WorkerInfo`` (a busy job the viewer may not see reads as null),
+    and the cache counters summed over them."""
     counters, views = CacheCounters(), []
-    for name, beat in store.heartbeats().items():
+    for name, beat in beats.items():
         rates = counters.add(beat)
-        views.append(WorkerInfo(
-            name=name, busy_job=beat.get("busy_job"), queues=list(beat.get("queues") or []),
-            device=beat.get("device"), chunks_run=beat.get("chunks_run"),
-            age_s=round(now_s - float(beat["ts"]), 3) if beat.get("ts") else None,
-            cache_hit_rates=rates,
-        ))
+        busy = beat.get("busy_job")
+        views.append(WorkerInfo.model_validate({  # experts_resident: an extra WorkerInfo allows
+            "name": name, "busy_job": busy if busy_visible.get(busy or "", False) else None,
+            "queues": list(beat.get("queues") or []), "device": beat.get("device"),
+            "chunks_run": beat.get("chunks_run"),
+            "age_s": round(now_s - float(beat["ts"]), 3) if beat.get("ts") else None,
+            "cache_hit_rates": rates, "experts_resident": experts_resident(beat),
+        }))
     return views, counters
+
+
+def job_owners(store: JobStore, job_ids: Iterable[str]) -> dict[str, str | None]:
+    """The tenant of each job (None for a job that is gone)."""
+    ids = sorted(set(job_ids))
+    pipe = store.redis.pipeline(transaction=False)
+    for job_id in ids:
+        pipe.hget(keys.job(job_id), "tenant")
+    owners = cast(list[bytes | None], pipe.execute()) if ids else []
+    return {job_id: o.decode() if o is not None else None
+            for job_id, o in zip(ids, owners, strict=True)}
+
+
+def live_stats(store: JobStore, settings: Settings, viewer: Viewer, now_s: float) -> LiveStatsView:
+    """Everything GET /v1/stats answers, as ``viewer`` may see it: another tenant's job id (the
+    origin, a worker's busy job) reads as null."""
+    jobs = recent_jobs(store, settings.api.stats_window_jobs)
+    beats = store.heartbeats()
+    origin = store.origin_id()
+    busy = [str(b["busy_job"]) for b in beats.values() if b.get("busy_job")]
+    owners = job_owners(store, [*busy, *([origin] if origin else [])])
+    visible = {job_id: viewer.sees(owner) for job_id, owner in owners.items()}
+    workers, counters = worker_views(beats, now_s, visible)
+    queues = observed_queues(beats)
+    return LiveStatsView(
+        classes=class_stats(jobs), queues=queue_depths(store, queues),
+        origin=origin if origin and visible.get(origin) else None,
+        origin_active=origin is not None, load=read_load(store), workers=workers,
+        cache_hit_rates=counters.rates(), window_jobs=len(jobs), measured_at=now_s,
+        window=window_stats(store, settings, now_s),
+        queue_oldest_age_s=oldest_waits(store, queues, now_s),
+    )

@@ -1,7 +1,8 @@
 """One typed settings tree: configs/default.yaml, then an optional ``--config`` file, then
 ``STEPLINE_*`` environment variables (``__`` nests: ``STEPLINE_SCHEDULER__POLICY=fifo``).
 
-An invalid value fails at start with the key, the value and the bound.
+An invalid value fails at start with the environment variable that set it (else its key), the
+value and the bound, one line per value.
 """
 
 from __future__ import annotations
@@ -13,12 +14,22 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import SettingsError as EnvSourceError
 
 from tasks.errors import SettingsError
 from tasks.settings.affinity import AffinitySettings
 from tasks.settings.api import ApiSettings
+from tasks.settings.autoscale import AutoscaleSettings
 from tasks.settings.diffusion import DiffusionSettings
 from tasks.settings.durations import Seconds
+from tasks.settings.environment import (
+    ENV_PREFIX,
+    NESTING,
+    EnvValue,
+    describe_error,
+    env_values,
+    unreadable_values,
+)
 from tasks.settings.moe import MoeSettings
 from tasks.settings.scheduler import SchedulerSettings
 
@@ -42,6 +53,13 @@ class BrokerSettings(BaseModel):
     step time is stuck: it is requeued from its checkpoint under a new epoch."""
     stuck_min_s: Seconds = Field(default=5.0, ge=0.1, le=86400)
     """Floor of the stuck threshold, so short steps with noisy timings are never requeued."""
+    task_sent_events: bool = False
+    """Celery's ``task-sent`` event for every chunk published. Flower builds its task list from
+    the workers' events (received, started, succeeded, failed), which stay on; the sent event
+    only adds a publish timestamp, and costs each hop ~0.3-0.5 ms (``tests/bench/bench_hop.py``)."""
+    event_retention: Seconds | None = Field(default=7 * 86400.0, gt=0)
+    """How long a job's event history (every transition, preemption and commit) is kept after
+    the job ends; null keeps it for ever. It is never trimmed while the job lives."""
     redis_appendfsync: Literal["always", "everysec", "no"] = "everysec"
     """fsync policy of the embedded Redis's append-only file: ``everysec`` may lose about the
     last second of writes to a machine crash (not to a killed redis-server); ``always`` loses
@@ -49,7 +67,7 @@ class BrokerSettings(BaseModel):
 
 
 class ServiceSettings(BaseModel):
-    """Addresses of the API and Flower."""
+    """Addresses of the API and Flower; the worker autoscaler of ``stepline up``."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
@@ -59,14 +77,16 @@ class ServiceSettings(BaseModel):
     """Port of the REST shim (the reference design's)."""
     flower_port: int = Field(default=5555, ge=1, le=65535)
     """Port of Flower."""
+    autoscale: AutoscaleSettings = Field(default_factory=AutoscaleSettings)
+    """Adding and draining local workers (``stepline up --workers MIN:MAX``)."""
 
 
 class Settings(BaseSettings):
     """Every tunable of Stepline."""
 
     model_config = SettingsConfigDict(
-        env_prefix="STEPLINE_",
-        env_nested_delimiter="__",
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter=NESTING,
         extra="forbid",
         use_attribute_docstrings=True,
     )
@@ -135,31 +155,33 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return loaded
 
 
-def _describe(error: ValidationError) -> str:
-    lines = []
-    for item in error.errors():
-        key = ".".join(str(part) for part in item["loc"])
-        ctx = item.get("ctx") or {}
-        bound = ", ".join(f"{name} {value}" for name, value in ctx.items() if name != "error")
-        detail = f"{item['msg']}" + (f" (bound: {bound})" if bound else "")
-        lines.append(f"  {key} = {item.get('input')!r}: {detail}")
-    return "invalid settings:\n" + "\n".join(lines)
+def _describe(error: ValidationError, values: list[EnvValue]) -> str:
+    """One line per bad value, naming the variable that set it (or its key) and the bound."""
+    return "\n".join(describe_error(item, values) for item in error.errors())
 
 
 def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
-    """Build the settings tree; raises :class:`SettingsError` naming key, value and bound."""
+    """Build the settings tree; raises :class:`SettingsError` with one line per bad value,
+    naming the environment variable that set it (else its key), the value and the bound."""
     data = _read_yaml(DEFAULT_CONFIG) if DEFAULT_CONFIG.exists() else {}
     extra = config_file or (Path(p) if (p := os.environ.get("STEPLINE_CONFIG")) else None)
     if extra is not None:
         data = _deep_merge(data, _read_yaml(extra))
     data = _deep_merge(data, overrides)
+    values = env_values(os.environ)
+    unreadable = unreadable_values(Settings, values)
+    if unreadable:
+        raise SettingsError("\n".join(unreadable))
     try:
         return Settings(**data)
     except ValidationError as exc:
-        raise SettingsError(_describe(exc)) from exc
+        raise SettingsError(_describe(exc, values)) from exc
+    except EnvSourceError as exc:  # a shape unreadable_values does not foresee
+        cause = f": {exc.__cause__}" if exc.__cause__ else ""
+        raise SettingsError(f"invalid environment: {exc}{cause}") from exc
 
 
 __all__ = [
-    "AffinitySettings", "ApiSettings", "DiffusionSettings", "MoeSettings", "SchedulerSettings",
-    "Settings", "load_settings",
+    "AffinitySettings", "ApiSettings", "AutoscaleSettings", "DiffusionSettings", "MoeSettings",
+    "SchedulerSettings", "Settings", "load_settings",
 ]

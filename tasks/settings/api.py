@@ -51,6 +51,15 @@ class ApiSettings(BaseModel):
     configured gold tenant still outranks local traffic."""
     stats_window_jobs: int = Field(default=500, ge=1, le=100_000)
     """Recent jobs over which /v1/stats and /metrics compute SLO attainment."""
+    stats_window: Seconds = Field(default=300.0, gt=0, le=86_400)
+    """Sliding window of /v1/stats' ``window``, the ``*_window`` metrics and the dashboard:
+    per-class attainment and latency percentiles over the jobs that ended within it."""
+    stats_window_max_jobs: int = Field(default=20_000, ge=1, le=1_000_000)
+    """Most ended jobs the sliding window reads (the newest): bounds one scrape's cost."""
+    dashboard_token: str | None = Field(default=None, min_length=16, max_length=256)
+    """Read-only token for /dashboard (exchanged for a session cookie); unset → generated into
+    ``<run_dir>/dashboard-token`` (mode 0600). Set it when several API processes serve one
+    stack, so that a session one of them issued is valid at the others."""
     list_scan_limit: int = Field(default=5_000, ge=10, le=1_000_000)
     """Most jobs one GET /v1/jobs examines while filtering (bounds the request's cost)."""
     inference_slo: Literal["realtime", "interactive"] = "interactive"

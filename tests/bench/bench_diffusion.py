@@ -1,12 +1,16 @@
-"""Benchmark: per-step overhead of chunked diffusion (checkpoint encode/decode every step)
-against the same diffusers pipeline run directly, plus checkpoint size and save/load time.
+"""Benchmark: per-step overhead of chunked diffusion (checkpoint encode/decode after every model
+evaluation) against the same diffusers pipeline run directly, plus checkpoint size and save/load
+time, for each recipe's default sampler or the ones named.
 
-Usage: python -m tests.bench.bench_diffusion [--runs 3] [--steps 6] [--out bench-out/diffusion.json]
+Usage: python -m tests.bench.bench_diffusion [--runs 3] [--steps 20] [--samplers heun dpmpp_sde]
+       [--threads 1] [--out bench-out/diffusion.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import inspect
 import json
 import statistics
 import time
@@ -19,6 +23,7 @@ from diffusers import DiTPipeline, PixArtSigmaPipeline, WanPipeline
 from workers.checkpoint import Checkpoint
 from workers.diffusion import get_runner, validate_params
 from workers.diffusion.components import DiffusionComponents
+from workers.diffusion.recipes import diffusion_recipe
 
 JOBS: dict[str, tuple[str, dict[str, Any]]] = {
     "dit-tiny": ("image", {"class_label": 1}),
@@ -34,9 +39,12 @@ def _quiet(pipe: Any) -> Any:
 
 def _pipeline_s(c: DiffusionComponents, p: dict[str, Any]) -> float:
     """Seconds of the library's pipeline, prompt to latents (decode excluded on both sides)."""
-    common = {"num_inference_steps": p["num_inference_steps"], "generator":
-              torch.Generator().manual_seed(p["seed"]), "guidance_scale": p["guidance_scale"]}
-    sched = c.scheduler(p["scheduler"])
+    gen = torch.Generator().manual_seed(p["seed"])
+    common = {"num_inference_steps": p["num_inference_steps"], "generator": gen,
+              "guidance_scale": p["guidance_scale"]}
+    sched = c.scheduler(p["scheduler"], p["seed"])
+    if c.recipe.family != "pixart" and "generator" in inspect.signature(sched.step).parameters:
+        sched.step = functools.partial(type(sched).step, sched, generator=gen)  # as the runner
     start_s = time.perf_counter()
     if c.recipe.family == "dit":  # DiTPipeline has no latent output: it always decodes
         _quiet(DiTPipeline(transformer=c.transformer, vae=c.vae, scheduler=sched))(
@@ -60,7 +68,7 @@ def _chunked(kind: str, p: dict[str, Any]) -> dict[str, Any]:
     runner = get_runner(kind)
     state, save_s, load_s, sizes = None, [], [], []
     start_s = time.perf_counter()
-    for index in range(p["num_inference_steps"] + 1):
+    for index in range(runner.plan(p).num_chunks - 1):  # decode excluded, as for the pipeline
         result = runner.run_chunk(p, index, state, lambda: False)
         t0 = time.perf_counter()
         blob = result.state.encode()
@@ -83,9 +91,10 @@ def _timed(fn: Any) -> float:
     return time.perf_counter() - start_s
 
 
-def bench_model(model: str, runs: int, steps: int) -> dict[str, Any]:
+def bench_model(model: str, runs: int, steps: int, sampler: str | None) -> dict[str, Any]:
     kind, extra = JOBS[model]
-    p = validate_params(kind, {"model": model, "num_inference_steps": steps, **extra})
+    p = validate_params(kind, {"model": model, "num_inference_steps": steps, "scheduler": sampler,
+                               **extra})
     c = get_runner(kind).components(p)
     _pipeline_s(c, p), _chunked(kind, p)  # warm-up
     direct = [_pipeline_s(c, p) for _ in range(runs)]
@@ -94,6 +103,7 @@ def bench_model(model: str, runs: int, steps: int) -> dict[str, Any]:
     chunked_s = statistics.median(r["total_s"] for r in chunked)
     return {
         "model": model, "scheduler": p["scheduler"], "steps": steps,
+        "model_evaluations": get_runner(kind).plan(p).num_chunks - 2,
         "shape": f"{p['height']}x{p['width']}x{p['num_frames']}",
         "direct_job_s": direct_s, "chunked_job_s": chunked_s,
         "overhead_ratio": chunked_s / direct_s,
@@ -108,13 +118,20 @@ def bench_model(model: str, runs: int, steps: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--models", nargs="*", default=sorted(JOBS))
+    parser.add_argument("--samplers", nargs="*", default=[None],
+                        help="sampler names; each model runs those it offers (default: its own)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads (workers run with torch_threads: 1)")
     parser.add_argument("--out", type=Path, default=Path("bench-out/diffusion.json"))
     args = parser.parse_args()
-    rows = [bench_model(m, args.runs, args.steps) for m in args.models]
+    torch.set_num_threads(args.threads)
+    rows = [bench_model(m, args.runs, args.steps, s) for m in args.models for s in args.samplers
+            if s is None or s in diffusion_recipe(m).schedulers]
     for r in rows:
-        print(f"{r['model']:12s} {r['shape']:9s} direct {r['direct_step_ms']:7.1f} ms/step "
+        print(f"{r['model']:12s} {r['scheduler']:18s} {r['shape']:9s} "
+              f"direct {r['direct_step_ms']:7.1f} ms/step "
               f"chunked/direct {r['overhead_ratio']:.2f} ({r['overhead_per_step_ms']:+.1f} ms/step)"
               f"  ckpt {r['checkpoint_bytes'] / 1024:.1f} KiB save {r['checkpoint_save_ms']:.2f} ms"
               f" load {r['checkpoint_load_ms']:.2f} ms")

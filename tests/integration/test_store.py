@@ -192,3 +192,20 @@ def test_the_first_estimate_is_kept_once_and_never_recreates_a_deleted_record(
     # then the first one stands, and no record appears for the missing job
     assert store.record(job_id).first_estimate_s == 2.5
     assert not redis_client.exists(keys.job("gone"))
+
+
+def test_a_long_jobs_whole_history_is_kept_and_expires_only_after_it_ends(
+        redis_client: redis.Redis) -> None:
+    store = JobStore(redis_client)
+    spec = JobSpec(kind="simulated", params={"steps": 3, "step_ms": 1})
+    job_id, _ = store.create(spec, tenant="t", tier="standard", num_chunks=3, cost_key="sim",
+                             cost_units=[1, 1, 1], deadline_s=5, now_s=100.0,
+                             queue="interactive", events_ttl_s=3600.0)
+    for i in range(700):  # far more than the ~512 entries a capped stream would keep
+        moved = JobState.QUEUED if i % 2 == 0 else JobState.SUSPENDED
+        store.transition(job_id, moved, by="test", reason=f"move {i}")
+    assert len(store.events(job_id)) == 701  # the submit event and every move
+    assert redis_client.ttl(keys.job_events(job_id)) == -1  # no expiry while it lives
+    store.transition(job_id, JobState.CANCELLED, by="client", reason="done with it")
+    assert len(store.events(job_id)) == 702
+    assert 3500 < redis_client.ttl(keys.job_events(job_id)) <= 3600

@@ -87,3 +87,15 @@ def test_routing_metrics_accumulate_counts_and_score() -> None:
     assert int(context.expert_counts.sum()) == 10
     assert 0.0 < context.routing_score <= 1.0
     assert context.activated_experts() == sorted(set(context.activated_experts()))
+
+
+def test_a_seed_near_the_top_of_int64_still_routes_with_capacity() -> None:
+    from workers.moe.runner import TextRunner
+
+    runner = TextRunner(router=RouterConfig(k=2, expert_capacity=1))
+    params = {"prompt": "hello there", "max_new_tokens": 3, "seed": 2**63 - 1,
+              "model": "qwen3-moe-tiny"}
+    state = None
+    for index in range(runner.plan(params).num_chunks):
+        state = runner.run_chunk(params, index, state, lambda: False).state
+    assert state.meta["generated"] == 3

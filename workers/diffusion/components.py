@@ -7,6 +7,7 @@ between workers; nothing is ever downloaded.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,7 @@ from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, pr
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from workers.diffusion.recipes import ComponentSpec, DiffusionRecipe, TokenizerSpec
+from workers.diffusion.samplers import seeded_key
 from workers.errors import ModelConfigError
 
 _SPECIAL_TOKENS = ("<pad>", "</s>", "<unk>")
@@ -34,11 +36,35 @@ class DiffusionComponents:
     tokenizer: PreTrainedTokenizerFast | None
     device: torch.device
 
-    def scheduler(self, name: str) -> Any:
-        """A fresh scheduler of this recipe (state is per job, so never shared)."""
-        spec = self.recipe.schedulers[name]
-        cls = resolve_class(spec.class_name, SchedulerMixin)
-        return cls(**spec.config)
+    def scheduler(self, name: str, seed: int = 0) -> Any:
+        """A fresh scheduler of this recipe for a job of ``seed`` (state is per job)."""
+        return build_scheduler(self.recipe, name, seed)
+
+
+def build_scheduler(recipe: DiffusionRecipe, name: str, seed: int = 0) -> Any:
+    """Sampler ``name`` of ``recipe``, untouched; a class that seeds its own noise source from its
+    config (DPM++ SDE's Brownian tree) gets the job's ``seed`` there."""
+    spec = recipe.schedulers[name]
+    cls = resolve_class(spec.class_name, SchedulerMixin)
+    config = dict(spec.config)
+    key = seeded_key(spec.class_name)
+    if key is not None:
+        config[key] = seed
+    return cls(**config)
+
+
+_EVALUATIONS: dict[tuple[str, str, str, int], int] = {}
+
+
+def model_evaluations(recipe: DiffusionRecipe, name: str, steps: int) -> int:
+    """Model evaluations of a ``steps``-step run: ``len(timesteps)``, one per denoising loop
+    iteration (2·steps − 1 for second-order samplers such as Heun, steps + 1 for PNDM)."""
+    key = (recipe.name, str(recipe.source_dir), name, steps)
+    if key not in _EVALUATIONS:
+        scheduler = build_scheduler(recipe, name)
+        scheduler.set_timesteps(steps)
+        _EVALUATIONS[key] = len(scheduler.timesteps)
+    return _EVALUATIONS[key]
 
 
 def resolve_class(name: str, base: type) -> Any:
@@ -124,6 +150,27 @@ def build_components(recipe: DiffusionRecipe, device: str = "cpu") -> DiffusionC
 
 _CACHE: dict[tuple[str, str, str], DiffusionComponents] = {}
 _CACHE_LOCK = threading.Lock()
+_BASELINES: dict[tuple[str, str, str, str, int, int], Any] = {}
+_BASELINES_MAX = 64
+
+
+def scheduler_baseline(c: DiffusionComponents, name: str, seed: int, steps: int,
+                       set_up: Callable[[Any], None]) -> Any:
+    """Sampler ``name`` built for a job of ``seed`` and set up by ``set_up`` for ``steps`` steps
+    (its timesteps set), once per process: shared, so never to be mutated (copy it). Building a
+    scheduler costs more than a step of these tiny models, so a chunk copies this instead."""
+    seeded = seeded_key(c.recipe.schedulers[name].class_name) is not None
+    key = (c.recipe.name, str(c.recipe.source_dir), str(c.device), name, seed if seeded else 0,
+           steps)
+    with _CACHE_LOCK:
+        scheduler = _BASELINES.pop(key, None)
+        if scheduler is None:
+            scheduler = c.scheduler(name, seed)
+            set_up(scheduler)
+        _BASELINES[key] = scheduler  # the most recently used last
+        while len(_BASELINES) > _BASELINES_MAX:
+            del _BASELINES[next(iter(_BASELINES))]
+        return scheduler
 
 
 def load_components(recipe: DiffusionRecipe, device: str = "cpu") -> DiffusionComponents:
@@ -139,3 +186,4 @@ def clear_component_cache() -> None:
     """Forget every built model (tests use it to play a fresh worker process)."""
     with _CACHE_LOCK:
         _CACHE.clear()
+        _BASELINES.clear()

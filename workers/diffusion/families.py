@@ -7,8 +7,9 @@ so a chunked job is bit-identical to the library's uninterrupted pipeline.
 
 from __future__ import annotations
 
+import functools
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import torch
@@ -130,7 +131,8 @@ class DiTFamily:
 
     def step(self, scheduler: Any, output: torch.Tensor, t: torch.Tensor, sample: torch.Tensor,
              gen: torch.Generator) -> torch.Tensor:
-        prev: torch.Tensor = scheduler.step(output, t, sample).prev_sample
+        prev: torch.Tensor = scheduler.step(output, t, sample, **_generator(scheduler, gen)
+                                            ).prev_sample
         return prev
 
     def decode(self, c: DiffusionComponents, p: Mapping[str, Any], latents: torch.Tensor
@@ -142,12 +144,23 @@ class DiTFamily:
         return (samples / 2 + 0.5).clamp(0, 1)
 
 
+@functools.cache
+def _step_parameters(step: Callable[..., Any]) -> frozenset[str]:
+    """What a scheduler class's ``step`` accepts (read once per class: inspect is slow)."""
+    return frozenset(inspect.signature(step).parameters)
+
+
+def _generator(scheduler: Any, gen: torch.Generator) -> dict[str, Any]:
+    """The job's generator for a scheduler that draws noise. DiTPipeline and WanPipeline leave it
+    out, so their stochastic samplers draw from the process-wide RNG and no two workers agree;
+    here every draw is the job's, as PixArtSigmaPipeline does."""
+    return {"generator": gen} if "generator" in _step_parameters(type(scheduler).step) else {}
+
+
 def _step_kwargs(scheduler: Any, gen: torch.Generator) -> dict[str, Any]:
-    accepted = set(inspect.signature(scheduler.step).parameters)
-    kwargs: dict[str, Any] = {"eta": 0.0} if "eta" in accepted else {}
-    if "generator" in accepted:
-        kwargs["generator"] = gen
-    return kwargs
+    """PixArtSigmaPipeline's ``prepare_extra_step_kwargs`` with its default ``eta`` of 0."""
+    eta: dict[str, Any] = {"eta": 0.0} if "eta" in _step_parameters(type(scheduler).step) else {}
+    return eta | _generator(scheduler, gen)
 
 
 class PixArtFamily:
@@ -278,7 +291,8 @@ class WanFamily:
 
     def step(self, scheduler: Any, output: torch.Tensor, t: torch.Tensor, sample: torch.Tensor,
              gen: torch.Generator) -> torch.Tensor:
-        prev: torch.Tensor = scheduler.step(output, t, sample, return_dict=False)[0]
+        prev: torch.Tensor = scheduler.step(output, t, sample, **_generator(scheduler, gen),
+                                            return_dict=False)[0]
         return prev
 
     def decode(self, c: DiffusionComponents, p: Mapping[str, Any], latents: torch.Tensor

@@ -17,6 +17,7 @@ from workers.diffusion.recipes import (
     diffusion_recipe,
     diffusion_recipes,
 )
+from workers.diffusion.samplers import COMMON_SAMPLERS, sampler_refusal, step_limit
 from workers.errors import ModelConfigError, ParamsError
 from workers.registry import ModelRegistry
 
@@ -86,6 +87,11 @@ def _nearest_multiples(value: int, multiple: int, low: int, high: int) -> str:
 
 
 def _check_size(name: str, value: int, r: DiffusionRecipe) -> None:
+    if r.min_size_px == r.max_size_px and value != r.min_size_px:
+        raise ParamsError(
+            f"{name}={value} does not fit model {r.name!r}: it makes {r.min_size_px} px images "
+            f"only (the transformer's native size); use {r.min_size_px}"
+        )
     m = r.size_multiple_px
     if value % m or not r.min_size_px <= value <= r.max_size_px:
         hint = _nearest_multiples(min(max(value, r.min_size_px), r.max_size_px), m,
@@ -129,11 +135,25 @@ def _check_steps_and_scheduler(steps: int, scheduler: str, r: DiffusionRecipe) -
             f"num_inference_steps={steps} is out of range; use 1 to {r.max_steps} "
             f"(default {r.default_steps})"
         )
-    if scheduler not in r.schedulers:
+    spec = r.schedulers.get(scheduler)
+    if spec is None:
+        raise ParamsError(_scheduler_refusal(scheduler, r))
+    limit = step_limit(spec.class_name, spec.config)
+    if limit is not None and steps > limit:
         raise ParamsError(
-            f"unknown scheduler {scheduler!r} for model {r.name!r}; use one of "
-            f"{', '.join(sorted(r.schedulers))}"
+            f"num_inference_steps={steps} is more than scheduler {scheduler!r} takes "
+            f"({spec.class_name} samples at most its original_inference_steps); use 1 to {limit}"
         )
+
+
+def _scheduler_refusal(scheduler: str, r: DiffusionRecipe) -> str:
+    offered = ", ".join(sorted(r.schedulers))
+    reason = r.unavailable_schedulers.get(scheduler) or sampler_refusal(r.family, scheduler)
+    if reason is not None:
+        return (f"scheduler {scheduler!r} is refused for model {r.name!r}: {reason}; use one of "
+                f"{offered}")
+    known = "is not offered" if scheduler in COMMON_SAMPLERS else "is unknown"
+    return f"scheduler {scheduler!r} {known} for model {r.name!r}; use one of {offered}"
 
 
 def _check_format(fmt: str, r: DiffusionRecipe) -> None:

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from workers.diffusion.samplers import missing_package, refusal
 from workers.errors import ModelConfigError
 from workers.registry import ModelRegistry, RecipeFile, default_registry
 
@@ -86,11 +87,15 @@ class DiffusionRecipe(BaseModel):
     default_guidance_scale: float = Field(default=4.0, ge=0)
     default_scheduler: str
     schedulers: dict[str, ComponentSpec]
-    """Scheduler name -> class and config (beyond diffusers' defaults)."""
+    """Sampler name -> scheduler class and config (beyond diffusers' defaults); each one must run
+    exactly for the family (:func:`workers.diffusion.samplers.refusal`)."""
     transformer: ComponentSpec
     vae: ComponentSpec
     text_encoder: ComponentSpec | None = None
     tokenizer: TokenizerSpec | None = None
+    unavailable_schedulers: dict[str, str] = Field(default_factory=dict)
+    """Samplers of the recipe this machine cannot build (a missing optional package), with the
+    reason; set by the loader, which leaves them out of ``schedulers``."""
     cost_units: CostUnits = Field(default_factory=CostUnits)
     source_dir: Path = Path(".")
     """Folder of the recipe file, for a relative ``weights`` path (set by the loader)."""
@@ -106,6 +111,11 @@ class DiffusionRecipe(BaseModel):
     @property
     def size_multiple_px(self) -> int:
         return self.vae_scale_factor * self.patch_size
+
+    @property
+    def native_size_px(self) -> int:
+        """The one size DiTPipeline makes: the transformer's sample_size in pixels."""
+        return int(self.transformer.config.get("sample_size", 0)) * self.vae_scale_factor
 
     @property
     def weights_dir(self) -> Path | None:
@@ -124,7 +134,34 @@ def parse_recipe(recipe: RecipeFile) -> DiffusionRecipe:
             f"model recipe {recipe.path}: default_scheduler {parsed.default_scheduler!r} "
             f"is not one of its schedulers ({', '.join(parsed.schedulers)})"
         )
-    return parsed
+    for name, spec in parsed.schedulers.items():
+        reason = refusal(parsed.family, spec.class_name, spec.config)
+        if reason is not None:
+            raise ModelConfigError(f"model recipe {recipe.path}: scheduler {name!r} is refused: "
+                                   f"{reason}")
+    _check_dit_sizes(parsed, recipe.path)
+    return _without_unbuildable(parsed, recipe.path)
+
+
+def _without_unbuildable(r: DiffusionRecipe, path: Path) -> DiffusionRecipe:
+    """Set aside the samplers whose optional package is missing, keeping the reason."""
+    missing = {name: reason for name, spec in r.schedulers.items()
+               if (reason := missing_package(spec.class_name)) is not None}
+    if r.default_scheduler in missing:
+        raise ModelConfigError(f"model recipe {path}: default scheduler "
+                               f"{r.default_scheduler!r}: {missing[r.default_scheduler]}")
+    offered = {name: spec for name, spec in r.schedulers.items() if name not in missing}
+    return r.model_copy(update={"schedulers": offered, "unavailable_schedulers": missing})
+
+
+def _check_dit_sizes(r: DiffusionRecipe, path: Path) -> None:
+    """DiTPipeline draws latents of the transformer's sample_size only: one square size."""
+    sizes = {r.min_size_px, r.max_size_px, r.default_height, r.default_width}
+    if r.family == "dit" and sizes != {r.native_size_px}:
+        raise ModelConfigError(
+            f"model recipe {path}: a DiT makes {r.native_size_px} px images only (transformer "
+            f"sample_size x vae_scale_factor); set every size to {r.native_size_px}"
+        )
 
 
 _PARSED: dict[tuple[int, str], DiffusionRecipe] = {}

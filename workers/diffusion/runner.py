@@ -1,8 +1,10 @@
-"""The image/video job runner: ``encode`` → ``denoise[0..N-1]`` → ``decode``, resumable anywhere.
+"""The image/video job runner: ``encode`` → ``denoise[0..E-1]`` → ``decode``, resumable anywhere.
 
-A denoising step runs its transformer block by block in ``block_groups`` groups and asks
-``should_yield`` between groups; when told to, it checkpoints the partial step and returns
-``complete=False``, and the same chunk index later continues from there, bit-exactly.
+A denoise chunk is one model evaluation (one iteration of the pipeline's loop), so ``E`` is the
+scheduler's ``len(timesteps)``: a second-order step is two chunks. A chunk runs its transformer
+block by block in ``block_groups`` groups and asks ``should_yield`` between groups; when told to,
+it checkpoints the partial evaluation and returns ``complete=False``, and the same chunk index
+later continues from there, bit-exactly.
 """
 
 from __future__ import annotations
@@ -17,9 +19,15 @@ import torch
 from workers.checkpoint import Checkpoint
 from workers.diffusion.artifacts import VIDEO_FPS, image_artifact, video_artifact
 from workers.diffusion.blockwise import ADAPTERS, group_bounds, run_blocks
-from workers.diffusion.components import DiffusionComponents, load_components
+from workers.diffusion.components import (
+    DiffusionComponents,
+    load_components,
+    model_evaluations,
+    scheduler_baseline,
+)
 from workers.diffusion.families import FAMILIES, PipelineFamily
 from workers.diffusion.recipes import DiffusionRecipe, diffusion_recipe
+from workers.diffusion.scheduler_state import copy_scheduler
 from workers.diffusion.state import (
     JobState,
     StepProgress,
@@ -33,9 +41,9 @@ from workers.runner import ChunkPlan, ChunkResult, ShouldYield
 log = logging.getLogger(__name__)
 
 
-def chunk_names(steps: int) -> tuple[str, ...]:
-    """``encode``, ``denoise[0]`` … ``denoise[steps-1]``, ``decode``."""
-    return ("encode", *(f"denoise[{i}]" for i in range(steps)), "decode")
+def chunk_names(evaluations: int) -> tuple[str, ...]:
+    """``encode``, ``denoise[0]`` … ``denoise[evaluations-1]``, ``decode``."""
+    return ("encode", *(f"denoise[{i}]" for i in range(evaluations)), "decode")
 
 
 class DiffusionRunner:
@@ -57,49 +65,59 @@ class DiffusionRunner:
     def components(self, params: Mapping[str, Any]) -> DiffusionComponents:
         return load_components(self.recipe(params), self.device)
 
+    def evaluations(self, params: Mapping[str, Any]) -> int:
+        """Denoise chunks of the job: its scheduler's model evaluations."""
+        return model_evaluations(self.recipe(params), str(params["scheduler"]),
+                                 int(params["num_inference_steps"]))
+
     def plan(self, params: Mapping[str, Any]) -> ChunkPlan:
         r = self.recipe(params)
-        steps = int(params["num_inference_steps"])
-        costs = (r.cost_units.encode, *([r.cost_units.denoise] * steps), r.cost_units.decode)
+        evals = self.evaluations(params)
+        costs = (r.cost_units.encode, *([r.cost_units.denoise] * evals), r.cost_units.decode)
         shape = f"{params['height']}x{params['width']}x{params['num_frames']}"
-        return ChunkPlan(names=chunk_names(steps), cost_units=costs, cost_key=f"{r.name}:{shape}")
+        return ChunkPlan(names=chunk_names(evals), cost_units=costs, cost_key=f"{r.name}:{shape}")
 
     def run_chunk(self, params: Mapping[str, Any], index: int, state: Checkpoint | None,
                   should_yield: ShouldYield) -> ChunkResult:
-        steps = int(params["num_inference_steps"])
+        evals = self.evaluations(params)
         started_s = time.perf_counter()
         with torch.no_grad():
             if index == 0:
                 result = self._encode(params)
-            elif 1 <= index <= steps + 1:
+            elif 1 <= index <= evals + 1:
                 job = self._restore(params, index, state)
-                if index <= steps:
+                if index <= evals:
                     result = self._denoise(params, job, should_yield)
                 else:
                     result = self._decode(params, job)
             else:
-                raise ParamsError(f"chunk index {index} is out of range; this job has {steps + 2}")
-        result.metrics.update(chunk=chunk_names(steps)[index],
+                raise ParamsError(f"chunk index {index} is out of range; this job has {evals + 2}")
+        result.metrics.update(chunk=chunk_names(evals)[index],
                               compute_s=time.perf_counter() - started_s)
         return result
 
     def decode_pixels(self, params: Mapping[str, Any], state: Checkpoint) -> torch.Tensor:
         """Pixels in [0, 1] of a fully denoised state: what the ``decode`` chunk encodes."""
-        steps = int(params["num_inference_steps"])
         with torch.no_grad():
-            job = self._restore(params, steps + 1, state)
+            job = self._restore(params, self.evaluations(params) + 1, state)
             return self._family(params).decode(self.components(params), params, job.latents)
 
     def _family(self, params: Mapping[str, Any]) -> PipelineFamily:
         return FAMILIES[self.recipe(params).family]
 
-    def _scheduler(self, params: Mapping[str, Any]) -> Any:
-        return self.components(params).scheduler(str(params["scheduler"]))
+    def _baseline(self, params: Mapping[str, Any]) -> Any:
+        """The job's scheduler as its encode chunk set it up, never stepped: shared, read-only.
+        A checkpoint holds what differs from it, and a chunk resumes on a copy of it."""
+        c, family = self.components(params), self._family(params)
+        steps = int(params["num_inference_steps"])
+        return scheduler_baseline(c, str(params["scheduler"]), int(params["seed"]), steps,
+                                  lambda scheduler: family.set_timesteps(c, scheduler, steps))
 
     def _restore(self, params: Mapping[str, Any], index: int, state: Checkpoint | None) -> JobState:
         if state is None:
             raise CheckpointError(f"chunk {index} needs the state the previous chunk wrote")
-        job = state_from_checkpoint(state, self._scheduler(params), self.components(params).device)
+        job = state_from_checkpoint(state, copy_scheduler(self._baseline(params)),
+                                    self.components(params).device)
         if job.next_chunk != index or job.model != params["model"]:
             raise CheckpointError(
                 f"checkpoint is for chunk {job.next_chunk} of model {job.model!r}, "
@@ -108,14 +126,17 @@ class DiffusionRunner:
         return job
 
     def _save(self, params: Mapping[str, Any], job: JobState) -> Checkpoint:
-        return state_to_checkpoint(job, self._scheduler(params))
+        return state_to_checkpoint(job, self._baseline(params))
 
     def _encode(self, params: Mapping[str, Any]) -> ChunkResult:
         c, family = self.components(params), self._family(params)
         generator = torch.Generator(device="cpu").manual_seed(int(params["seed"]))
-        scheduler = self._scheduler(params)
+        scheduler = copy_scheduler(self._baseline(params))  # built, timesteps set: as the pipeline
         cond = family.encode(c, params)
-        family.set_timesteps(c, scheduler, int(params["num_inference_steps"]))
+        if len(scheduler.timesteps) != self.evaluations(params):
+            raise ParamsError(
+                f"scheduler {params['scheduler']!r} made {len(scheduler.timesteps)} timesteps, not "
+                f"the {self.evaluations(params)} this job was planned with; resubmit it")
         latents = family.init_latents(c, params, scheduler, generator)
         job = JobState(model=str(params["model"]), scheduler_name=str(params["scheduler"]),
                        next_chunk=1, latents=latents, cond=cond, scheduler=scheduler,

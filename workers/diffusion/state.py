@@ -17,7 +17,9 @@ from workers.diffusion.scheduler_state import restore_scheduler_state, save_sche
 from workers.errors import CheckpointError
 
 Tensors = dict[str, torch.Tensor]
-STATE_VERSION = 1
+STATE_VERSION = 2
+"""2: the scheduler's state is its difference from the job's set-up scheduler (timesteps set),
+not from an unset one, so version-1 checkpoints are refused rather than resumed wrongly."""
 
 
 @dataclass(slots=True)
@@ -82,11 +84,11 @@ def _progress_from(m: dict[str, Any], tensors: Tensors, dev: torch.device) -> St
     )
 
 
-def state_to_checkpoint(s: JobState, fresh_scheduler: Any) -> Checkpoint:
-    """Encode ``s``; ``fresh_scheduler`` is an untouched scheduler of the same config."""
+def state_to_checkpoint(s: JobState, baseline: Any) -> Checkpoint:
+    """Encode ``s``; ``baseline`` is the job's scheduler as set up, before any step."""
     tensors: Tensors = {"latents": s.latents.detach().clone(), "rng": s.generator.get_state()}
     cond_keys = _put_group(tensors, "cond.", s.cond)
-    sched_tensors, sched_meta = save_scheduler_state(s.scheduler, fresh_scheduler)
+    sched_tensors, sched_meta = save_scheduler_state(s.scheduler, baseline)
     tensors.update(sched_tensors)
     meta: dict[str, Any] = {
         "version": STATE_VERSION, "model": s.model, "scheduler": s.scheduler_name,
@@ -97,7 +99,8 @@ def state_to_checkpoint(s: JobState, fresh_scheduler: Any) -> Checkpoint:
 
 
 def state_from_checkpoint(ck: Checkpoint, fresh_scheduler: Any, dev: torch.device) -> JobState:
-    """Decode a checkpoint written by :func:`state_to_checkpoint` onto ``dev``."""
+    """Decode a checkpoint written by :func:`state_to_checkpoint` onto ``dev``;
+    ``fresh_scheduler`` is a copy of the same baseline, the saved state is set on it."""
     m, t = ck.meta, ck.tensors
     if m.get("version") != STATE_VERSION:
         raise CheckpointError(

@@ -37,6 +37,25 @@ def residency(hot_experts: int = 16) -> dict[str, dict[str, object]]:
     return merged
 
 
+def cache_totals() -> dict[str, float]:
+    """This process's expert caches summed over models and versions: stall-free ``hits``,
+    ``misses`` (every access that waited: demand loads and late prefetches), stall seconds,
+    bytes moved and prefetch outcomes — the heartbeat's ``expert_cache`` entry."""
+    totals: dict[str, float] = {"hits": 0, "misses": 0, "stall_s": 0.0, "bytes_moved": 0,
+                                "prefetch_issued": 0, "prefetch_used": 0, "prefetch_wasted": 0}
+    for runner in _RUNNERS.values():
+        for session in runner.loaded_sessions().values():
+            c = session.cache.counters
+            totals["hits"] += c.hits
+            totals["misses"] += c.misses + c.late
+            totals["stall_s"] += c.stall_s
+            totals["bytes_moved"] += c.bytes_moved
+            totals["prefetch_issued"] += c.prefetch_issued
+            totals["prefetch_used"] += c.prefetch_used
+            totals["prefetch_wasted"] += c.prefetch_wasted
+    return totals
+
+
 def device_memory_bytes(device: str) -> int | None:
     """Total memory of a CUDA device (None for the CPU, whose budget is the host's business)."""
     if not device.startswith("cuda"):
@@ -50,6 +69,7 @@ __all__ = [
     "RouterConfig",
     "TextParams",
     "TextRunner",
+    "cache_totals",
     "device_memory_bytes",
     "get_runner",
     "residency",

@@ -19,6 +19,9 @@ from torch.nn import functional as F
 
 Fallback = Literal["random", "next_best"]
 _NATIVE_K_CEILING = 64
+_SEED_MODULUS = 1 << 63
+"""torch seeds are 64-bit; a job's seed may be any non-negative int64, so the per-step,
+per-layer seed derived from it is folded back into range (unchanged when it already fits)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +123,8 @@ class StepRouter(nn.Module):
         probs = routing_probs(logits, config, self._usage_share())
         top_probs, top_index = torch.topk(probs, config.effective_k(self.native_top_k), dim=-1)
         if config.expert_capacity is not None:
-            generator = torch.Generator().manual_seed(self.context.step_seed * 1009 + self.layer)
+            seed = (self.context.step_seed * 1009 + self.layer) % _SEED_MODULUS
+            generator = torch.Generator().manual_seed(seed)
             top_probs, top_index = apply_capacity(probs, top_probs, top_index, config, generator)
         self.context.record(self.layer, top_probs, top_index)
         if self.context.observer is not None:

@@ -236,6 +236,9 @@ def _encode(p: TextParams, session: ModelSession, job: _Job) -> Checkpoint:
         "model": p.model,
         "prompt_tokens": job.prompt_tokens,
         "generated": job.generated,
+        # the text so far, decoded as the artifact's output is: what a stream sends per chunk
+        "text": session.loaded.tokenizer.decode(job.ids[job.prompt_tokens :],
+                                                skip_special_tokens=True),
         "finished": job.finished,
         "latency_ms": job.latency_ms,
         "router": job.router.to_meta(),
@@ -269,6 +272,7 @@ def _artifact(p: TextParams, session: ModelSession, job: _Job) -> Artifact:
         "routing_score": round(context.routing_score, 6),
         "latency_ms": round(job.latency_ms, 3),
         "tokens": job.generated,
+        "prompt_tokens": job.prompt_tokens,
         "expert_version": job.version,
         "cache": {**stats, "hit_rate": hit_rate},
     }

@@ -1,0 +1,277 @@
+"""The OpenAI-compatible routes, driven by the official ``openai`` SDK: real Redis, a real
+worker process, uvicorn over HTTP. One stack serves the whole module (its worker builds each
+model once), so every test here is a few seconds at most."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import redis
+from typer.testing import CliRunner
+
+from app.api.server import ThreadedServer
+from app.cli import cli
+from app.embedded_redis import EmbeddedRedis
+from tasks.runtime import current_settings
+from tasks.settings import load_settings
+from tests.conftest import Processes, wait_for, wait_for_workers
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+
+KEY = "openai-key-0123456789"
+TEXT_MODEL = "mixtral-tiny"
+IMAGE_MODEL = "pixart-tiny"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+GREEDY = {"temperature": 0, "seed": 7}
+
+
+@pytest.fixture(scope="module")
+def api(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The API over a fresh store, and one worker that has run a text and an image job once."""
+    root = tmp_path_factory.mktemp("openai")
+    store = redis.Redis.from_url(redis_server.url)
+    store.flushall()
+    env = {"REDIS_URL": redis_server.url, "STEPLINE_RUN_DIR": str(root / "run"),
+           "STEPLINE_BROKER__VISIBILITY_TIMEOUT": "4",
+           "STEPLINE_BROKER__UNACKED_RESTORE_INTERVAL": "1", "STEPLINE_BROKER__CHUNK_LEASE": "1.5"}
+    keys = [{"key": KEY, "tenant": "acme", "rate_limit_per_s": 1000, "burst": 1000}]
+    settings = load_settings(api={"keys": keys}, redis_url=redis_server.url,
+                             run_dir=root / "run")
+    workers = Processes(env, root / "logs")
+    workers.worker("w1")
+    try:
+        with ThreadedServer(settings) as server:
+            wait_for_workers(store, ["w1"])
+            _warm_up(server.url)
+            yield server.url
+    finally:
+        workers.stop_all()
+        store.close()
+
+
+def _warm_up(url: str) -> None:
+    """Build both models on the worker (a cold start takes seconds) before any test times."""
+    with httpx.Client(base_url=url, headers={"X-API-Key": KEY}, timeout=30) as http:
+        ids = [http.post("/v1/jobs", json={"kind": kind, "slo": "batch", "params": params})
+               .json()["id"] for kind, params in (
+                   ("text", {"inputs": "warm", "max_new_tokens": 2, "model": TEXT_MODEL}),
+                   ("image", {"prompt": "warm", "model": IMAGE_MODEL,
+                              "num_inference_steps": 2}))]
+        wait_for(lambda: all(http.get(f"/v1/jobs/{i}").json()["state"] == "DONE" for i in ids),
+                 60, "the warm-up jobs")
+
+
+@pytest.fixture()
+def client(api: str) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{api}/v1", api_key=KEY, max_retries=0, timeout=30) as sdk:
+        yield sdk
+
+
+def test_models_lists_every_configured_recipe_in_openais_list_shape(
+    client: openai.OpenAI,
+) -> None:
+    models = {m.id: m for m in client.models.list()}
+    assert {"mixtral-tiny", "qwen3-moe-tiny", "olmoe-tiny", "dit-tiny", "pixart-tiny",
+            "wan-tiny"} <= set(models)
+    assert models[TEXT_MODEL].owned_by == "stepline"
+    assert (models[TEXT_MODEL].model_extra or {})["stepline"]["kind"] == "text"
+    assert (models[IMAGE_MODEL].model_extra or {})["stepline"]["kind"] == "image"
+    assert client.models.retrieve(IMAGE_MODEL).id == IMAGE_MODEL
+
+
+def test_a_chat_completion_answers_with_text_usage_and_the_jobs_report(
+    client: openai.OpenAI, api: str,
+) -> None:
+    # when a client asks for a completion in the batch class, with a deadline and no seed
+    answer = client.chat.completions.create(
+        model=TEXT_MODEL, max_tokens=12, temperature=0,
+        messages=[{"role": "system", "content": "Be brief."},
+                  {"role": "user", "content": "Explain quantum computing"}],
+        extra_body={"stepline": {"slo_class": "batch", "deadline_s": 30}})
+
+    # then it has the text, the counts, and Stepline's account of the job that made it
+    choice = answer.choices[0]
+    assert isinstance(choice.message.content, str) and choice.message.role == "assistant"
+    assert choice.finish_reason in ("stop", "length")
+    usage = answer.usage
+    assert usage is not None and usage.prompt_tokens > 5
+    assert 1 <= usage.completion_tokens <= 12
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    report = (answer.model_extra or {})["stepline"]
+    assert (report["state"], report["slo_class"], report["model"]) == ("DONE", "batch",
+                                                                     TEXT_MODEL)
+    assert 0 <= report["seed"] < 2**32  # none was sent: one was drawn for the request
+    assert report["metrics"]["activated_experts"]
+    assert report["turnaround_s"] > 0 and report["chunks_done"] == report["chunks"]
+    assert answer.id == f"chatcmpl-{report['job_id']}"
+    job = httpx.get(f"{api}/v1/jobs/{report['job_id']}", headers={"X-API-Key": KEY}).json()
+    assert (job["kind"], job["slo"], job["params"]["max_new_tokens"]) == ("text", "batch", 12)
+    assert job["deadline_at"] - job["submitted_at"] == pytest.approx(30)
+    assert job["params"]["prompt"] == ("system: Be brief.\nuser: Explain quantum computing"
+                                       "\nassistant:")
+
+
+def test_a_streamed_chat_sends_the_text_of_each_commit_then_usage_and_done(
+    client: openai.OpenAI,
+) -> None:
+    # given the answer of a request that is not streamed
+    ask = {"model": TEXT_MODEL, "max_tokens": 24, **GREEDY,
+           "messages": [{"role": "user", "content": "Tell me a story"}],
+           "extra_body": {"stepline": {"params": {"chunk_tokens": 3}}}}
+    whole = client.chat.completions.create(**ask)  # type: ignore[call-overload]
+
+    # when the same request is streamed, its class set by header
+    chunks = list(client.chat.completions.create(
+        **ask, stream=True, stream_options={"include_usage": True},
+        extra_headers={"X-Stepline-SLO-Class": "realtime"}))
+
+    # then the pieces, one per commit seen, add up to the same text, and the stream ends well
+    pieces = [c.choices[0].delta.content for c in chunks if c.choices and
+              c.choices[0].delta.content]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert len(pieces) >= 2, pieces
+    assert "".join(pieces) == whole.choices[0].message.content
+    finish = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert [c.choices[0].finish_reason for c in finish] == [whole.choices[0].finish_reason]
+    report = (finish[0].model_extra or {})["stepline"]
+    assert (report["slo_class"], report["state"]) == ("realtime", "DONE")
+    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+
+
+def test_a_legacy_completion_stops_at_the_first_stop_sequence(client: openai.OpenAI) -> None:
+    # given the text a prompt makes without a stop sequence
+    full = client.completions.create(model=TEXT_MODEL, prompt="Once upon a time",
+                                     max_tokens=16, **GREEDY)
+    text = full.choices[0].text
+    assert len(text) >= 6 and full.usage is not None and full.usage.completion_tokens == 16
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
+
+    # when the same request names a stop sequence from its middle
+    cut = client.completions.create(model=TEXT_MODEL, prompt="Once upon a time",
+                                    max_tokens=16, stop=[stop, "never-there"], **GREEDY)
+
+    # then the text ends just before it, for the reason "stop"
+    assert cut.choices[0].text == text[: text.find(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.id.startswith("cmpl-") and cut.object == "text_completion"
+
+
+@pytest.mark.parametrize("response_format", ["b64_json", "url"])
+def test_an_image_generation_answers_with_the_png_inline_or_at_its_result_url(
+    client: openai.OpenAI, response_format: str,
+) -> None:
+    answer = client.images.generate(
+        model=IMAGE_MODEL, prompt="a red fox", size="32x32",
+        response_format=response_format,  # type: ignore[arg-type]
+        extra_body={"stepline": {"params": {"num_inference_steps": 2}}})
+    image = answer.data[0] if answer.data else None
+    assert image is not None
+    if response_format == "b64_json":
+        assert image.b64_json is not None and image.url is None
+        png = base64.b64decode(image.b64_json)
+    else:
+        assert image.url is not None and image.url.endswith("/result")
+        png = httpx.get(image.url, headers={"Authorization": f"Bearer {KEY}"}).content
+    assert png.startswith(PNG_MAGIC)
+    report = (answer.model_extra or {})["stepline"]
+    assert (report["state"], report["model"], answer.size) == ("DONE", IMAGE_MODEL, "32x32")
+
+
+def test_errors_come_in_openais_shape_and_map_to_the_sdks_exceptions(
+    client: openai.OpenAI, api: str,
+) -> None:
+    hello = [{"role": "user", "content": "hello"}]
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.chat.completions.create(model="gpt-17", messages=hello)  # type: ignore[arg-type]
+    assert missing.value.code == "model_not_found" and missing.value.param == "model"
+    with pytest.raises(openai.BadRequestError) as several:
+        client.chat.completions.create(model=TEXT_MODEL, messages=hello, n=2)  # type: ignore[arg-type]
+    assert several.value.param == "n" and "one choice" in several.value.message
+    with pytest.raises(openai.BadRequestError) as wrong_kind:
+        client.completions.create(model=IMAGE_MODEL, prompt="hello")
+    assert "images/generations" in wrong_kind.value.message
+    with pytest.raises(openai.BadRequestError) as hot:
+        client.chat.completions.create(model=TEXT_MODEL, messages=hello,  # type: ignore[arg-type]
+                                       temperature=3)
+    assert hot.value.param == "temperature"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{api}/v1", api_key="nope", max_retries=0).models.list()
+    raw = httpx.post(f"{api}/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
+                     json={"model": TEXT_MODEL, "messages": hello, "tools": [{"type": "x"}]})
+    assert raw.status_code == 400
+    assert raw.json() == {"error": {"message": "tools is not supported by Stepline; leave it "
+                                    "unset", "type": "invalid_request_error",
+                                    "param": "tools", "code": "unsupported_parameter"}}
+
+
+def test_a_client_that_disconnects_mid_stream_cancels_its_job(api: str) -> None:
+    headers = {"Authorization": f"Bearer {KEY}"}
+    body = {"model": TEXT_MODEL, "max_tokens": 1000, "stream": True, **GREEDY,
+            "messages": [{"role": "user", "content": "Write a long story"}],
+            "stepline": {"params": {"chunk_tokens": 2}}}
+    with httpx.Client(base_url=api, headers=headers, timeout=30) as http:
+        # given a long streamed job that has started sending text
+        with http.stream("POST", "/v1/chat/completions", json=body) as stream:
+            assert stream.status_code == 200
+            job_id = stream.headers["X-Stepline-Job-Id"]
+            for line in stream.iter_lines():
+                if line.startswith("data: ") and json.loads(line[6:])["choices"][0]["delta"] \
+                        .get("content"):
+                    break
+        # when the client has gone, then the job stops at its next chunk, CANCELLED
+        wait_for(lambda: http.get(f"/v1/jobs/{job_id}").json()["state"] == "CANCELLED", 15,
+                 "the abandoned job to be cancelled")
+        job = http.get(f"/v1/jobs/{job_id}").json()
+    assert job["progress"] < job["total"]
+
+
+
+def test_the_cli_prints_a_text_jobs_text_and_with_json_its_whole_result(
+    api: str, tmp_path: Path,
+) -> None:
+    runner = CliRunner()
+    env = {"STEPLINE_API_URL": api, "STEPLINE_API_KEY": KEY,
+           "STEPLINE_RUN_DIR": str(tmp_path / "run")}
+    job = ["submit", "--kind", "text", "--inputs", "hello", "-p", "max_new_tokens=4",
+           "-p", f"model={TEXT_MODEL}"]
+    try:
+        # when a text job is submitted and awaited, then its text is printed after its status
+        waited = runner.invoke(cli, [*job, "--wait"], env=env)
+        assert waited.exit_code == 0, waited.output
+        job_id = waited.output.split()[0]
+        status = f"{job_id} DONE in "
+        text = waited.output[waited.output.index(status):].split("\n", 1)[1]
+        # and `result` prints the same text, and --json the whole result document
+        assert runner.invoke(cli, ["result", job_id], env=env).output == text
+        document = json.loads(runner.invoke(cli, ["result", job_id, "--json"], env=env).output)
+        assert document["output"] + "\n" == text and document["metrics"]["tokens"] == 4
+        # and submit --json prints nothing but the result document
+        printed = runner.invoke(cli, [*job, "--json"], env=env)
+        assert printed.exit_code == 0, printed.output
+        assert json.loads(printed.output)["metrics"]["tokens"] == 4
+    finally:
+        current_settings.cache_clear()  # the CLI loaded this test's environment
+
+
+def test_a_client_that_gives_up_on_a_non_streamed_answer_cancels_its_job(api: str) -> None:
+    headers = {"Authorization": f"Bearer {KEY}"}
+    body = {"model": TEXT_MODEL, "max_tokens": 1000, **GREEDY,
+            "messages": [{"role": "user", "content": "Write a long story"}],
+            "stepline": {"params": {"chunk_tokens": 2}}}
+    with httpx.Client(base_url=api, headers=headers, timeout=30) as http:
+        # given a client whose patience ends long before its job would
+        with pytest.raises(httpx.ReadTimeout):
+            http.post("/v1/chat/completions", json=body, timeout=0.5)
+        job_id = http.get("/v1/jobs", params={"limit": 1}).json()["jobs"][0]["id"]
+        # then the job stops at its next chunk, CANCELLED
+        wait_for(lambda: http.get(f"/v1/jobs/{job_id}").json()["state"] == "CANCELLED", 15,
+                 "the abandoned job to be cancelled")
+        job = http.get(f"/v1/jobs/{job_id}").json()
+    assert job["progress"] < job["total"] and job["params"]["max_new_tokens"] == 1000
