@@ -34,12 +34,18 @@ def publish_chunk(store: JobStore, job: JobRecord, *, chunk: int, epoch: int, qu
     names = job.chunk_names
     chunk_name = names[chunk] if chunk < len(names) else f"chunk[{chunk}]"
     task_id = f"{job.job_id}.{chunk}.{epoch}.{uuid.uuid4().hex[:6]}"
+    args = [job.job_id, chunk, epoch]
+    kwargs = {"chunk_name": chunk_name, "slo": job.slo.value, "kind": job.kind.value}
     celery().send_task(
         CHUNK_TASK,
-        args=[job.job_id, chunk, epoch],
-        kwargs={"chunk_name": chunk_name, "slo": job.slo.value, "kind": job.kind.value},
+        args=args,
+        kwargs=kwargs,
         queue=declared_queue(queue),
         task_id=task_id,
+        # What Flower shows as the task's arguments, as Celery would write them; plain repr of
+        # strings and ints, instead of Celery's recursive saferepr (~0.1 ms a publish).
+        argsrepr=repr(args),
+        kwargsrepr=repr(kwargs),
     )
     if profile is not None:
         started = profile.add("publish", started)

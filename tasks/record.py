@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, fields
+from functools import lru_cache
 from typing import Any
 
 from scheduler.cost import chunk_cost_key
@@ -209,6 +210,13 @@ def field_name(attr: str) -> str:
     return _FIELDS[attr][0]
 
 
+@lru_cache(maxsize=1024)
+def _cost_units(raw: str) -> tuple[float, ...]:
+    """A job's cost units never change once stored, and every claim reads them: decoded once per
+    distinct value (the tuple is immutable, so sharing it is safe)."""
+    return tuple(float(u) for u in json.loads(raw))
+
+
 def _str(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
@@ -226,8 +234,7 @@ _FIELDS: dict[str, tuple[str, _Codec]] = {
     "num_chunks": ("num_chunks", _INT),
     "chunk_names": ("chunk_names", _NAMES),
     "cost_key": ("cost_key", _TEXT),
-    "cost_units": ("cost_units", (lambda raw: tuple(float(u) for u in json.loads(raw)),
-                                  lambda v: json.dumps(list(v)))),
+    "cost_units": ("cost_units", (_cost_units, lambda v: json.dumps(list(v)))),
     "resource_profile": ("resource_profile", _enum(ResourceProfile)),
     "atomic": ("atomic", _FLAG),
     "shed_if_late": ("shed_if_late", _FLAG),

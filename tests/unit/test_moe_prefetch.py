@@ -241,3 +241,17 @@ def test_history_arrays_stay_finite_over_a_long_run() -> None:
         history.record(1, [1], [i % EXPERTS])
     assert np.isfinite(history.transitions).all() and np.isfinite(history.frequency).all()
     assert history.inclusion(0, [0]).max() <= 1.0
+
+
+def test_the_process_cache_totals_count_every_access_of_a_text_job() -> None:
+    from workers import moe
+
+    runner = moe.get_runner(cache=CacheConfig(budget_bytes=400_000, overlap=False))
+    before = moe.cache_totals()
+    params = {"prompt": "hi", "max_new_tokens": 3, "chunk_tokens": 3, "model": "qwen3-moe-tiny"}
+    state = None
+    for index in range(runner.plan(params).num_chunks):
+        state = runner.run_chunk(params, index, state, lambda: False).state
+    after = moe.cache_totals()
+    accesses = (after["hits"] + after["misses"]) - (before["hits"] + before["misses"])
+    assert accesses > 0 and after["bytes_moved"] >= before["bytes_moved"]

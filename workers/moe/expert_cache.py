@@ -45,8 +45,8 @@ _REUSE_WINDOW = 1024
 _UNTRUSTED_LOOKAHEAD = 0.5
 _USEFUL_LOOKAHEAD = 0.5
 """Below this measured accuracy a layer's lookahead is computed only to probe it again."""
-_PROBE_EVERY = 16
-_IDLE_PREDICTIONS = 32
+_PROBE_EVERY = 2
+_IDLE_PREDICTIONS = 512
 """Predictions in a row that issued nothing before a layer is only probed."""
 """The accuracy a layer's lookahead is credited with before it has been scored once."""
 
