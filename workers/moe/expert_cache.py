@@ -384,13 +384,9 @@ class ExpertCache:
         slots = self._layers[layer]
         if expert in slots.resident or confidence < self.config.prefetch_min_confidence:
             return False
-        if len(slots.resident) >= slots.capacity:
-            candidates = [e for e in slots.resident
-                          if e not in slots.pinned and e not in slots.protected]
-            if not candidates:
-                return False
-            self._evict(layer, slots.policy.choose_victim(candidates))
-            self.counters.evictions += 1
+        if len(slots.resident) >= slots.capacity and not self._evict_one(
+                layer, slots.pinned, protected_too=False):
+            return False
         handle = self.copier.copy(self.host.weights(layer, expert), True)
         slots.resident[expert] = _Slot(None, handle)
         slots.prefetched.add(expert)
@@ -423,11 +419,7 @@ class ExpertCache:
             slots = self._layers[layer]
             capacity = max(capacity, len(slots.pinned), self.min_slots)
             while len(slots.resident) > capacity:
-                candidates = [e for e in slots.resident
-                              if e not in slots.pinned and e not in slots.protected]
-                candidates = candidates or [e for e in slots.resident if e not in slots.pinned]
-                self._evict(layer, slots.policy.choose_victim(candidates))
-                self.counters.evictions += 1
+                self._evict_one(layer, slots.pinned)
             slots.capacity = capacity
             slots.policy.resize(capacity)
         self.counters.rebalances += 1
@@ -535,13 +527,22 @@ class ExpertCache:
         slots = self._layers[layer]
         if len(slots.resident) < slots.capacity:
             return
-        keep = slots.pinned | needed
-        candidates = [e for e in slots.resident if e not in keep and e not in slots.protected]
-        candidates = candidates or [e for e in slots.resident if e not in keep]
-        if not candidates:
+        if not self._evict_one(layer, slots.pinned | needed):
             raise ExpertCacheError(f"layer {layer}: every resident expert is pinned")
+
+    def _evict_one(self, layer: int, keep: set[int], protected_too: bool = True) -> bool:
+        """Evict the policy's victim among the residents outside ``keep``, sparing protected
+        ones (pending prefetches, this forward's routing) unless nothing else can go and
+        ``protected_too`` allows it; False if there was no candidate."""
+        slots = self._layers[layer]
+        candidates = [e for e in slots.resident if e not in keep and e not in slots.protected]
+        if not candidates and protected_too:
+            candidates = [e for e in slots.resident if e not in keep]
+        if not candidates:
+            return False
         self._evict(layer, slots.policy.choose_victim(candidates))
         self.counters.evictions += 1
+        return True
 
     def _count_load(self, prefetch: bool) -> None:
         self.counters.loads += 1
