@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from app.bench.driver import replay
+from app.bench.report import percentile
 from app.bench.workload import generate_trace, load_workload
 from app.celery import configure as configure_celery
 from app.schemas import JobSpec
@@ -40,11 +41,6 @@ STEPS = 100
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # the floor app lives beside this script
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def job_overheads(store: JobStore, job_id: str) -> list[float]:
@@ -166,7 +162,7 @@ def loaded(service: JobService, step_ms: float, jobs: int, load: float,
 
 def summary(values: list[float]) -> dict[str, float]:
     return {"median_ms": round(statistics.median(values), 3),
-            "p99_ms": round(_percentile(values, 0.99), 3), "hops": len(values)}
+            "p99_ms": round(percentile(values, 99) or 0.0, 3), "hops": len(values)}
 
 
 def main() -> None:

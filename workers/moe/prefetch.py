@@ -180,13 +180,12 @@ class LookaheadPredictor:
 
 class LookaheadAccuracy:
     """Per layer, how often lookahead named the experts that were then routed: the share of
-    routed experts found among the prediction's first ``len(routed)`` (top-k overlap)."""
+    routed experts found among the prediction's first ``len(routed)`` (top-k overlap), as an
+    exponential average; the cache's counters keep the totals."""
 
     def __init__(self, decay: float = 0.98) -> None:
         self._decay = decay
         self._recent: dict[int, float] = {}
-        self.samples: dict[int, int] = {}
-        self.total: dict[int, float] = {}
 
     def score(self, prediction: Lookahead, routed: Sequence[int]) -> float:
         """Record one prediction against what was routed; returns its top-k overlap."""
@@ -199,18 +198,11 @@ class LookaheadAccuracy:
         old = self._recent.get(layer)
         decay = self._decay
         self._recent[layer] = share if old is None else decay * old + (1 - decay) * share
-        self.samples[layer] = self.samples.get(layer, 0) + 1
-        self.total[layer] = self.total.get(layer, 0.0) + share
         return share
 
     def recent(self, layer: int) -> float | None:
         """The running (exponentially weighted) accuracy for ``layer``; None before any."""
         return self._recent.get(layer)
-
-    def overall(self) -> float | None:
-        """Mean top-k overlap over every prediction scored."""
-        count = sum(self.samples.values())
-        return sum(self.total.values()) / count if count else None
 
 
 class Calibration:

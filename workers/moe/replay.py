@@ -23,7 +23,7 @@ from workers.moe.copy import SimulatedCopier, VirtualClock
 from workers.moe.expert_cache import CacheConfig, ExpertCache, HostExperts
 from workers.moe.policy import POLICY_NAMES, PolicyName, belady_hits
 from workers.moe.prefetch import Lookahead
-from workers.moe.traces import RoutingTrace
+from workers.moe.traces import RequestTrace, RoutingTrace
 
 DEFAULT_SLOTS = (4, 8, 16, 32)
 DEFAULT_COPY_COST = 0.5
@@ -155,7 +155,7 @@ def top_k(trace: RoutingTrace) -> int:
     return sizes.most_common(1)[0][0] if sizes else 1
 
 
-def _lookahead(request: Any, t: int, routed: list[int], i: int,
+def _lookahead(request: RequestTrace, t: int, routed: list[int], i: int,
                layers: list[int]) -> Lookahead | None:
     """The recorded prediction for the layer served after ``routed[i]`` at step ``t``: the next
     routed layer of this step, or the first MoE layer of the next step."""
@@ -165,7 +165,7 @@ def _lookahead(request: Any, t: int, routed: list[int], i: int,
         step, target = t + 1, layers[0]
     else:
         return None
-    ranked = request.lookahead[step].get(target) if step < len(request.lookahead) else None
+    ranked = request.lookahead[step].get(target)
     if not ranked:
         return None
     # Only the ranks were recorded: give them a decreasing prior for the cache's tail estimate.
