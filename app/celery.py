@@ -71,7 +71,8 @@ def create_celery_app(settings: Settings | None = None) -> Celery:
     """The Celery app for ``settings``, made the one the runtime publishes with."""
     settings = settings or current_settings()
     install_transport()
-    celery_app = Celery("stepline", include=["tasks.chunks", "tasks.tick", "tasks.signals"])
+    celery_app = Celery("stepline", include=["tasks.chunks", "tasks.batches", "tasks.tick",
+                                             "tasks.signals"])
     celery_app.conf.update(celery_config(settings))
     use_celery(celery_app)
     return celery_app

@@ -135,8 +135,12 @@ def _check_capacity(plan: TickPlan, jobs: Mapping[str, JobView]) -> None:
     added = {r.job_id for r in plan.releases} | restored
     if not added:
         return
-    # |(before - removed) | added|, counted without building the set of every job in flight
     removed = {*plan.preempt, *plan.standby, *(e.job_id for e in plan.expire)}
+    if any(r.batch is not None for r in plan.releases) or any(
+            job.batch_id is not None for job in jobs.values()):
+        _check_slots(plan, jobs, added, removed)
+        return
+    # |(before - removed) | added|, counted without building the set of every job in flight
     kept = _count_in_flight(jobs.values()) - _count_in_flight(
         jobs[job_id] for job_id in removed if job_id in jobs)
     already = _count_in_flight(
@@ -144,6 +148,18 @@ def _check_capacity(plan: TickPlan, jobs: Mapping[str, JobView]) -> None:
     after = kept + len(added) - already
     if after > plan.capacity_slots:
         _fail(f"{after} jobs in flight after the plan, capacity {plan.capacity_slots}")
+
+
+def _check_slots(plan: TickPlan, jobs: Mapping[str, JobView], added: set[str],
+                 removed: set[str]) -> None:
+    """Slots with step-level batching: a batch in flight, or one released, takes one slot
+    however many jobs it carries (a job joining a batch in flight takes none)."""
+    slots = {job.batch_id or job.job_id for job in jobs.values()
+             if _in_flight(job) and job.job_id not in removed}
+    batch_of = {r.job_id: r.batch for r in plan.releases}
+    slots.update(batch_of.get(job_id) or job_id for job_id in added)
+    if len(slots) > (plan.capacity_slots or 0):
+        _fail(f"{len(slots)} slots in flight after the plan, capacity {plan.capacity_slots}")
 
 
 def _check_workers(plan: TickPlan, snapshot: ClusterSnapshot) -> None:

@@ -104,6 +104,14 @@ class JobView:
     None when not known (then the job is never judged unpublished)."""
     failed_dependency: str | None = None
     """Why a dependency can never let this job run (it failed, was cancelled or expired)."""
+    batch_group: str | None = None
+    """Jobs of one group (model and shape) may run as one batched forward per step; None: the
+    job always runs alone (an exact job, or a kind that does not batch)."""
+    batch_id: str | None = None
+    """The batch the job's current (or next) chunk runs in, if any."""
+    batch_growth: float | None = None
+    """The job's own batched-step growth (a simulated job declares it); None: the policy's
+    table by cost key."""
 
     def __post_init__(self) -> None:
         if self.num_chunks < 1 or not 0 <= self.next_chunk <= self.num_chunks:

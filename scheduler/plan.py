@@ -19,6 +19,11 @@ class Release:
     estimate_s: float | None = field(default=None, compare=False)
     """The policy's estimate of the job's whole service time (recorded at its first release,
     so the bench can report the cost model's error)."""
+    batch: str | None = None
+    """The batch the job's chunks run in: releases naming one new batch are published as one
+    message; None: the job runs alone."""
+    join: bool = False
+    """``batch`` is in flight already: the job joins it at its next step boundary."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from dataclasses import replace
 
 from scheduler.admission import (
     admission_status,
@@ -21,6 +22,7 @@ from scheduler.admission import (
     measure_load,
     next_admission_state,
 )
+from scheduler.batching import Slot, SlotPacker
 from scheduler.inheritance import inherit_levels
 from scheduler.lifecycle import JobState, SloClass
 from scheduler.mlfq import aged_level, current_mark, mark_level
@@ -90,6 +92,9 @@ class _Planner:
         self.reserve_reason: str | None = None
         self.reserve_until_s: float | None = None
         self.values = [_VALUE[job.slo_class, job.tier] for job in self.sv.live]
+        self.slots: list[Slot] = []
+        """The in-flight work after this plan, one slot per worker's worth (a lone job or a
+        batch of compatible jobs, see ``scheduler.batching``)."""
         self._ranks: dict[int, Rank] = {}
 
     def plan(self) -> TickPlan:
@@ -423,7 +428,11 @@ class _Planner:
         set may be over-full here: this is where it is put back in the policy's order."""
         live = self.sv.live
         keys = self._keys(pool)
-        best = heapq.nsmallest(cap + len(staying), range(len(pool)), key=keys.__getitem__)
+        batching = self.policy.batching
+        shared = batching.enabled and any(live[i].batch_group is not None for i in pool)
+        per_slot = batching.max_batch if shared else 1  # a slot may take this many jobs
+        best = heapq.nsmallest(cap * per_slot + len(staying), range(len(pool)),
+                               key=keys.__getitem__)
         candidates = [*staying, *(pool[k] for k in best)]
         if self._origin_waits():
             candidates.append(self.origin)  # type: ignore[arg-type]
@@ -435,8 +444,10 @@ class _Planner:
         on_standby = [i for i in self.sv.standby if live[i].state is JobState.RUNNING
                       and i not in in_top and not live[i].preempt_requested]
         running = [i for i in (*staying, *on_standby) if live[i].state is JobState.RUNNING]
-        workers_free = len(self.alive) - len(running)
-        needy = [i for i in top if live[i].state is not JobState.RUNNING]
+        # a running batch holds one worker, however many jobs it carries
+        workers_free = len(self.alive) - len({live[i].batch_id or i for i in running})
+        needy = [slot.members[0] for slot in self.slots
+                 if all(live[i].state is not JobState.RUNNING for i in slot.members)]
         holders = [i for i in (*self.trimmed, *on_standby) if live[i].state is JobState.RUNNING]
         self._displace(needy[max(workers_free, 0):], holders)
         self.trimmed = [i for i in self.trimmed if i not in self.victims]
@@ -449,21 +460,59 @@ class _Planner:
                 or origin in self.sv.suspended or origin in self.sv.standby)
 
     def _top(self, ordered: list[int], cap: int, reserved: frozenset[str]) -> list[int]:
-        """The first ``cap`` of ``ordered``; while the reserve is held, work below the realtime
-        level gets only the unreserved workers' slots."""
-        if not reserved:
-            return ordered[:cap]
-        room = (len(self.alive) - len(reserved)) * self.policy.slots_per_worker
+        """``ordered`` packed into ``cap`` slots, best first (compatible jobs share a slot as a
+        batch, see ``scheduler.batching``); while the reserve is held, work below the realtime
+        level opens only the unreserved workers' slots."""
+        room = cap
+        if reserved:
+            room = (len(self.alive) - len(reserved)) * self.policy.slots_per_worker
+        packer = SlotPacker(self.policy.batching, cap, self.slack_s,
+                            self.sv.remaining_s.__getitem__, self._batches_in_flight())
         top: list[int] = []
         for i in ordered:
-            if len(top) == cap:
-                break
-            if self.level(i) > 0:
-                if room <= 0:
-                    continue
-                room -= 1
+            low = self.level(i) > 0
+            slot = packer.add(i, self._batch_group(i), self._growth(i), self._batch_of(i),
+                              may_open=not low or room > 0)
+            if slot is None:
+                continue
             top.append(i)
+            if low and len(slot.members) == 1:
+                room -= 1
+        self.slots = packer.slots
         return top
+
+    def _batches_in_flight(self) -> dict[str, tuple[tuple[str, str], list[int]]]:
+        """batch id → (its group, its members staying in flight)."""
+        found: dict[str, tuple[tuple[str, str], list[int]]] = {}
+        for i in self._staying_set:
+            batch_id, group = self._batch_of(i), self._batch_group(i)
+            if batch_id is not None and group is not None:
+                found.setdefault(batch_id, (group, []))[1].append(i)
+        return found
+
+    def _batch_group(self, i: int) -> tuple[str, str] | None:
+        """(batch group, queue) of a job that may share its slot; None: it runs alone (the
+        origin is never slowed by batching)."""
+        job = self.sv.live[i]
+        if job.batch_group is None or i == self.origin \
+                or not self.policy.batching.pays(self._growth(i)):
+            return None
+        if i in self._staying_set and self._batch_of(i) is None:
+            return None  # in flight on its own: its messages carry it alone
+        return (job.batch_group, self._target_queue(i))
+
+    def _growth(self, i: int) -> float:
+        job = self.sv.live[i]
+        if job.batch_growth is not None:
+            return job.batch_growth
+        return self.policy.batching.growth_of(job.cost_key)
+
+    def _batch_of(self, i: int) -> str | None:
+        """The batch an in-flight job runs in (a job being preempted has left it)."""
+        job = self.sv.live[i]
+        if i in self._staying_set and not job.preempt_requested:
+            return job.batch_id
+        return None
 
     def _displace(self, challengers: list[int], holders: list[int]) -> None:
         """Challengers (best first) that no free worker serves take the workers of running
@@ -551,12 +600,15 @@ class _Planner:
         retargets: list[Retarget] = []
         leaving = {*self.victims, *self.trimmed}
         moving = [i for i in staying if i not in leaving]
+        batches = self._batches_of_taken()
         for i in self.taken:
             job = live[i]
             if job.queue == STANDBY_QUEUE and job.state in (JobState.QUEUED, JobState.RUNNING):
                 moving.append(i)
             else:
-                releases.append(self._release(i, self._target_queue(i)))
+                batch, join = batches.get(i, (None, False))
+                releases.append(replace(self._release(i, self._target_queue(i)),
+                                        batch=batch, join=join))
         for i in moving:
             job, target = live[i], self._target_queue(i)
             if job.queue is None or job.queue == target:
@@ -566,6 +618,21 @@ class _Planner:
             else:
                 retargets.append(Retarget(job.job_id, job.queue, target))
         return tuple(releases), tuple(requeues), tuple(retargets)
+
+    def _batches_of_taken(self) -> dict[int, tuple[str, bool]]:
+        """Released job → (its batch, whether that batch is in flight already). A new batch is
+        named after its best-ranked member and the tick (unique: a job is released once per
+        tick)."""
+        live, taken = self.sv.live, set(self.taken)
+        found: dict[int, tuple[str, bool]] = {}
+        for slot in self.slots:
+            if slot.group is None:
+                continue
+            batch, join = slot.batch_id, slot.batch_id is not None
+            if batch is None:
+                batch = f"{live[slot.members[0]].job_id}.{round(self.now_s * 1000)}"
+            found.update((i, (batch, join)) for i in slot.members if i in taken)
+        return found
 
     def _changed_marks(self, touched: list[int]) -> dict[str, LevelMark]:
         changed: dict[str, LevelMark] = {}

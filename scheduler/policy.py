@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
+from scheduler.batching import BatchingConfig
 from scheduler.cost import CostModel
 from scheduler.errors import InvalidPolicy
 from scheduler.model import JobKind
@@ -130,6 +131,8 @@ class PolicyConfig:
     cost_prior_samples: int = 1
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
     """When the tick requeues lost, stuck, unpublished and parked chunks."""
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
+    """Which jobs share a worker slot as one batched forward (``scheduler.batching``)."""
 
     def __post_init__(self) -> None:
         for name, value, low, high in self._bounds():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import cast
 
@@ -26,13 +26,13 @@ from scheduler import (
 from scheduler.errors import SchedulerError
 from scheduler.lifecycle import JobState
 from scheduler.model import JobKind
-from scheduler.plan import LevelMark
+from scheduler.plan import LevelMark, Release
 from scheduler.recovery import Failure, Recovery, RecoveryCause, RecoveryConfig
 from tasks import keys
 from tasks.affinity import WorkerDirectory, common_prefix, expand_worker_queues, release_queue
 from tasks.apply import apply_plan
 from tasks.context import WorkerContext
-from tasks.dispatch import release, requeue_from_checkpoint
+from tasks.dispatch import release, release_batch, requeue_from_checkpoint
 from tasks.record import JobRecord, encode
 from tasks.routing import STANDBY, class_queue_of
 from tasks.runtime import celery
@@ -170,6 +170,13 @@ class LiveTarget:
         return release(self.store, job, queue=queue, by="scheduler",
                        reason=f"released to {queue}", atomic=True if atomic else None,
                        estimate_s=estimate_s)
+
+    def release_batch(self, batch_id: str, releases: Sequence[Release], join: bool) -> None:
+        queue = releases[0].queue
+        estimates = {r.job_id: r.estimate_s for r in releases if r.estimate_s is not None}
+        release_batch(self.store, batch_id, [self.seen[r.job_id] for r in releases],
+                      queue=queue, join=join, by="scheduler", estimates=estimates,
+                      lease_s=self.settings.broker.chunk_lease)
 
     def set_worker_queues(self, wanted: Mapping[str, tuple[str, ...]]) -> None:
         apply_worker_queues(self.store, expand_worker_queues(self.settings, wanted))

@@ -9,10 +9,11 @@ has moved since.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from scheduler import LevelMark, TickPlan
+from scheduler.plan import Release
 from scheduler.recovery import Failure, Recovery
 
 
@@ -59,6 +60,12 @@ class TickTarget(Protocol):
         (the policy's estimate of its whole service time) is kept from its first release."""
         ...
 
+    def release_batch(self, batch_id: str, releases: Sequence[Release], join: bool) -> None:
+        """Waiting jobs → QUEUED together in batch ``batch_id`` (all on one queue): a new batch
+        is published as one message; a batch in flight (``join``) takes them at its next step
+        boundary."""
+        ...
+
     def record_estimate(self, job_id: str, estimate_s: float) -> None:
         """Keep the job's first whole-service-time estimate (a later one never replaces it)."""
         ...
@@ -91,10 +98,28 @@ def apply_plan(plan: TickPlan, target: TickTarget) -> list[str]:
         target.retarget(ret.job_id, ret.to_queue)
     for job_id in plan.standby:
         target.standby(job_id)
-    for rel in plan.releases:
-        target.release(rel.job_id, rel.queue, plan.atomic_release, rel.estimate_s)
+    for batch in _release_order(plan.releases):
+        if isinstance(batch, Release):
+            target.release(batch.job_id, batch.queue, plan.atomic_release, batch.estimate_s)
+        else:
+            target.release_batch(batch[0].batch or "", batch, batch[0].join)
     for job_id, estimate_s in (plan.estimates or {}).items():
         target.record_estimate(job_id, estimate_s)
     target.set_worker_queues(plan.worker_queues)
     target.publish_decisions(plan)
     return recovered
+
+
+def _release_order(releases: Sequence[Release]) -> list[Release | list[Release]]:
+    """The plan's releases in its order, those of one batch gathered at its first member."""
+    out: list[Release | list[Release]] = []
+    batches: dict[str, list[Release]] = {}
+    for rel in releases:
+        if rel.batch is None:
+            out.append(rel)
+        elif rel.batch in batches:
+            batches[rel.batch].append(rel)
+        else:
+            batches[rel.batch] = [rel]
+            out.append(batches[rel.batch])
+    return out

@@ -63,7 +63,7 @@ def execute_chunk(
     ctx.profile.add("claim", started)
     if isinstance(claimed, str):
         log.info("job %s chunk %d epoch %d: stale (%s)", job_id, chunk, epoch, claimed)
-        _republish_if_lost(store, job_id, chunk, epoch)
+        republish_if_lost(store, job_id, chunk, epoch)
         return "stale"
     ctx.busy_job = job_id
     try:
@@ -78,13 +78,13 @@ def _run_claimed(ctx: WorkerContext, job: JobRecord, task_id: str) -> str:
     """Run the claimed job's chunks: one, then a hop, or all of them for an atomic job."""
     store, job_id, chunk, seq = ctx.store, job.job_id, job.next_chunk, job.seq
     if job.cancel:
-        return _stop(store, job, JobState.CANCELLED, ctx.name, "cancelled by client")
+        return stop_attempt(store, job, JobState.CANCELLED, ctx.name, "cancelled by client")
     if job.preempt:
-        return _stop(store, job, JobState.PREEMPTED, ctx.name, "preempt flag")
+        return stop_attempt(store, job, JobState.PREEMPTED, ctx.name, "preempt flag")
     runner = ctx.runner(job.kind.value)
     params = dict(job.params)
     loading = time.perf_counter()
-    state = _load_state(ctx, job, runner, params)
+    state = load_state(ctx, job, runner, params)
     ctx.profile.add("load_state", loading)
     version = None
     while True:
@@ -101,12 +101,13 @@ def _run_claimed(ctx: WorkerContext, job: JobRecord, task_id: str) -> str:
             raise  # the store went away, not the job: leave it RUNNING for the lease watchdog
         except Exception as exc:
             log.exception("job %s chunk %d failed", job_id, chunk)
-            _record_text_outcome(ctx, job, version, None)
-            return _stop(store, job, JobState.FAILED, ctx.name, f"chunk {chunk}: {exc}"[:500])
+            record_text_outcome(ctx, job, version, None)
+            return stop_attempt(store, job, JobState.FAILED, ctx.name,
+                                f"chunk {chunk}: {exc}"[:500])
         elapsed_s = time.monotonic() - started
         if chunk > 0:
-            _record_text_outcome(ctx, job, version, result)
-        commit = _commit(ctx, job, chunk, seq, result, elapsed_s, task_id)
+            record_text_outcome(ctx, job, version, result)
+        commit = commit_result(ctx, job, chunk, seq, result, elapsed_s, task_id)
         if commit.status is CommitStatus.STALE:
             log.warning("job %s chunk %d: another delivery committed it first", job_id, chunk)
             return "duplicate"
@@ -122,12 +123,14 @@ def _run_claimed(ctx: WorkerContext, job: JobRecord, task_id: str) -> str:
         chunk, seq, state = commit.next_chunk, commit.seq, result.state
 
 
-def _commit(
+def commit_result(
     ctx: WorkerContext, job: JobRecord, chunk: int, seq: int, result: ChunkResult,
-    elapsed_s: float, task_id: str,
+    elapsed_s: float, task_id: str, alone_s: float | None = None,
 ) -> Commit:
     """Commit one chunk and take the job's next step. The durable checkpoint is written every
-    ``checkpoint_every`` chunks, and always when the job stops here (the store asks for it)."""
+    ``checkpoint_every`` chunks, and always when the job stops here (the store asks for it).
+    ``elapsed_s`` is the worker time charged to the job; ``alone_s`` what the chunk would have
+    taken alone (what the cost model learns; a batched chunk's differs), by default the same."""
     last = result.complete and chunk + 1 == job.num_chunks
     every = ctx.settings.diffusion.checkpoint_every
     durable = not result.complete or (not last and (chunk + 1) % every == 0)
@@ -135,7 +138,8 @@ def _commit(
     if last and result.artifact is not None:  # stored first: the commit that ends the job names it
         artifact = (ctx.artifacts.put(job.job_id, result.artifact), result.artifact.media_type)
     units = job.cost_units[chunk]
-    timing = (ctx.settings.device, elapsed_s / max(units, 1e-9)) if result.complete else None
+    learned_s = elapsed_s if alone_s is None else alone_s
+    timing = (ctx.settings.device, learned_s / max(units, 1e-9)) if result.complete else None
     for with_checkpoint in (durable, True):
         encoding = time.perf_counter()
         checkpoint = result.state.encode() if with_checkpoint else None
@@ -173,7 +177,7 @@ def _flag_poll(ctx: WorkerContext, job_id: str) -> Callable[[], bool]:
     return should_yield
 
 
-def _record_text_outcome(
+def record_text_outcome(
     ctx: WorkerContext, job: JobRecord, version: str | None, result: ChunkResult | None
 ) -> None:
     """A text chunk's outcome on its expert version (a failure when ``result`` is None)."""
@@ -190,7 +194,7 @@ def _record_text_outcome(
                        result.metrics["latency_ms"] / result.metrics["tokens"], ok=True)
 
 
-def _load_state(
+def load_state(
     ctx: WorkerContext, job: JobRecord, runner: JobRunner, params: dict[str, Any]
 ) -> Checkpoint | None:
     """The job's state at ``job.seq``: from this worker's memory, else Redis (+ replay)."""
@@ -210,7 +214,8 @@ def _load_state(
     return state
 
 
-def _stop(store: JobStore, job: JobRecord, target: JobState, worker: str, reason: str) -> str:
+def stop_attempt(store: JobStore, job: JobRecord, target: JobState, worker: str,
+                 reason: str) -> str:
     """End or pause the claimed attempt without a commit (a flag seen at claim, or a failure),
     only if nothing moved since the claim."""
     updates = encode(error=reason) if target is JobState.FAILED else {}
@@ -223,7 +228,7 @@ def _stop(store: JobStore, job: JobRecord, target: JobState, worker: str, reason
     return target.value.lower()
 
 
-def _republish_if_lost(store: JobStore, job_id: str, chunk: int, epoch: int) -> None:
+def republish_if_lost(store: JobStore, job_id: str, chunk: int, epoch: int) -> None:
     """A redelivered chunk that already committed: make sure its successor was published
     (the worker may have died between commit and publish)."""
     try:

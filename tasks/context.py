@@ -65,6 +65,8 @@ class WorkerContext:
     name: str = "worker"
     queues: tuple[str, ...] = ()
     busy_job: str | None = None
+    batch_jobs: tuple[str, ...] = ()
+    """The other jobs of the batch the worker runs now (``busy_job`` is its first)."""
     chunks_run: int = 0
     consumer: Any = None
     """Celery's consumer of this worker (set once ready): what it consumes right now."""
@@ -130,6 +132,7 @@ class WorkerContext:
         lease_s = self.settings.broker.chunk_lease
         body = {
             "name": self.name, "busy_job": self.busy_job, "queues": list(self.consuming()),
+            "batch": len(self.batch_jobs) + 1 if self.batch_jobs else (1 if self.busy_job else 0),
             "device": self.settings.device, "ts": time.time(), "chunks_run": self.chunks_run,
             "ckpt_cache": {"hits": self.cache.hits, "misses": self.cache.misses,
                            "hit_rate": round(self.cache.hit_rate, 4)},
@@ -140,7 +143,8 @@ class WorkerContext:
         pipe.set(keys.worker(self.name), json.dumps(body), px=int(lease_s * 1000))
         if self.busy_job is not None:
             lease = encode(lease_until_s=time.time() + lease_s)
-            pipe.hset(keys.job(self.busy_job), mapping=lease)  # type: ignore[arg-type]
+            for job_id in {self.busy_job, *self.batch_jobs}:
+                pipe.hset(keys.job(job_id), mapping=lease)  # type: ignore[arg-type]
         pipe.execute()
 
     def _heartbeat_loop(self) -> None:

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING
 from kombu import Exchange, Queue
 
 from scheduler.lifecycle import JobState
+from tasks import keys
 from tasks.record import JobRecord, encode
-from tasks.routing import CHUNK_TASK, affinity_worker, class_queue_of
+from tasks.routing import BATCH_TASK, CHUNK_TASK, affinity_worker, class_queue_of
 from tasks.runtime import celery
 from tasks.store import JobStore
 
@@ -29,7 +30,11 @@ log = logging.getLogger(__name__)
 def publish_chunk(store: JobStore, job: JobRecord, *, chunk: int, epoch: int, queue: str,
                   profile: HopProfile | None = None) -> str:
     """Send one chunk message of ``job``; the task id names the job and chunk so Flower shows
-    them, and the record remembers what was published last (the healer compares it)."""
+    them, and the record remembers what was published last (the healer compares it). A
+    batchable job goes out as a batch of one, which compatible jobs may join later."""
+    if job.batch_group is not None and not job.atomic:
+        return publish_batch(store, new_batch_id(job.job_id), job, [(job.job_id, chunk, epoch)],
+                             queue=queue, profile=profile)
     started = time.perf_counter()
     names = job.chunk_names
     chunk_name = names[chunk] if chunk < len(names) else f"chunk[{chunk}]"
@@ -50,6 +55,46 @@ def publish_chunk(store: JobStore, job: JobRecord, *, chunk: int, epoch: int, qu
     if profile is not None:
         started = profile.add("publish", started)
     store.set_fields(job.job_id, published=chunk, last_task_id=task_id)
+    if profile is not None:
+        profile.add("bookkeeping", started)
+    return task_id
+
+
+BatchMember = tuple[str, int, int]
+"""A job in a batch message: its id, and the chunk and epoch the message runs."""
+
+
+def new_batch_id(lead_job_id: str) -> str:
+    return f"{lead_job_id}.{uuid.uuid4().hex[:6]}"
+
+
+def publish_batch(store: JobStore, batch_id: str, lead: JobRecord, members: list[BatchMember],
+                  *, queue: str, profile: HopProfile | None = None, lease_s: float = 10.0,
+                  mark_open: bool = True) -> str:
+    """Send one batch message carrying every member's next chunk, each fenced by its own epoch
+    at claim; each record remembers the publish as :func:`publish_chunk` does (its own
+    ``job.chunk.epoch.x`` id, x shared with the batch task, so the healer reads it alike) and
+    the batch it is in. ``lead`` (a member's record) names the task for Flower. The batch is
+    marked open (for ``lease_s``) so the tick may add joiners; a worker's hop has renewed the
+    mark already (``mark_open=False``)."""
+    started = time.perf_counter()
+    suffix = uuid.uuid4().hex[:6]
+    task_id = f"batch.{batch_id}.{suffix}"
+    args = [batch_id, [list(member) for member in members]]
+    names, lead_chunk = lead.chunk_names, members[0][1]
+    kwargs = {"chunk_name": names[lead_chunk] if lead_chunk < len(names) else "",
+              "slo": lead.slo.value, "kind": lead.kind.value, "size": len(members)}
+    if mark_open:
+        store.redis.set(keys.batch_open(batch_id), "1", px=max(int(lease_s * 1000), 1))
+    celery().send_task(BATCH_TASK, args=args, kwargs=kwargs, queue=declared_queue(queue),
+                       task_id=task_id, argsrepr=repr(args), kwargsrepr=repr(kwargs))
+    if profile is not None:
+        started = profile.add("publish", started)
+    pipe = store.redis.pipeline(transaction=False)
+    for job_id, chunk, epoch in members:
+        pipe.hset(keys.job(job_id), mapping=encode(  # type: ignore[arg-type]
+            published=chunk, last_task_id=f"{job_id}.{chunk}.{epoch}.{suffix}", batch=batch_id))
+    pipe.execute()
     if profile is not None:
         profile.add("bookkeeping", started)
     return task_id
@@ -89,6 +134,31 @@ def release(
         if bump_epoch and seen.last_task_id:
             celery().control.revoke(seen.last_task_id)  # hygiene only: the epoch fences
     return moved
+
+
+def release_batch(
+    store: JobStore, batch_id: str, seen: list[JobRecord], *, queue: str, join: bool, by: str,
+    estimates: dict[str, float], lease_s: float,
+) -> list[str]:
+    """Release waiting jobs (each as ``seen``) into one batch on ``queue``: a new batch goes
+    out as one message; joiners of a batch in flight are taken by its worker at the batch's
+    next step boundary, or published as a batch of their own if it has just ended. Returns
+    the ids of the jobs that moved."""
+    moved: list[JobRecord] = []
+    for job in seen:
+        updates = encode(queue=queue, preempt=False, queued_at_s=time.time(), batch=batch_id)
+        if job.first_estimate_s is None and job.job_id in estimates:
+            updates.update(encode(first_estimate_s=estimates[job.job_id]))
+        if store.transition_as_seen(job, JobState.QUEUED, by=by, updates=updates,
+                                    reason=f"released to {queue} in batch {batch_id}"):
+            moved.append(job)
+    alone = [j for j in moved
+             if not (join and store.join_batch(batch_id, j.job_id, j.next_chunk, j.epoch))]
+    if alone:
+        members = [(j.job_id, j.next_chunk, j.epoch) for j in alone]
+        publish_batch(store, batch_id if not join else new_batch_id(alone[0].job_id), alone[0],
+                      members, queue=queue, lease_s=lease_s)
+    return [j.job_id for j in moved]
 
 
 def requeue_from_checkpoint(

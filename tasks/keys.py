@@ -12,6 +12,11 @@ Jobs
   ``sl:done``                  stream  (job id, final state) of every job that ended
   ``sl:idem:<tenant>:<key>``   string  idempotency key → the first job's id (24 h)
 
+Batches (step-level batching)
+  ``sl:batch:<id>:open``       string  set while the batch is in flight (PX: the chunk lease)
+  ``sl:batch:<id>:joins``      list    jobs the tick released into the batch, taken at its next
+                                       step boundary (JSON: id, chunk, epoch)
+
 The scheduler
   ``sl:tick:lease``            string  the scheduler worker holding the tick (PX lease)
   ``sl:tick:stats``            stream  tick durations and start times
@@ -87,6 +92,14 @@ def job_events(job_id: str) -> str:
 
 def job_checkpoint(job_id: str) -> str:
     return f"{PREFIX}job:{job_id}:ckpt"
+
+
+def batch_open(batch_id: str) -> str:
+    return f"{PREFIX}batch:{batch_id}:open"
+
+
+def batch_joins(batch_id: str) -> str:
+    return f"{PREFIX}batch:{batch_id}:joins"
 
 
 def idempotency(tenant: str, key: str) -> str:

@@ -124,6 +124,14 @@ class JobRecord:
     events_ttl_s: float | None = None
     """How long the job's event stream is kept once the job has ended (None: for ever); the
     stream is never trimmed while the job lives."""
+    batch_group: str | None = None
+    """Jobs of one group (model and shape) may share a batched forward per step; None: the job
+    always runs alone (exact, or a kind or model that does not batch)."""
+    batch: str | None = None
+    """The batch the job's current (or next) chunk runs in (None: its chunks run alone)."""
+    batch_growth: float | None = None
+    """The job's own batched-step growth (a simulated job's ``batch_growth``); None: the
+    policy's table by cost key."""
 
     @classmethod
     def from_hash(cls, raw: Mapping[str, str] | Mapping[bytes, bytes]) -> JobRecord:
@@ -268,5 +276,8 @@ _FIELDS: dict[str, tuple[str, _Codec]] = {
     "expert_version": ("expert_version", _OPT_TEXT),
     "first_estimate_s": ("first_estimate", _OPT_FLOAT),
     "events_ttl_s": ("events_ttl", _OPT_FLOAT),
+    "batch_group": ("batch_group", _OPT_TEXT),
+    "batch": ("batch", _OPT_TEXT),
+    "batch_growth": ("batch_growth", _OPT_FLOAT),
 }
 _REQUIRED = frozenset(f.name for f in fields(JobRecord) if f.default is MISSING)

@@ -6,6 +6,8 @@ from scheduler.lifecycle import SloClass
 
 TICK_TASK = "scheduler.tick"
 CHUNK_TASK = "stepline.chunk"
+BATCH_TASK = "stepline.batch"
+"""Several jobs' next chunks in one task, run as one batched forward (step-level batching)."""
 
 REALTIME, INTERACTIVE, BATCH, CONTROL, STANDBY = (
     "realtime", "interactive", "batch", "control", "standby",

@@ -79,6 +79,7 @@ def job_view(r: JobRecord, failed_dependency: str | None = None,
         own_s_per_unit=own_s_per_unit, parked_on=affinity_worker(r.queue),
         published=published, failed_dependency=failed_dependency,
         shed_if_late=r.shed_if_late, estimated=r.first_estimate_s is not None,
+        batch_group=r.batch_group, batch_id=r.batch, batch_growth=r.batch_growth,
     )
 
 

@@ -24,6 +24,12 @@ class SimulatedParams(BaseModel):
     fail_at: int | None = Field(
         default=None, ge=0, description="Chunk index that raises (to exercise failure handling)."
     )
+    batch_growth: float | None = Field(
+        default=None, ge=0, le=4,
+        description="Makes the job batchable: a batched step of b such jobs sleeps step_ms x "
+                    "(1 + batch_growth x (b-1)); jobs batch only with jobs of the same step_ms "
+                    "and growth. Default: the job always runs alone.",
+    )
 
 
 class JobSpec(BaseModel):
@@ -50,4 +56,11 @@ class JobSpec(BaseModel):
     )
     depends_on: list[str] = Field(
         default_factory=list, max_length=16, description="Job ids that must finish first."
+    )
+    exact: bool | None = Field(
+        default=None,
+        description="Never batch this job with others: its output is bit-identical to a lone "
+                    "run. Default: true for the realtime class, false otherwise (a batched "
+                    "job's output is deterministic for its batch schedule, within float "
+                    "rounding of the lone run).",
     )

@@ -13,7 +13,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, cast
@@ -186,6 +186,28 @@ event(KEYS[3], 'state', 'RUNNING', 'QUEUED', ARGV[9], 'next chunk ' .. nxt .. ' 
 return {'hop', tostring(seq), tostring(nxt), target}
 """
 
+# KEYS: open, joins. ARGV: member (JSON). A job joins a batch only while the batch is in flight:
+# once its last step took the joiners and closed it, the caller publishes the job on its own.
+_BATCH_JOIN = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('RPUSH', KEYS[2], ARGV[1])
+return 1
+"""
+
+# KEYS: open, joins. ARGV: keep ('1': the batch goes on), lease_ms. The joiners so far, taken
+# in one step with the batch's open mark: renewed while it goes on, dropped when it ends, so a
+# join is either taken here or refused (never left behind).
+_BATCH_TAKE = """
+local joiners = redis.call('LRANGE', KEYS[2], 0, -1)
+redis.call('DEL', KEYS[2])
+if ARGV[1] == '1' then
+  redis.call('SET', KEYS[1], '1', 'PX', ARGV[2])
+else
+  redis.call('DEL', KEYS[1])
+end
+return joiners
+"""
+
 # KEYS: job. ARGV: field, value. Set once, on a record that exists.
 _FIRST_ESTIMATE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) end
@@ -276,6 +298,8 @@ class JobStore:
         self._flag_preempt = client.register_script(_FLAG_PREEMPT)
         self._update_as_seen = client.register_script(_UPDATE_AS_SEEN)
         self._fail_unreadable = client.register_script(_FAIL_UNREADABLE)
+        self._batch_join = client.register_script(_BATCH_JOIN)
+        self._batch_take = client.register_script(_BATCH_TAKE)
 
     # create -----------------------------------------------------------------------------------
     def create(
@@ -294,6 +318,8 @@ class JobStore:
         chunk_names: Iterable[str] = (),
         resource_profile: ResourceProfile = ResourceProfile.COMPUTE,
         events_ttl_s: float | None = None,
+        batch_group: str | None = None,
+        batch_growth: float | None = None,
     ) -> tuple[str, bool]:
         """Store a new PENDING job; returns (job id, created). An idempotency key seen before
         for this tenant returns the first job's id and ``created=False``."""
@@ -305,7 +331,8 @@ class JobStore:
             epoch=0, queue=queue, preempt=False, cancel=False, preemptions=0, service_s=0.0,
             cost_key=cost_key, cost_units=tuple(cost_units), updated_at_s=now_s, atomic=atomic,
             chunk_names=tuple(chunk_names), resource_profile=resource_profile,
-            shed_if_late=spec.shed_if_late, events_ttl_s=events_ttl_s,
+            shed_if_late=spec.shed_if_late, events_ttl_s=events_ttl_s, batch_group=batch_group,
+            batch_growth=batch_growth,
         )
         idem = keys.idempotency(tenant, spec.idempotency_key) if spec.idempotency_key else ""
         flat = [item for pair in fields.items() for item in pair]
@@ -522,6 +549,44 @@ class JobStore:
             return " ".join(_text(x) for x in reply)
         flat = reply[1]
         return JobRecord.from_hash(dict(zip(flat[::2], flat[1::2], strict=True)))
+
+    def claim_chunks(
+        self, members: Sequence[tuple[str, int, int]], worker: str, lease_s: float
+    ) -> list[JobRecord | str]:
+        """:meth:`claim_chunk` for each (job id, chunk, epoch), in one round trip; each job is
+        fenced on its own."""
+        pipe = self.redis.pipeline(transaction=False)
+        now = repr(time.time())
+        for job_id, chunk, epoch in members:
+            self._claim(keys=[keys.job(job_id), keys.job_events(job_id)],
+                        args=[chunk, epoch, worker, now, lease_s], client=pipe)
+        claimed: list[JobRecord | str] = []
+        for reply in pipe.execute():
+            if _text(reply[0]) != "ok":
+                claimed.append(" ".join(_text(x) for x in reply))
+                continue
+            flat = reply[1]
+            claimed.append(JobRecord.from_hash(dict(zip(flat[::2], flat[1::2], strict=True))))
+        return claimed
+
+    def join_batch(self, batch_id: str, job_id: str, chunk: int, epoch: int) -> bool:
+        """Put a released job into an in-flight batch: its worker takes it at the batch's next
+        step boundary. False when the batch has ended (publish the job on its own then)."""
+        member = json.dumps([job_id, chunk, epoch])
+        return bool(self._batch_join(keys=[keys.batch_open(batch_id), keys.batch_joins(batch_id)],
+                                     args=[member]))
+
+    def take_joiners(self, batch_id: str, *, keep: bool, lease_s: float
+                     ) -> list[tuple[str, int, int]]:
+        """The jobs released into the batch since the last take; ``keep`` renews the batch's
+        open mark (it goes on), else closes it (later joins are refused)."""
+        raw = self._batch_take(keys=[keys.batch_open(batch_id), keys.batch_joins(batch_id)],
+                               args=["1" if keep else "0", max(int(lease_s * 1000), 1)])
+        joiners = []
+        for item in raw:
+            job_id, chunk, epoch = json.loads(item)
+            joiners.append((str(job_id), int(chunk), int(epoch)))
+        return joiners
 
     def commit_chunk(
         self,

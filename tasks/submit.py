@@ -9,7 +9,16 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from scheduler import Admission, AdmissionDecision, JobKind, JobView, ResourceProfile, Tier, admit
+from scheduler import (
+    Admission,
+    AdmissionDecision,
+    AdmissionStatus,
+    JobKind,
+    JobView,
+    ResourceProfile,
+    Tier,
+    admit,
+)
 from scheduler.lifecycle import JobState, SloClass
 from tasks.adapter import load_admission, policy_config
 from tasks.affinity import WorkerDirectory, release_queue
@@ -75,14 +84,17 @@ class JobService:
             raw.setdefault("chunk_tokens", TEXT_CHUNK_TOKENS[spec.slo])
         params = validate_params(spec.kind, raw)
         spec = spec.model_copy(update={"params": params})
-        plan = get_runner(spec.kind).plan(params)
+        runner = get_runner(spec.kind)
+        plan = runner.plan(params)
         policy = self.store.active_policy(self.settings.scheduler.policy)
+        group = self._batch_group(spec, runner, params, plan, policy)
         target_s = self.settings.scheduler.slo_classes[spec.slo.value].target_s
         for dep in spec.depends_on:
             self.store.state(dep)  # raises JobNotFound for an unknown dependency
         now_s = time.time()
         deadline_s = spec.deadline_s or target_s
-        decision = self._admission(spec, tier, plan, deadline_s, now_s, policy)
+        status = load_admission(self.store)
+        decision = self._admission(spec, tier, plan, deadline_s, now_s, policy, status)
         if decision.verdict is Admission.SHED_OVERLOAD:
             raise Overloaded(decision.reason, retry_after_s=decision.retry_after_s)
         job_id, created = self.store.create(
@@ -91,10 +103,16 @@ class JobService:
             queue=FIFO_QUEUE if policy == "fifo" else CLASS_QUEUE[spec.slo],
             atomic=policy == "fifo", chunk_names=plan.names,
             resource_profile=ResourceProfile(plan.resource_profile),
-            events_ttl_s=self.settings.broker.event_retention,
+            events_ttl_s=self.settings.broker.event_retention, batch_group=group,
+            batch_growth=params.get("batch_growth") if spec.kind == "simulated" else None,
         )
-        if not created or spec.depends_on or policy in TICK_RELEASED:
-            return job_id, created  # released by the tick (dependencies, top-cap baselines)
+        ticking = status is not None and now_s - status.measured_at_s \
+            <= self.settings.scheduler.admission_status_ttl
+        if not created or spec.depends_on or policy in TICK_RELEASED or (
+                group is not None and ticking):
+            # released by the tick: dependencies, top-cap baselines, and batchable work while a
+            # tick runs (it packs the job with compatible ones; it is at most one tick away)
+            return job_id, created
         if decision.verdict is Admission.SUSPEND:
             self.store.try_transition(job_id, JobState.SUSPENDED, by="submit",
                                       reason=decision.reason)
@@ -102,13 +120,27 @@ class JobService:
             self._release_now(job_id)
         return job_id, created
 
+    def _batch_group(self, spec: JobSpec, runner: Any, params: dict[str, Any], plan: ChunkPlan,
+                     policy: str) -> str | None:
+        """The job's batch group (its first batchable chunk's key), or None when it runs alone:
+        batching off, the FIFO baseline (atomic jobs), an exact job, or nothing to batch."""
+        batching = self.settings.scheduler.batching
+        exact = spec.exact if spec.exact is not None else (
+            spec.slo is SloClass.REALTIME and batching.realtime_exact)
+        key_of = getattr(runner, "batch_key", None)
+        if not batching.enabled or policy == "fifo" or exact or key_of is None:
+            return None
+        for index in range(min(plan.num_chunks, 3)):  # encode / prefill come first
+            key = key_of(params, index)
+            if key is not None:
+                return str(key)
+        return None
+
     def _admission(
         self, spec: JobSpec, tier: str, plan: ChunkPlan, deadline_s: float, now_s: float,
-        policy: str,
+        policy: str, status: AdmissionStatus | None,
     ) -> AdmissionDecision:
         """The overload gate, from the last tick's admission status (fails open without one)."""
-
-        status = load_admission(self.store)
         if status is None:
             return AdmissionDecision(Admission.ADMIT, 0.0, "no scheduler status yet")
         view = JobView(

@@ -6,7 +6,7 @@ loads the checkpoint and calls :meth:`JobRunner.run_chunk`; it never looks insid
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -78,4 +78,34 @@ class JobRunner(Protocol):
         should_yield: ShouldYield,
     ) -> ChunkResult:
         """Run chunk ``index`` from ``state`` (None only for chunk 0 with no partial state)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class BatchItem:
+    """One job's next chunk inside a batched task: what :meth:`JobRunner.run_chunk` would get."""
+
+    params: Mapping[str, Any]
+    index: int
+    state: Checkpoint | None
+
+
+class BatchRunner(Protocol):
+    """A runner that can run several jobs' chunks as one batched forward (step-level batching).
+
+    The task layer claims each job separately, hands the claimed chunks to :meth:`run_batch` in a
+    fixed order and commits each result separately. A batched chunk always runs to its end (it
+    yields only at chunk boundaries); preemption happens between batched steps.
+    """
+
+    def batch_key(self, params: Mapping[str, Any], index: int) -> str | None:
+        """Chunks with equal keys may share one forward; None: this chunk always runs alone."""
+        ...
+
+    def run_batch(self, items: Sequence[BatchItem]) -> list[ChunkResult]:
+        """Run every item's chunk, batching those with equal keys; one result per item, in order.
+
+        Deterministic for a given sequence of items: the same members in the same order give the
+        same outputs. Each result's ``metrics["batch_size"]`` is the size of the forward it ran in.
+        """
         ...

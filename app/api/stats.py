@@ -20,7 +20,7 @@ from app.schemas import ClassStats, StatsView, WorkerInfo
 from scheduler.lifecycle import JobState, SloClass
 from tasks import keys
 from tasks.record import JobRecord, UnreadableRecord
-from tasks.routing import ALL_QUEUES, CHUNK_TASK, affinity_worker
+from tasks.routing import ALL_QUEUES, BATCH_TASK, CHUNK_TASK, affinity_worker
 from tasks.settings import Settings
 from tasks.store import JobStore
 
@@ -127,16 +127,19 @@ def parse_message(raw: bytes) -> dict[str, Any] | None:
 
 
 def chunk_of(message: Mapping[str, Any]) -> ChunkRef | None:
-    """The chunk a ``stepline.chunk`` message runs (Celery's protocol 2: the body is
-    ``[args, kwargs, embed]``, base64 in Redis); None for any other message."""
+    """The chunk a ``stepline.chunk`` message runs, or a ``stepline.batch`` message's first
+    (Celery's protocol 2: the body is ``[args, kwargs, embed]``, base64 in Redis); None for
+    any other message."""
     headers, properties = message.get("headers") or {}, message.get("properties") or {}
-    if headers.get("task") != CHUNK_TASK:
+    if headers.get("task") not in (CHUNK_TASK, BATCH_TASK):
         return None
     try:
         body = message["body"]
         if properties.get("body_encoding") == "base64":
             body = base64.b64decode(body)
-        job_id, chunk, epoch = json.loads(body)[0][:3]
+        args = json.loads(body)[0]
+        # a batch message (batch id, members): its first member dates it
+        job_id, chunk, epoch = args[1][0] if headers["task"] == BATCH_TASK else args[:3]
         return ChunkRef(str(job_id), int(chunk), int(epoch))
     except (KeyError, IndexError, TypeError, ValueError, binascii.Error):
         return None

@@ -44,6 +44,7 @@ from scheduler import (
     check_plan_invariants,
     plan_tick,
 )
+from scheduler.plan import Release
 from scheduler.queues import NORMAL_WORKER_QUEUES, STANDBY_QUEUE
 from scheduler.recovery import Failure, Recovery
 from tasks.apply import apply_plan
@@ -650,6 +651,12 @@ class ClusterSim:
         job.atomic = job.atomic or atomic
         self._release(job, queue)
         return True
+
+    def release_batch(self, batch_id: str, releases: Sequence[Release], join: bool) -> None:
+        # The simulated cluster runs every job alone (its jobs carry no batch group, so the
+        # policy forms no batch): a batch release is each job's own release.
+        for rel in releases:
+            self.release(rel.job_id, rel.queue, False, rel.estimate_s)
 
     def record_estimate(self, job_id: str, estimate_s: float) -> None:
         job = self.live[job_id]

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from scheduler.batching import BatchingConfig
 from scheduler.model import JobKind
 from scheduler.policy import PolicyConfig, PolicyKind, ScoreWeights
 from tasks.settings.durations import Seconds
@@ -62,6 +63,33 @@ def _default_impact() -> dict[KindName, float]:
 
 def _default_priors() -> dict[str, float]:
     return dict(PolicyConfig().cost_priors_s_per_unit)  # one list of priors, in the policy
+
+
+def _default_growth() -> dict[str, float]:
+    return dict(BatchingConfig().growth)  # one table, in the policy
+
+
+class BatchingSettings(BaseModel):
+    """Step-level batching: compatible jobs' steps share one forward on a worker."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    enabled: bool = True
+    """Let the scheduler pack compatible jobs (same model and shape) into one batched task."""
+    max_batch: int = Field(default=8, ge=1, le=256)
+    """Most jobs in one batched forward."""
+    realtime_exact: bool = True
+    """Realtime jobs run alone unless they say ``exact: false``: a batched forward's numerics
+    differ slightly from a lone one on CPUs and GPUs (the batching bench measures by how much)."""
+    growth: dict[str, float] = Field(default_factory=_default_growth)
+    """Per cost-key prefix (longest match wins): a batched step's slowdown per extra member,
+    relative to a lone step (0: free, 1: no gain, so never batched)."""
+    default_growth: float = Field(default=1.0, ge=0, le=4)
+    """For models with no entry: batching is assumed to gain nothing."""
+
+    def to_config(self) -> BatchingConfig:
+        return BatchingConfig(enabled=self.enabled, max_batch=self.max_batch,
+                              growth=dict(self.growth), default_growth=self.default_growth)
 
 
 class SchedulerSettings(BaseModel):
@@ -141,6 +169,8 @@ class SchedulerSettings(BaseModel):
     cost_min_samples: int = Field(default=3, ge=0, le=1_000_000)
     """Measured chunks of each remaining kind a job's estimate needs before the job may be
     judged unable to meet its deadline (demoted, or shed if it asked to be)."""
+    batching: BatchingSettings = Field(default_factory=BatchingSettings)
+    """Step-level batching of compatible jobs."""
 
     @model_validator(mode="after")
     def _consistent(self) -> SchedulerSettings:
@@ -185,4 +215,5 @@ class SchedulerSettings(BaseModel):
             late_penalty=self.late_penalty,
             hop_overhead_s=self.hop_overhead,
             tick_interval_s=self.origin_detection_interval,
+            batching=self.batching.to_config(),
         )

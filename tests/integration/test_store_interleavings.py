@@ -259,8 +259,8 @@ class StoreInterleavings(RuleBasedStateMachine):
 
     def _commit(self, attempt: Attempt, *, complete: bool, checkpoint: bool,
                 dies: bool = False) -> Commit:
-        """``chunks._commit`` and the step after it: retry with a checkpoint when the store asks
-        for one; a hop publishes the next chunk, an atomic job keeps running. A worker that
+        """``chunks.commit_result`` and the step after it: retry with a checkpoint when the store
+        asks for one; a hop publishes the next chunk, an atomic job keeps running. A worker that
         ``dies`` right after its commit publishes nothing, and its message is redelivered."""
         job = self.jobs[attempt.message.job_id]
         for with_checkpoint in (checkpoint, True):
@@ -296,7 +296,7 @@ class StoreInterleavings(RuleBasedStateMachine):
         return commit
 
     def _stop(self, attempt: Attempt, target: JobState, reason: str) -> None:
-        """``chunks._stop``: end the claimed attempt without a commit, if nothing moved."""
+        """``chunks.stop_attempt``: end the claimed attempt without a commit, if nothing moved."""
         self.attempts.remove(attempt)
         job = attempt.claimed
         updates = encode(error=reason) if target is JobState.FAILED else {}

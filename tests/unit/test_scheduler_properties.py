@@ -57,12 +57,16 @@ def test_stepline_never_fills_more_slots_than_its_capacity(snapshot: ClusterSnap
     policy = PolicyConfig()
     plan = plan_tick(snapshot, policy, NOW_S)
     alive = [w for w in snapshot.workers if w.alive]
-    inflight = len(survey_jobs(snapshot, alive, policy, NOW_S).inflight)
-    leaving = len(plan.preempt) + len(plan.standby) + len(plan.expire)
-    # then capacity = alive workers × slots per worker, and releases only fill free ones
+    survey = survey_jobs(snapshot, alive, policy, NOW_S)
+    leaving = {*plan.preempt, *plan.standby, *(e.job_id for e in plan.expire)}
+    # then capacity = alive workers × slots per worker, and releases only fill free ones (a
+    # batch, in flight or released, fills one slot however many jobs it carries)
     assert plan.capacity_slots == len(alive) * policy.slots_per_worker
     if plan.releases:
-        assert inflight - leaving + len(plan.releases) <= plan.capacity_slots
+        slots = {job.batch_id or job.job_id for i in survey.inflight
+                 if (job := survey.live[i]).job_id not in leaving}
+        slots.update(r.batch or r.job_id for r in plan.releases)
+        assert len(slots) <= plan.capacity_slots
 
 
 @FAST

@@ -122,6 +122,9 @@ def _job(draw: st.DrawFn, job_id: str, state: JobState, worker: str | None,
     queue = draw(st.sampled_from(("realtime", "interactive", "batch", STANDBY_QUEUE))) \
         if in_flight else None
     deps = draw(st.lists(st.integers(0, max(n_jobs - 1, 0)), max_size=2)) if n_jobs else []
+    group = draw(st.one_of(st.none(), st.sampled_from(("g1", "g2"))))
+    batch = draw(st.one_of(st.none(), st.sampled_from(("b1", "b2", "b3")))) \
+        if in_flight and group is not None else None
     return JobView(
         job_id=job_id, tenant=draw(st.sampled_from(("a", "b"))),
         tier=draw(st.sampled_from(tuple(Tier))), slo_class=slo_class,
@@ -137,6 +140,7 @@ def _job(draw: st.DrawFn, job_id: str, state: JobState, worker: str | None,
         level=draw(st.one_of(st.none(), st.integers(0, 2))),
         level_service_s=0.0,
         preempt_requested=state is JobState.RUNNING and draw(st.booleans()),
+        batch_group=group, batch_id=batch,
     )
 
 

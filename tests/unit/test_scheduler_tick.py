@@ -230,13 +230,17 @@ def test_invariant_check_counts_capacity_as_the_set_of_jobs_in_flight_after_the_
             if j.state is JobState.PENDING and j.job_id not in acted][:extra]
     grown = replace(plan, releases=(*plan.releases, *more))
     # when it is checked, then it fails on capacity exactly when the set definition says so
+    # (a slot: a job, or a batch however many jobs it carries)
     jobs = {j.job_id: j for j in snapshot.jobs}
-    before = {i for i, j in jobs.items() if j.state in (JobState.QUEUED, JobState.RUNNING)
-              and not j.preempt_requested and j.queue != STANDBY_QUEUE}
     removed = {*grown.preempt, *grown.standby, *(e.job_id for e in grown.expire)}
+    before = {j.batch_id or i for i, j in jobs.items()
+              if j.state in (JobState.QUEUED, JobState.RUNNING) and not j.preempt_requested
+              and j.queue != STANDBY_QUEUE and i not in removed}
+    batch_of = {r.job_id: r.batch for r in grown.releases}
     added = {r.job_id for r in grown.releases} | {
         r.job_id for r in (*grown.requeues, *grown.retargets) if r.from_queue == STANDBY_QUEUE}
-    over = bool(added) and len((before - removed) | added) > (grown.capacity_slots or 0)
+    slots = before | {batch_of.get(i) or i for i in added}
+    over = bool(added) and len(slots) > (grown.capacity_slots or 0)
     try:
         check_plan_invariants(grown, snapshot)
         failed = ""

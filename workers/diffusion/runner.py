@@ -4,20 +4,23 @@ A denoise chunk is one model evaluation (one iteration of the pipeline's loop), 
 scheduler's ``len(timesteps)``: a second-order step is two chunks. A chunk runs its transformer
 block by block in ``block_groups`` groups and asks ``should_yield`` between groups; when told to,
 it checkpoints the partial evaluation and returns ``complete=False``, and the same chunk index
-later continues from there, bit-exactly.
+later continues from there, bit-exactly. :meth:`DiffusionRunner.run_batch` runs the denoise
+chunks of several jobs of one model and shape as one transformer forward per pass.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from workers.checkpoint import Checkpoint
 from workers.diffusion.artifacts import VIDEO_FPS, image_artifact, video_artifact
+from workers.diffusion.batching import batch_groups, run_passes_together
 from workers.diffusion.blockwise import ADAPTERS, group_bounds, run_blocks
 from workers.diffusion.components import (
     DiffusionComponents,
@@ -36,9 +39,22 @@ from workers.diffusion.state import (
 )
 from workers.errors import CheckpointError, ParamsError
 from workers.registry import ModelRegistry
-from workers.runner import ChunkPlan, ChunkResult, ShouldYield
+from workers.runner import BatchItem, ChunkPlan, ChunkResult, ShouldYield
 
 log = logging.getLogger(__name__)
+
+
+def _never_yield() -> bool:
+    return False
+
+
+@dataclass(frozen=True, slots=True)
+class RestoredChunk:
+    """A batch item's denoise chunk with its job state decoded, and what decoding it took."""
+
+    item: BatchItem
+    job: JobState
+    restore_s: float
 
 
 def chunk_names(evaluations: int) -> tuple[str, ...]:
@@ -47,13 +63,18 @@ def chunk_names(evaluations: int) -> tuple[str, ...]:
 
 
 class DiffusionRunner:
-    """Runs image or video jobs (``kind``) with parameters from :func:`validate_params`."""
+    """Runs image or video jobs (``kind``) with parameters from :func:`validate_params`;
+    ``max_batch`` bounds how many jobs' steps :meth:`run_batch` puts in one forward."""
 
     def __init__(self, kind: str, block_groups: int = 2, device: str = "cpu",
-                 registry: ModelRegistry | None = None, video_fps: int = VIDEO_FPS) -> None:
+                 registry: ModelRegistry | None = None, video_fps: int = VIDEO_FPS,
+                 max_batch: int = 8) -> None:
         if kind not in ("image", "video"):
             raise ParamsError(f"kind {kind!r} is not a diffusion kind; use image or video")
+        if max_batch < 1:
+            raise ParamsError(f"max_batch is {max_batch}; use 1 (no batching) or more")
         self.kind = kind
+        self.max_batch = max_batch
         self.block_groups = block_groups
         self.device = device
         self.registry = registry
@@ -95,6 +116,38 @@ class DiffusionRunner:
         result.metrics.update(chunk=chunk_names(evals)[index],
                               compute_s=time.perf_counter() - started_s)
         return result
+
+    def batch_key(self, params: Mapping[str, Any], index: int) -> str | None:
+        """Model and shape for a denoise chunk: jobs that agree on them share a forward whatever
+        their prompt, seed, guidance, scheduler or step. None for encode and decode."""
+        if not 1 <= index <= self.evaluations(params):
+            return None
+        shape = f"{params['height']}x{params['width']}x{params['num_frames']}"
+        return f"{self.recipe(params).name}:{shape}"
+
+    def run_batch(self, items: Sequence[BatchItem]) -> list[ChunkResult]:
+        """Each item's chunk; denoise chunks of equal :meth:`batch_key` (at most ``max_batch``
+        at a time, in item order) as one forward per pass. A chunk with no key, a step already
+        in progress (a block-group yield) or no partner runs as :meth:`run_chunk` runs it."""
+        results: dict[int, ChunkResult] = {}
+        keys = [self.batch_key(item.params, item.index) for item in items]
+        jobs: dict[int, RestoredChunk] = {}
+        for position, (item, key) in enumerate(zip(items, keys, strict=True)):
+            if key is None:
+                results[position] = self._alone(item)
+                continue
+            started_s = time.perf_counter()
+            job = self._restore(item.params, item.index, item.state)
+            jobs[position] = RestoredChunk(item, job, time.perf_counter() - started_s)
+            if job.progress is not None:
+                keys[position] = None  # finish the interrupted step exactly as it began
+        for group in batch_groups(keys, self.max_batch):
+            if len(group) > 1:
+                done = self._denoise_together([jobs[position] for position in group])
+                results.update(zip(group, done, strict=True))
+            elif group[0] not in results:
+                results[group[0]] = self._denoise_alone(jobs[group[0]])
+        return [results[position] for position in range(len(items))]
 
     def decode_pixels(self, params: Mapping[str, Any], state: Checkpoint) -> torch.Tensor:
         """Pixels in [0, 1] of a fully denoised state: what the ``decode`` chunk encodes."""
@@ -181,12 +234,55 @@ class DiffusionRunner:
             return ChunkResult(state=self._save(params, job), complete=False,
                                metrics={"yielded_pass": progress.pass_index,
                                         "yielded_group": progress.group})
+        return self._finish_step(params, job, progress)
+
+    def _finish_step(self, params: Mapping[str, Any], job: JobState,
+                     progress: StepProgress) -> ChunkResult:
+        """Guidance and the scheduler step on the finished passes; the state of the next chunk."""
         c, family = self.components(params), self._family(params)
         output = family.combine(c, params, progress.outputs)
         t = job.scheduler.timesteps[progress.step]
         job.latents = family.step(job.scheduler, output, t, progress.sample, job.generator)
         job.progress, job.next_chunk = None, job.next_chunk + 1
         return ChunkResult(state=self._save(params, job))
+
+    def _alone(self, item: BatchItem) -> ChunkResult:
+        result = self.run_chunk(item.params, item.index, item.state, _never_yield)
+        result.metrics["batch_size"] = 1
+        return result
+
+    def _denoise_alone(self, r: RestoredChunk) -> ChunkResult:
+        """What :meth:`run_chunk` does with a denoise chunk, from the already restored job."""
+        started_s = time.perf_counter()
+        with torch.no_grad():
+            result = self._denoise(r.item.params, r.job, _never_yield)
+        self._add_metrics(result, r.item, time.perf_counter() - started_s + r.restore_s, 1)
+        return result
+
+    def _denoise_together(self, members: Sequence[RestoredChunk]) -> list[ChunkResult]:
+        """One step of each job, every pass as one forward over all jobs that have it; then each
+        job's own guidance, scheduler step and generator, as :meth:`_denoise` does alone."""
+        started_s = time.perf_counter()
+        params = members[0].item.params
+        model, adapter = self.components(params).transformer, ADAPTERS[self.recipe(params).family]
+        with torch.no_grad():
+            steps = [self._start_step(m.item.params, m.job) for m in members]
+            outputs, shared_with = run_passes_together(adapter, model, [s.inputs for s in steps])
+            results = []
+            for m, step, outs in zip(members, steps, outputs, strict=True):
+                step.outputs, step.pass_index = outs, len(step.inputs)
+                results.append(self._finish_step(m.item.params, m.job, step))
+        # every member waited for the whole batch: its compute is the batch's, restores included
+        compute_s = time.perf_counter() - started_s + sum(m.restore_s for m in members)
+        for m, result, size in zip(members, results, shared_with, strict=True):
+            self._add_metrics(result, m.item, compute_s, size)
+        log.debug("model %s: %d jobs' steps shared a forward", members[0].job.model, len(members))
+        return results
+
+    def _add_metrics(self, result: ChunkResult, item: BatchItem, compute_s: float,
+                     batch_size: int) -> None:
+        result.metrics.update(chunk=chunk_names(self.evaluations(item.params))[item.index],
+                              compute_s=compute_s, batch_size=batch_size)
 
     def _decode(self, params: Mapping[str, Any], job: JobState) -> ChunkResult:
         c = self.components(params)

@@ -40,9 +40,11 @@ def residency(hot_experts: int = 16) -> dict[str, dict[str, object]]:
 def cache_totals() -> dict[str, float]:
     """This process's expert caches summed over models and versions: stall-free ``hits``,
     ``misses`` (every access that waited: demand loads and late prefetches), stall seconds,
-    bytes moved and prefetch outcomes — the heartbeat's ``expert_cache`` entry."""
+    bytes moved, prefetch outcomes, and expert runs with the token routings they served (hits
+    per token and per run) — the heartbeat's ``expert_cache`` entry."""
     totals: dict[str, float] = {"hits": 0, "misses": 0, "stall_s": 0.0, "bytes_moved": 0,
-                                "prefetch_issued": 0, "prefetch_used": 0, "prefetch_wasted": 0}
+                                "prefetch_issued": 0, "prefetch_used": 0, "prefetch_wasted": 0,
+                                "expert_runs": 0, "token_lookups": 0, "token_hits": 0}
     for runner in _RUNNERS.values():
         for session in runner.loaded_sessions().values():
             c = session.cache.counters
@@ -53,6 +55,9 @@ def cache_totals() -> dict[str, float]:
             totals["prefetch_issued"] += c.prefetch_issued
             totals["prefetch_used"] += c.prefetch_used
             totals["prefetch_wasted"] += c.prefetch_wasted
+            totals["expert_runs"] += c.expert_runs
+            totals["token_lookups"] += c.token_lookups
+            totals["token_hits"] += c.token_hits
     return totals
 
 

@@ -106,9 +106,33 @@ class CacheCounters:
     lookahead_overlap: float = 0.0
     """Sum over scored lookahead predictions of their top-k overlap with the routed experts."""
     rebalances: int = 0
+    expert_runs: int = 0
+    """Experts run through :meth:`ExpertCache.acquire`: one per expert, layer and forward, however
+    many tokens (batched rows) that forward routes to it."""
+    token_lookups: int = 0
+    """Token x expert routings those runs served: ``token_lookups / expert_runs`` is how many
+    tokens one read of an expert's weights serves (1 in single-job decode, up to the number of
+    rows in batched decode)."""
+    token_hits: int = 0
+    """Of ``token_lookups``, those whose expert was a stall-free hit."""
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
+
+    @property
+    def token_hit_rate(self) -> float:
+        """Stall-free share of token routings (``hit_rate`` weighted by the tokens served)."""
+        return self.token_hits / self.token_lookups if self.token_lookups else 0.0
+
+    @property
+    def tokens_per_run(self) -> float:
+        """Token routings served per expert run."""
+        return self.token_lookups / self.expert_runs if self.expert_runs else 0.0
+
+    @property
+    def tokens_per_load(self) -> float:
+        """Token routings served per expert load (demand, warm-up or prefetch copy)."""
+        return self.token_lookups / self.loads if self.loads else 0.0
 
     @property
     def accesses(self) -> int:
@@ -228,12 +252,20 @@ class ExpertCache:
     def capacities(self) -> dict[int, int]:
         return {layer: s.capacity for layer, s in self._layers.items()}
 
-    def acquire(self, layer: int, experts: Sequence[int]) -> dict[int, Weights]:
-        """Make ``experts`` of ``layer`` resident and pin them; returns their device weights.
+    def acquire(self, layer: int, experts: Sequence[int],
+                tokens: Mapping[int, int] | None = None) -> dict[int, Weights]:
+        """Make ``experts`` of ``layer`` resident and pin them, to run them once each; returns
+        their device weights. ``tokens``: per expert, the token routings its run serves (None:
+        one each, a single decode token's).
 
         Call :meth:`release` when the forward pass no longer needs them.
         """
-        self.ensure_resident(layer, experts)
+        hits = self._serve(layer, experts)
+        for expert, hit in zip(experts, hits, strict=True):
+            served = 1 if tokens is None else tokens.get(expert, 0)
+            self.counters.expert_runs += 1
+            self.counters.token_lookups += served
+            self.counters.token_hits += served if hit else 0
         slots = self._layers[layer]
         slots.pinned.update(experts)
         return {e: self._arrived(slots, e) for e in experts}
@@ -245,6 +277,10 @@ class ExpertCache:
     def ensure_resident(self, layer: int, experts: Sequence[int]) -> None:
         """Count and serve each access: a hit, a late prefetch (wait for it) or a miss (load
         it, evicting by policy if needed)."""
+        self._serve(layer, experts)
+
+    def _serve(self, layer: int, experts: Sequence[int]) -> list[bool]:
+        """:meth:`ensure_resident`; per expert, whether it was a stall-free hit."""
         slots = self._layers[layer]
         needed = set(experts)
         if len(needed) > slots.capacity:
@@ -252,35 +288,41 @@ class ExpertCache:
                 f"layer {layer} needs {len(needed)} experts at once but holds "
                 f"{slots.capacity}; acquire them in groups or raise moe.cache.budget_mb"
             )
-        for expert in experts:
-            entry = slots.resident.get(expert)
-            if entry is None:
-                self.counters.misses += 1
-                self._make_room(layer, needed)
-                started = self.copier.now()
-                weights, _ = self.copier.copy(self.host.weights(layer, expert), False).wait()
-                self.counters.stall_s += self.copier.now() - started
-                slots.resident[expert] = _Slot(weights)
-                self._count_load(prefetch=False)
-            elif entry.weights is None:
-                assert entry.handle is not None
-                if entry.handle.ready():
-                    self.counters.hits += 1
-                else:
-                    self.counters.late += 1
-                    started = self.copier.now()
-                    self._arrived(slots, expert)
-                    waited = self.copier.now() - started
-                    self.counters.stall_s += waited
-                    self.counters.late_wait_s += waited
-                    if expert in slots.prefetched:
-                        self.counters.prefetch_late += 1
-            else:
+        return [self._serve_one(layer, slots, expert, needed) for expert in experts]
+
+    def _serve_one(self, layer: int, slots: _LayerSlots, expert: int, needed: set[int]) -> bool:
+        hit = False
+        entry = slots.resident.get(expert)
+        if entry is None:
+            self.counters.misses += 1
+            self._make_room(layer, needed)
+            started = self.copier.now()
+            weights, _ = self.copier.copy(self.host.weights(layer, expert), False).wait()
+            self.counters.stall_s += self.copier.now() - started
+            slots.resident[expert] = _Slot(weights)
+            self._count_load(prefetch=False)
+        elif entry.weights is None:
+            assert entry.handle is not None
+            if entry.handle.ready():
                 self.counters.hits += 1
-            if expert in slots.prefetched:
-                slots.prefetched.discard(expert)
-                self.counters.prefetch_used += 1
-            self._touch(slots, expert)
+                hit = True
+            else:
+                self.counters.late += 1
+                started = self.copier.now()
+                self._arrived(slots, expert)
+                waited = self.copier.now() - started
+                self.counters.stall_s += waited
+                self.counters.late_wait_s += waited
+                if expert in slots.prefetched:
+                    self.counters.prefetch_late += 1
+        else:
+            self.counters.hits += 1
+            hit = True
+        if expert in slots.prefetched:
+            slots.prefetched.discard(expert)
+            self.counters.prefetch_used += 1
+        self._touch(slots, expert)
+        return hit
 
     def is_resident(self, layer: int, expert: int) -> bool:
         """Resident or on its way (a prefetch in flight holds its slot)."""

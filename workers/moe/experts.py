@@ -18,7 +18,8 @@ from workers.moe.versioned import VersionedExperts
 
 
 class CachedExperts(nn.Module):
-    """Runs the experts a batch routes to, a slot-pool-sized group at a time, pinned while used.
+    """Runs the experts a batch routes to, a slot-pool-sized group at a time, pinned while used;
+    each routed expert runs once per forward over all the tokens (rows) routed to it.
     With :class:`VersionedExperts` the weights come from the active version's cache. The routing
     itself reaches the cache earlier, from the router (so prefetch overlaps this compute)."""
 
@@ -46,14 +47,18 @@ class CachedExperts(nn.Module):
         final = torch.zeros_like(hidden_states)
         with torch.no_grad():
             mask = F.one_hot(top_k_index, num_classes=self.num_experts + 1).permute(2, 1, 0)
-            hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero().reshape(-1)
+            routings = mask.sum(dim=(-1, -2))
+            hit = torch.greater(routings, 0).nonzero().reshape(-1)
         needed = [int(e) for e in hit if int(e) < self.num_experts]
+        # One run of an expert serves every token routed to it: the rows of a batched decode
+        # step share one read of its weights, which the cache counts per token and per run.
+        tokens = {e: int(routings[e]) for e in needed}
         cache = self.cache  # one version for the whole pass
         group_size = cache.capacity(self.layer)
         # Ascending expert order in every group keeps the native accumulation order.
         for start in range(0, len(needed), group_size):
             group = needed[start : start + group_size]
-            weights = cache.acquire(self.layer, group)
+            weights = cache.acquire(self.layer, group, tokens)
             try:
                 for expert in group:
                     gate_up, down = weights[expert]

@@ -40,13 +40,21 @@ def generator_from_state(state: torch.Tensor) -> torch.Generator:
     return generator
 
 
-def kv_to_tensors(cache: DynamicCache) -> dict[str, torch.Tensor]:
-    """The cache's per-layer key/value tensors, named for a checkpoint."""
-    tensors = {}
+def kv_pairs(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The cache's (keys, values) per layer, each ``[batch, heads, length, head_dim]``."""
+    pairs = []
     for layer, cache_layer in enumerate(cache.layers):
         keys, values = getattr(cache_layer, "keys", None), getattr(cache_layer, "values", None)
         if not isinstance(keys, torch.Tensor) or not isinstance(values, torch.Tensor):
             raise CheckpointError(f"KV cache layer {layer} holds no key/value tensors to save")
+        pairs.append((keys, values))
+    return pairs
+
+
+def kv_to_tensors(cache: DynamicCache) -> dict[str, torch.Tensor]:
+    """The cache's per-layer key/value tensors, named for a checkpoint."""
+    tensors = {}
+    for layer, (keys, values) in enumerate(kv_pairs(cache)):
         tensors[_KV_KEY.format(layer=layer, part="key")] = keys
         tensors[_KV_KEY.format(layer=layer, part="value")] = values
     return tensors

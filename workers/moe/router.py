@@ -52,8 +52,47 @@ class RouterConfig:
 
 
 @dataclass(slots=True)
+class RoutingTally:
+    """One job's routing statistics: what its checkpoint carries and its artifact reports.
+
+    ``expert_counts[layer, expert]`` counts tokens routed there; the routing score is the mean,
+    over tokens and layers, of the probability mass of the chosen experts.
+    """
+
+    expert_counts: torch.Tensor  # int64 [num_layers, num_experts]
+    score_sum: float = 0.0
+    score_count: int = 0
+
+    def add(self, row: int, top_index: torch.Tensor, token_scores: torch.Tensor) -> None:
+        """Count tokens routed to ``top_index`` ``[tokens, k]`` in layer row ``row``, each with
+        its chosen experts' probability mass in ``token_scores`` ``[tokens]`` (float64)."""
+        flat = top_index.reshape(-1).to(torch.int64)
+        self.expert_counts[row].index_add_(0, flat, torch.ones_like(flat))
+        self.score_sum += float(token_scores.sum())
+        self.score_count += int(top_index.shape[0])
+
+    @property
+    def routing_score(self) -> float:
+        return self.score_sum / self.score_count if self.score_count else 0.0
+
+    def activated_experts(self) -> list[int]:
+        """Sorted unique expert ids activated in any layer."""
+        used = (self.expert_counts > 0).any(dim=0).nonzero().reshape(-1)
+        return [int(e) for e in used]
+
+    def activated_by_layer(self, layer_order: dict[int, int]) -> dict[str, list[int]]:
+        """Per model layer (``layer_order`` maps it to its row), the expert ids it activated."""
+        by_layer = {}
+        for layer, row in layer_order.items():
+            used = (self.expert_counts[row] > 0).nonzero().reshape(-1)
+            by_layer[str(layer)] = [int(e) for e in used]
+        return by_layer
+
+
+@dataclass(slots=True)
 class RoutingContext:
-    """Per-request routing state the routers write to; it travels in the job's checkpoint.
+    """Per-request routing state the routers write to; it travels in the job's checkpoint
+    (during a batched forward it counts the batch, and ``rows`` each job).
 
     ``expert_counts[layer, expert]`` counts tokens routed there; the routing score is the mean,
     over tokens and layers, of the probability mass of the chosen experts.
@@ -70,32 +109,48 @@ class RoutingContext:
     """Called as soon as a layer is routed, before its experts run, with (layer, the router's
     input ``[tokens, H]``, the chosen expert ids ``[tokens, k]``): the expert cache's prefetch
     hook."""
+    rows: list[RoutingTally] | None = None
+    """Set while a batched forward runs: its input is ``[len(rows), T]`` and each row's tokens
+    are also counted in that row's own tally (a job's statistics, not the batch's)."""
 
     def record(self, layer: int, top_probs: torch.Tensor, top_index: torch.Tensor) -> None:
         row = self.layer_order.get(layer, layer)
-        flat = top_index.reshape(-1)
-        ones = torch.ones_like(flat, dtype=torch.int64)
-        self.expert_counts[row].index_add_(0, flat.to(torch.int64), ones)
-        self.score_sum += float(top_probs.detach().sum(dim=-1).double().sum())
+        flat = top_index.reshape(-1).to(torch.int64)
+        self.expert_counts[row].index_add_(0, flat, torch.ones_like(flat))
+        token_scores = top_probs.detach().sum(dim=-1).double()
+        self.score_sum += float(token_scores.sum())
         self.score_count += int(top_probs.shape[0])
+        if self.rows:
+            self._record_rows(row, top_index, token_scores)
         if self.trace is not None:
             self.trace.append((layer, top_index.tolist()))
 
+    def totals(self) -> RoutingTally:
+        """What this context has counted, as a tally (sharing the counts tensor): the request's,
+        or a batched forward's over all its rows."""
+        return RoutingTally(self.expert_counts, self.score_sum, self.score_count)
+
     @property
     def routing_score(self) -> float:
-        return self.score_sum / self.score_count if self.score_count else 0.0
+        return self.totals().routing_score
 
     def activated_experts(self) -> list[int]:
         """Sorted unique expert ids activated in any layer."""
-        used = (self.expert_counts > 0).any(dim=0).nonzero().reshape(-1)
-        return [int(e) for e in used]
+        return self.totals().activated_experts()
 
     def activated_by_layer(self) -> dict[str, list[int]]:
-        by_layer = {}
-        for layer, row in self.layer_order.items():
-            used = (self.expert_counts[row] > 0).nonzero().reshape(-1)
-            by_layer[str(layer)] = [int(e) for e in used]
-        return by_layer
+        return self.totals().activated_by_layer(self.layer_order)
+
+    def _record_rows(self, row: int, top_index: torch.Tensor, token_scores: torch.Tensor) -> None:
+        rows = self.rows
+        assert rows is not None
+        tokens = int(top_index.shape[0])
+        if tokens % len(rows):
+            raise ValueError(f"a forward of {tokens} tokens does not split into {len(rows)} rows")
+        per_row = tokens // len(rows)
+        for i, tally in enumerate(rows):
+            span = slice(i * per_row, (i + 1) * per_row)
+            tally.add(row, top_index[span], token_scores[span])
 
 
 class StepRouter(nn.Module):

@@ -2,7 +2,8 @@
 tokens; KV cache, generated ids, sampler RNG and routing metrics travel in the checkpoint.
 
 Greedy output with ``routing: native`` is token-identical to ``model.generate()``, also when
-every chunk runs on a fresh worker.
+every chunk runs on a fresh worker. Decode chunks of native-routed jobs on one model and expert
+version can also run batched (:meth:`TextRunner.run_batch`): one forward per step for all.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,7 @@ from transformers import DynamicCache
 
 from workers.checkpoint import Checkpoint
 from workers.errors import CheckpointError, NonFiniteOutput, ParamsError
+from workers.moe.batching import PaddedKV, has_sliding_window
 from workers.moe.expert_cache import CacheConfig
 from workers.moe.generation import (
     generator_from_state,
@@ -30,11 +32,11 @@ from workers.moe.generation import (
 )
 from workers.moe.params import TextParams, validate_params
 from workers.moe.recipes import MODELS_DIR, build_model, load_recipe
-from workers.moe.router import RouterConfig
+from workers.moe.router import RouterConfig, RoutingTally
 from workers.moe.session import ModelSession, open_session
 from workers.moe.tokenizer import encode_prompt
 from workers.moe.versioned import BASE_VERSION
-from workers.runner import Artifact, ChunkPlan, ChunkResult, ShouldYield
+from workers.runner import Artifact, BatchItem, ChunkPlan, ChunkResult, ShouldYield
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,7 @@ class _Job:
     kv: DynamicCache
     rng: torch.Generator
     router: RouterConfig
+    routing: RoutingTally
     version: str = BASE_VERSION
     finished: bool = False
     latency_ms: float = 0.0
@@ -61,6 +64,22 @@ class _Job:
     @property
     def generated(self) -> int:
         return len(self.ids) - self.prompt_tokens
+
+
+@dataclass(slots=True)
+class _Row:
+    """One member of a batched decode: its job, and the new-token count that ends its chunk."""
+
+    params: TextParams
+    job: _Job
+    target: int
+    generated_before: int
+    left_s: float | None = None
+    """When the row left the batch (``time.perf_counter()``); None while it decodes."""
+
+    @property
+    def done(self) -> bool:
+        return self.job.finished or self.job.generated >= self.target
 
 
 class TextRunner:
@@ -80,6 +99,7 @@ class TextRunner:
         self.device = device
         self._clock_s = clock_s
         self._sessions: dict[str, ModelSession] = {}
+        self._pads: dict[str, bool] = {}
 
     def plan(self, params: Mapping[str, Any]) -> ChunkPlan:
         """``prefill`` then ``decode[i]``; costs in decode-token units."""
@@ -143,11 +163,139 @@ class TextRunner:
         job.cache_stats = {k: job.cache_stats.get(k, 0) + after[k] - before[k] for k in after}
         chunk_ms = (time.perf_counter() - started_s) * 1000.0
         job.latency_ms += chunk_ms
-        job.finished = job.finished or job.generated >= p.max_new_tokens
-        artifact = _artifact(p, session, job) if job.finished else None
-        metrics = {"tokens": produced, "latency_ms": chunk_ms, "finished": job.finished,
-                   "expert_version": version}
-        return ChunkResult(_encode(p, session, job), complete, artifact, metrics)
+        job.routing = session.context.totals()
+        return _finish(p, session, job, produced, chunk_ms, complete)
+
+    def batch_key(self, params: Mapping[str, Any], index: int) -> str | None:
+        """Decode chunks of natively routed jobs on one model share a key. The prefill runs
+        alone (its prompt is the forward), and so does configured routing: its capacity, noise
+        and diversity penalty act on a forward's tokens together and on the job's own usage."""
+        p = validate_params(params)
+        if index < 1 or p.routing != "native":
+            return None
+        return f"{p.model}:native"
+
+    def run_batch(self, items: Sequence[BatchItem]) -> list[ChunkResult]:
+        """Run each item's chunk; items with equal :meth:`batch_key` and expert version decode
+        together, one forward of one token per job each step. One result per item, in order;
+        the same items in the same order give the same tokens."""
+        groups: dict[tuple[str, str], list[int]] = {}
+        order: list[tuple[str, str] | int] = []
+        for position, item in enumerate(items):
+            key = self._group_key(item)
+            if key is None:
+                order.append(position)
+            elif key not in groups:
+                groups[key] = [position]
+                order.append(key)
+            else:
+                groups[key].append(position)
+        results: dict[int, ChunkResult] = {}
+        for entry in order:
+            members = [entry] if isinstance(entry, int) else groups[entry]
+            if len(members) == 1:
+                results[members[0]] = self._run_alone(items[members[0]])
+            else:
+                results.update(zip(members, self._run_group([items[i] for i in members]),
+                                   strict=True))
+        return [results[position] for position in range(len(items))]
+
+    # -- batched decode -----------------------------------------------------------------------
+
+    def _group_key(self, item: BatchItem) -> tuple[str, str] | None:
+        """The (batch key, expert version) of an item that may join a batch; None: it runs alone
+        (also every item run_chunk would refuse, so it raises the same error)."""
+        key = self.batch_key(item.params, item.index)
+        if key is None or item.state is None:
+            return None
+        p = validate_params(item.params)
+        session = self.session(p.model)
+        native = item.state.meta.get("router") == RouterConfig.native().to_meta()
+        if not native or item.index > p.num_decode_chunks or not self._pads_cleanly(p.model):
+            return None
+        return key, _version_of(p, item.state, session)
+
+    def _pads_cleanly(self, model: str) -> bool:
+        """Whether ``model``'s KV cache keeps every token, so left-padded rows stay aligned."""
+        if model not in self._pads:
+            self._pads[model] = not has_sliding_window(self.session(model).loaded.model.config)
+        return self._pads[model]
+
+    def _run_alone(self, item: BatchItem) -> ChunkResult:
+        result = self.run_chunk(item.params, item.index, item.state, lambda: False)
+        result.metrics["batch_size"] = 1
+        return result
+
+    def _run_group(self, items: Sequence[BatchItem]) -> list[ChunkResult]:
+        """Decode the members' chunks together; each runs to its chunk's end."""
+        started_s = time.perf_counter()
+        params = [validate_params(item.params) for item in items]
+        session = self.session(params[0].model)
+        session.experts.use(_version_of(params[0], items[0].state, session))
+        session.cache.tick(self._clock_s())
+        rows = [self._row(p, session, item) for p, item in zip(params, items, strict=True)]
+        session.new_context(RouterConfig.native())
+        self._decode_rows(session, [row for row in rows if not row.done])
+        ended_s = time.perf_counter()
+        results = []
+        for row in rows:
+            chunk_ms = ((ended_s if row.left_s is None else row.left_s) - started_s) * 1000.0
+            row.job.latency_ms += chunk_ms
+            produced = row.job.generated - row.generated_before
+            result = _finish(row.params, session, row.job, produced, chunk_ms, True)
+            result.metrics["batch_size"] = len(rows)
+            results.append(result)
+        log.debug("batched decode on %s: %d jobs, %d tokens", params[0].model, len(rows),
+                  sum(r.metrics["tokens"] for r in results))
+        return results
+
+    def _row(self, p: TextParams, session: ModelSession, item: BatchItem) -> _Row:
+        assert item.state is not None  # _group_key keeps stateless items out of groups
+        job = self._load(p, session, item.state)
+        return _Row(p, job, p.tokens_after_chunk(item.index), job.generated)
+
+    def _decode_rows(self, session: ModelSession, active: list[_Row]) -> None:
+        """Step the rows at once until each has met its target or stopped; a row that stops
+        leaves the batch with a cache of exactly its own tokens."""
+        if not active:
+            return
+        kv = PaddedKV([row.job.kv for row in active], session.loaded.model.config)
+        while active:
+            self._batch_step(session, active, kv)
+            now_s = time.perf_counter()
+            for i, row in enumerate(active):
+                if row.done:
+                    row.job.kv, row.left_s = kv.row_cache(i), now_s
+            staying = [i for i, row in enumerate(active) if not row.done]
+            if staying and len(staying) < len(active):
+                kv.keep(staying)
+            active = [active[i] for i in staying]
+
+    def _batch_step(self, session: ModelSession, active: list[_Row], kv: PaddedKV) -> None:
+        """One forward of one new token per active row, and one sampled token per row.
+
+        Native routing draws no random numbers, so the routing context's step seed is unused;
+        each row's routing is counted in its own tally, the forward's cache counters in all."""
+        mask, positions = kv.step_inputs()
+        input_ids = torch.tensor([row.job.ids[-1:] for row in active], dtype=torch.int64,
+                                 device=session.device)
+        before = session.cache.counters.as_dict()
+        session.context.rows = [row.job.routing for row in active]
+        try:
+            with torch.inference_mode():
+                out = session.loaded.model(
+                    input_ids=input_ids, attention_mask=mask, position_ids=positions,
+                    past_key_values=kv.cache, use_cache=True, logits_to_keep=1,
+                )
+        finally:
+            session.context.rows = None
+        session.cache.end_forward()
+        kv.advance(out.past_key_values, mask)
+        after = session.cache.counters.as_dict()
+        for i, row in enumerate(active):
+            stats = row.job.cache_stats
+            row.job.cache_stats = {k: stats.get(k, 0) + after[k] - before[k] for k in after}
+            _take_token(row.params, session, row.job, out.logits[i, -1])
 
     # -- chunk steps -------------------------------------------------------------------------
 
@@ -160,31 +308,39 @@ class TextRunner:
                 f"{p.model}'s {limit} positions; shorten the prompt or lower max_new_tokens"
             )
         router = RouterConfig.native() if p.routing == "native" else self.router
-        session.new_context(router)
+        context = session.new_context(router)
         kv = DynamicCache(config=session.loaded.model.config)
-        job = _Job(ids, len(ids), kv, new_generator(p.seed), router,
+        job = _Job(ids, len(ids), kv, new_generator(p.seed), router, context.totals(),
                    version=session.experts.active_version)
         self._step(p, session, job, ids)
         return job
 
     def _restore(self, p: TextParams, session: ModelSession, state: Checkpoint) -> _Job:
+        """The job in ``state``, its routing counts in a fresh routing context."""
+        job = self._load(p, session, state)
+        context = session.new_context(job.router)
+        context.expert_counts = job.routing.expert_counts
+        context.score_sum, context.score_count = job.routing.score_sum, job.routing.score_count
+        return job
+
+    def _load(self, p: TextParams, session: ModelSession, state: Checkpoint) -> _Job:
+        """The job in ``state``, on the session's active expert version."""
         meta = state.meta
         if meta.get("format") != STATE_FORMAT or meta.get("model") != p.model:
             raise CheckpointError(
                 f"checkpoint is not a {p.model} text-job state (format {meta.get('format')!r}, "
                 f"model {meta.get('model')!r})"
             )
-        router = RouterConfig.from_meta(meta["router"])
-        context = session.new_context(router)
-        context.expert_counts = state.tensors["routing.expert_counts"].clone()
-        context.score_sum, context.score_count = meta["score_sum"], meta["score_count"]
         kv = kv_from_tensors(state.tensors, session.loaded.model.config, session.device)
+        routing = RoutingTally(state.tensors["routing.expert_counts"].clone(),
+                               float(meta["score_sum"]), int(meta["score_count"]))
         return _Job(
             ids=[int(i) for i in state.tensors["ids"].tolist()],
             prompt_tokens=int(meta["prompt_tokens"]),
             kv=kv,
             rng=generator_from_state(state.tensors["rng"]),
-            router=router,
+            router=RouterConfig.from_meta(meta["router"]),
+            routing=routing,
             version=session.experts.active_version,
             finished=bool(meta["finished"]),
             latency_ms=float(meta["latency_ms"]),
@@ -214,23 +370,38 @@ class TextRunner:
             )
         session.cache.end_forward()
         job.kv = out.past_key_values
-        if not bool(torch.isfinite(out.logits[0, -1]).all()):
-            raise NonFiniteOutput(
-                f"{p.model} produced non-finite logits on expert version {job.version!r}; "
-                "its weights are broken (the hot update rolls such a version back)"
-            )
-        token = sample_next(out.logits[0, -1], p.temperature, p.top_p, job.rng)
-        job.ids.append(token)
-        if token == session.loaded.tokenizer.eos_token_id:
-            job.finished = True
+        _take_token(p, session, job, out.logits[0, -1])
+
+
+def _take_token(p: TextParams, session: ModelSession, job: _Job, logits: torch.Tensor) -> None:
+    """Sample the job's next token from its row of logits with its own sampler and RNG."""
+    if not bool(torch.isfinite(logits).all()):
+        raise NonFiniteOutput(
+            f"{p.model} produced non-finite logits on expert version {job.version!r}; "
+            "its weights are broken (the hot update rolls such a version back)"
+        )
+    token = sample_next(logits, p.temperature, p.top_p, job.rng)
+    job.ids.append(token)
+    if token == session.loaded.tokenizer.eos_token_id:
+        job.finished = True
+
+
+def _finish(p: TextParams, session: ModelSession, job: _Job, produced: int, chunk_ms: float,
+            complete: bool) -> ChunkResult:
+    """The chunk's result: the checkpoint, the artifact once the job is done, and metrics."""
+    job.finished = job.finished or job.generated >= p.max_new_tokens
+    artifact = _artifact(p, session, job) if job.finished else None
+    metrics = {"tokens": produced, "latency_ms": chunk_ms, "finished": job.finished,
+               "expert_version": job.version}
+    return ChunkResult(_encode(p, session, job), complete, artifact, metrics)
 
 
 def _encode(p: TextParams, session: ModelSession, job: _Job) -> Checkpoint:
-    context = session.context
+    routing = job.routing
     tensors = kv_to_tensors(job.kv)
     tensors["ids"] = torch.tensor(job.ids, dtype=torch.int64)
     tensors["rng"] = job.rng.get_state()
-    tensors["routing.expert_counts"] = context.expert_counts.clone()
+    tensors["routing.expert_counts"] = routing.expert_counts.clone()
     meta = {
         "format": STATE_FORMAT,
         "model": p.model,
@@ -243,8 +414,8 @@ def _encode(p: TextParams, session: ModelSession, job: _Job) -> Checkpoint:
         "latency_ms": job.latency_ms,
         "router": job.router.to_meta(),
         "expert_version": job.version,
-        "score_sum": context.score_sum,
-        "score_count": context.score_count,
+        "score_sum": routing.score_sum,
+        "score_count": routing.score_count,
         "cache": job.cache_stats,
     }
     return Checkpoint(tensors=tensors, meta=meta)
@@ -262,19 +433,21 @@ def _artifact(p: TextParams, session: ModelSession, job: _Job) -> Artifact:
     tokenizer = session.loaded.tokenizer
     new_ids = job.ids[job.prompt_tokens :]
     text = tokenizer.decode(new_ids, skip_special_tokens=True)
-    context = session.context
+    routing = job.routing
     stats = dict(job.cache_stats)
     lookups = stats.get("hits", 0) + stats.get("late", 0) + stats.get("misses", 0)
     hit_rate = round(stats.get("hits", 0) / lookups, 6) if lookups else 0.0
+    routed = stats.get("token_lookups", 0)
+    token_hit_rate = round(stats.get("token_hits", 0) / routed, 6) if routed else 0.0
     metrics = {
-        "activated_experts": context.activated_experts(),
-        "activated_experts_by_layer": context.activated_by_layer(),
-        "routing_score": round(context.routing_score, 6),
+        "activated_experts": routing.activated_experts(),
+        "activated_experts_by_layer": routing.activated_by_layer(session.context.layer_order),
+        "routing_score": round(routing.routing_score, 6),
         "latency_ms": round(job.latency_ms, 3),
         "tokens": job.generated,
         "prompt_tokens": job.prompt_tokens,
         "expert_version": job.version,
-        "cache": {**stats, "hit_rate": hit_rate},
+        "cache": {**stats, "hit_rate": hit_rate, "token_hit_rate": token_hit_rate},
     }
     body = {"output": text, "metrics": metrics}
     log.debug("text job finished on %s: %d tokens", p.model, job.generated)

@@ -1,0 +1,248 @@
+"""The batch task: several jobs' next chunks as one batched forward, each job fenced on its own.
+
+A batch message is ``(batch_id, [[job_id, chunk, epoch], ...])``. The worker takes the jobs the
+tick released into the batch since its last step (so they run in this very step), claims every
+job separately — a job whose claim fails (stale epoch, moved, ended) simply drops out — runs the
+claimed chunks through the runner's ``run_batch``, commits each job separately, and publishes
+the next step of the jobs that hop, one message per queue. A job flagged for preemption,
+finished, cancelled or moved to another queue leaves at that step boundary.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+from celery import shared_task
+from pydantic import BaseModel, Field, ValidationError
+
+from scheduler.batching import batch_slowdown
+from scheduler.lifecycle import JobState
+from scheduler.model import JobKind
+from tasks.chunks import (
+    commit_result,
+    load_state,
+    record_text_outcome,
+    republish_if_lost,
+    stop_attempt,
+)
+from tasks.context import WorkerContext, worker_context
+from tasks.dispatch import BatchMember, new_batch_id, publish_batch
+from tasks.record import JobRecord
+from tasks.routing import BATCH_TASK
+from tasks.store import CommitStatus
+from workers.checkpoint import Checkpoint
+from workers.runner import BatchItem, ChunkResult, JobRunner
+
+log = logging.getLogger(__name__)
+
+_JOB_ID = r"^[0-9a-f]{16}$"
+
+
+class BatchMessage(BaseModel):
+    """The arguments of a batch task; anything else on a queue is rejected and logged."""
+
+    batch_id: str = Field(pattern=r"^[0-9a-f]{16}\.[0-9a-f]{1,16}$")
+    members: list[tuple[str, int, int]] = Field(min_length=1, max_length=256)
+
+
+@shared_task(name=BATCH_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
+def run_batch(self: Any, batch_id: Any, members: Any, **info: Any) -> str:
+    """Celery entry point (``info`` carries the lead's chunk name, class, kind and the size)."""
+    try:
+        message = BatchMessage(batch_id=batch_id, members=members)
+        _check_members(message.members)
+    except (ValidationError, ValueError) as exc:
+        log.error("rejected malformed batch message %r: %s", (batch_id, members), exc)
+        return "rejected"
+    ctx = worker_context()
+    ctx.name = self.request.hostname or ctx.name
+    return execute_batch(ctx, message.batch_id, message.members, self.request.id or "")
+
+
+def _check_members(members: Sequence[tuple[str, int, int]]) -> None:
+    ids = [job_id for job_id, _, _ in members]
+    if any(not re.match(_JOB_ID, job_id) for job_id in ids):
+        raise ValueError("a member's job id is not 16 hex digits")
+    if any(chunk < 0 or epoch < 0 for _, chunk, epoch in members):
+        raise ValueError("a member's chunk or epoch is negative")
+    if len(set(ids)) != len(ids):
+        raise ValueError("a job appears twice in one batch")
+
+
+def execute_batch(ctx: WorkerContext, batch_id: str, members: Sequence[BatchMember],
+                  task_id: str = "") -> str:
+    """Run one step of the batch; returns what happened, for logs and tests."""
+    store, lease_s = ctx.store, ctx.settings.broker.chunk_lease
+    started = time.perf_counter()
+    named = {job_id for job_id, _, _ in members}
+    joiners = [m for m in store.take_joiners(batch_id, keep=True, lease_s=lease_s)
+               if m[0] not in named]
+    wanted = [*members, *joiners]
+    claimed = store.claim_chunks(wanted, ctx.name, lease_s)
+    ctx.profile.add("claim", started)
+    jobs: list[JobRecord] = []
+    for (job_id, chunk, epoch), got in zip(wanted, claimed, strict=True):
+        if isinstance(got, str):
+            log.info("job %s chunk %d epoch %d (batch %s): stale (%s)", job_id, chunk, epoch,
+                     batch_id, got)
+            republish_if_lost(store, job_id, chunk, epoch)
+        elif _runnable(ctx, got):
+            jobs.append(got)
+    if not jobs:
+        store.take_joiners(batch_id, keep=False, lease_s=lease_s)  # nothing left: close it
+        return "stale"
+    ctx.busy_job, ctx.batch_jobs = jobs[0].job_id, tuple(j.job_id for j in jobs[1:])
+    try:
+        return _run_claimed(ctx, batch_id, jobs, task_id)
+    finally:
+        ctx.busy_job, ctx.batch_jobs = None, ()
+        if ctx.runner_loaded("text"):
+            ctx.refresh_residency()
+
+
+def _runnable(ctx: WorkerContext, job: JobRecord) -> bool:
+    """A claimed job with a flag raised stops here, having run nothing."""
+    if job.cancel:
+        stop_attempt(ctx.store, job, JobState.CANCELLED, ctx.name, "cancelled by client")
+        return False
+    if job.preempt:
+        stop_attempt(ctx.store, job, JobState.PREEMPTED, ctx.name, "preempt flag")
+        return False
+    return True
+
+
+class _Member:
+    """One claimed job inside the step: its record, parameters and state."""
+
+    def __init__(self, job: JobRecord, params: dict[str, Any], state: Checkpoint | None,
+                 version: str | None) -> None:
+        self.job, self.params, self.state, self.version = job, params, state, version
+        self.result: ChunkResult | None = None
+        self.error: str | None = None
+
+
+def _run_claimed(ctx: WorkerContext, batch_id: str, jobs: list[JobRecord], task_id: str) -> str:
+    kind = jobs[0].kind
+    runner = ctx.runner(kind.value)
+    loading = time.perf_counter()
+    members = [m for job in jobs if (m := _prepare(ctx, runner, job)) is not None]
+    ctx.profile.add("load_state", loading)
+    started = time.monotonic()
+    _run_step(runner, members)
+    elapsed_s = time.monotonic() - started
+    return _commit_and_hop(ctx, batch_id, members, elapsed_s, task_id)
+
+
+def _prepare(ctx: WorkerContext, runner: JobRunner, job: JobRecord) -> _Member | None:
+    """The job's state and parameters (a text job's expert version chosen); a job whose state
+    cannot be loaded fails alone."""
+    params = dict(job.params)
+    try:
+        state = load_state(ctx, job, runner, params)
+        version = None
+        if job.kind is JobKind.TEXT:
+            from tasks.experts import choose_version  # loads transformers: text jobs only
+
+            version = choose_version(ctx.store, ctx.settings, ctx.text_runner(), job, params,
+                                     state)
+            params["expert_version"] = version
+    except redis.RedisError:
+        raise
+    except Exception as exc:
+        log.exception("job %s: could not load its state for chunk %d", job.job_id,
+                      job.next_chunk)
+        stop_attempt(ctx.store, job, JobState.FAILED, ctx.name,
+                     f"chunk {job.next_chunk}: {exc}"[:500])
+        return None
+    return _Member(job, params, state, version)
+
+
+def _run_step(runner: JobRunner, members: list[_Member]) -> None:
+    """Every member's chunk, batched where the runner can; if the batched run fails, each
+    member runs alone, so one bad job fails alone."""
+    run_batch = getattr(runner, "run_batch", None)
+    if run_batch is not None and len(members) > 1:
+        items = [BatchItem(m.params, m.job.next_chunk, m.state) for m in members]
+        try:
+            for member, result in zip(members, run_batch(items), strict=True):
+                member.result = result
+            return
+        except redis.RedisError:
+            raise
+        except Exception:
+            log.warning("batched step of %s failed; running each job alone",
+                        ",".join(m.job.job_id for m in members), exc_info=True)
+    for m in members:
+        try:
+            m.result = runner.run_chunk(m.params, m.job.next_chunk, m.state, lambda: False)
+            m.result.metrics.setdefault("batch_size", 1)
+        except redis.RedisError:
+            raise
+        except Exception as exc:
+            log.exception("job %s chunk %d failed", m.job.job_id, m.job.next_chunk)
+            m.error = f"chunk {m.job.next_chunk}: {exc}"[:500]
+
+
+def _commit_and_hop(ctx: WorkerContext, batch_id: str, members: list[_Member],
+                    elapsed_s: float, task_id: str) -> str:
+    """Commit each job on its own, then publish the next step of those that hop."""
+    store = ctx.store
+    growth = ctx.settings.scheduler.batching.to_config()
+    units = {id(m): m.job.cost_units[m.job.next_chunk] for m in members}
+    total_units = sum(units.values()) or 1.0
+    hops: dict[str, list[BatchMember]] = {}
+    outcomes: list[str] = []
+    for m in members:
+        job, chunk = m.job, m.job.next_chunk
+        if m.result is None:
+            record_text_outcome(ctx, job, m.version, None)
+            outcomes.append(stop_attempt(store, job, JobState.FAILED, ctx.name,
+                                         m.error or f"chunk {chunk}: no result"))
+            continue
+        if chunk > 0:
+            record_text_outcome(ctx, job, m.version, m.result)
+        share_s = elapsed_s * units[id(m)] / total_units  # the job's share of the worker
+        size = int(m.result.metrics.get("batch_size", 1))
+        rate = job.batch_growth if job.batch_growth is not None else growth.growth_of(
+            job.cost_key)
+        alone_s = share_s * size / batch_slowdown(rate, size)
+        commit = commit_result(ctx, job, chunk, job.seq, m.result, share_s, task_id, alone_s)
+        ctx.chunks_run += 1
+        outcomes.append(commit.status.value)
+        if commit.status is CommitStatus.HOP:
+            ctx.cache.put(job.job_id, commit.seq, m.result.state)
+            hops.setdefault(commit.queue, []).append((job.job_id, commit.next_chunk, job.epoch))
+        elif commit.status is not CommitStatus.STALE:
+            ctx.cache.drop(job.job_id)  # done, or stopped: another worker may resume it
+    _publish_hops(ctx, batch_id, members[0].job, hops)
+    return ",".join(outcomes)
+
+
+def _publish_hops(ctx: WorkerContext, batch_id: str, lead: JobRecord,
+                  hops: dict[str, list[BatchMember]]) -> None:
+    """The batch goes on as one message per queue (the largest keeps its id), with the jobs
+    the tick released into it meanwhile; with no job left it closes, and any such joiners go
+    out as a batch of their own."""
+    store, lease_s = ctx.store, ctx.settings.broker.chunk_lease
+    joiners = store.take_joiners(batch_id, keep=bool(hops), lease_s=lease_s)
+    if not hops:
+        if joiners:  # the batch ended as they joined: they go on together, on their queue
+            queue = store.record(joiners[0][0]).queue
+            publish_batch(store, new_batch_id(joiners[0][0]), lead, joiners, queue=queue,
+                          lease_s=lease_s)
+        return
+    ordered = sorted(hops.items(), key=lambda item: -len(item[1]))
+    for n, (queue, group) in enumerate(ordered):
+        if n == 0:
+            hopping = {job_id for job_id, _, _ in group}
+            group = [*group, *(j for j in joiners if j[0] not in hopping)]
+            publish_batch(store, batch_id, lead, group, queue=queue, profile=ctx.profile,
+                          lease_s=lease_s, mark_open=False)
+        else:
+            publish_batch(store, new_batch_id(group[0][0]), lead, group, queue=queue,
+                          lease_s=lease_s)

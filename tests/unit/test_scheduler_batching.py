@@ -1,0 +1,169 @@
+"""Step-level batching in the plan: compatible jobs share a slot, deadlines and the origin come
+first, exact work runs alone."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from scheduler import (
+    JobState,
+    JobView,
+    PolicyConfig,
+    PolicyState,
+    SloClass,
+    TickPlan,
+    check_plan_invariants,
+    plan_tick,
+)
+from scheduler.batching import BatchingConfig, SlotPacker, batch_slowdown
+from scheduler.errors import InvalidPolicy
+from tests.unit.test_scheduler_support import NOW_S, make_job, make_snapshot, running
+
+pytestmark = pytest.mark.timeout(30)
+
+POLICY = PolicyConfig()
+
+
+def _waiting(job_id: str, work_s: float = 20.0, group: str | None = "g",
+             **kw: object) -> JobView:
+    return make_job(job_id, slo_class=SloClass.INTERACTIVE, work_s=work_s, batch_group=group,
+                    deadline_s=NOW_S + 600, **kw)
+
+
+def _batches(plan: TickPlan) -> dict[str | None, list[str]]:
+    found: dict[str | None, list[str]] = {}
+    for rel in plan.releases:
+        found.setdefault(rel.batch, []).append(rel.job_id)
+    return found
+
+
+def test_compatible_waiting_jobs_fill_one_slot_as_one_new_batch() -> None:
+    # given one worker and four waiting jobs of one batch group
+    snapshot = make_snapshot([_waiting(f"j{k}") for k in range(4)], workers=1)
+    # when the tick plans
+    plan = plan_tick(snapshot, POLICY, NOW_S)
+    # then all four are released into one new batch, and the plan keeps its invariants
+    batches = _batches(plan)
+    assert len(batches) == 1 and None not in batches
+    assert sorted(next(iter(batches.values()))) == ["j0", "j1", "j2", "j3"]
+    assert not any(rel.join for rel in plan.releases)
+    check_plan_invariants(plan, snapshot, POLICY)
+
+
+def test_a_batch_never_exceeds_max_batch() -> None:
+    policy = replace(POLICY, batching=BatchingConfig(max_batch=4, growth={"simulated": 0.2}))
+    snapshot = make_snapshot([_waiting(f"j{k}") for k in range(10)], workers=2)
+    plan = plan_tick(snapshot, policy, NOW_S)
+    sizes = sorted(len(members) for members in _batches(plan).values())
+    assert sizes == [4, 4]
+
+
+def test_a_waiting_job_joins_a_compatible_batch_in_flight() -> None:
+    # given a batch of two running on the only worker
+    members = [running(f"b{k}", "w0", queue="interactive", level=1, batch_group="g",
+                       batch_id="batch-1", slo_class=SloClass.INTERACTIVE,
+                       deadline_s=NOW_S + 600) for k in range(2)]
+    snapshot = make_snapshot([*members, _waiting("new", level=1)], workers=1)
+    # when a compatible job waits
+    plan = plan_tick(snapshot, POLICY, NOW_S)
+    # then it joins the batch in flight rather than waiting for the worker
+    (rel,) = plan.releases
+    assert (rel.job_id, rel.batch, rel.join) == ("new", "batch-1", True)
+    check_plan_invariants(plan, snapshot, POLICY)
+
+
+def test_a_job_whose_deadline_cannot_absorb_the_longer_step_runs_alone() -> None:
+    # given a batch in flight on w0 and a free w1; a job with 0.05 s of slack over 1 s of work
+    members = [running(f"b{k}", "w0", queue="interactive", level=1, batch_group="g",
+                       batch_id="batch-1", slo_class=SloClass.INTERACTIVE, work_s=30.0,
+                       deadline_s=NOW_S + 600) for k in range(3)]
+    tight = make_job("tight", slo_class=SloClass.INTERACTIVE, work_s=1.0, batch_group="g",
+                     deadline_s=NOW_S + 1.2)
+    snapshot = make_snapshot([*members, tight], workers=2)
+    # when the tick plans (a batch of 4 steps 1.6x slower: 0.6 s more than alone)
+    plan = plan_tick(snapshot, POLICY, NOW_S)
+    # then the job runs in a batch of its own, on the free worker
+    (rel,) = plan.releases
+    assert rel.job_id == "tight" and rel.batch != "batch-1" and not rel.join
+
+
+def test_the_origin_runs_alone_and_nothing_joins_it() -> None:
+    jobs = [_waiting(f"j{k}") for k in range(3)]
+    snapshot = make_snapshot(jobs, workers=2, state=PolicyState(origin_id="j0"))
+    plan = plan_tick(snapshot, POLICY, NOW_S)
+    if plan.origin_id == "j0":
+        origin = next(r for r in plan.releases if r.job_id == "j0")
+        assert origin.batch is None
+        assert sorted(_batches(plan).get(None, [])) == ["j0"]
+
+
+def test_exact_jobs_and_models_where_batching_does_not_pay_run_alone() -> None:
+    exact = [_waiting(f"e{k}", group=None) for k in range(2)]
+    video = [_waiting(f"v{k}", cost_key="video-480p") for k in range(2)]
+    snapshot = make_snapshot([*exact, *video], workers=4)
+    plan = plan_tick(snapshot, POLICY, NOW_S)
+    assert all(rel.batch is None for rel in plan.releases)
+    assert len(plan.releases) == 4
+
+
+def test_batching_off_releases_one_job_per_slot() -> None:
+    policy = replace(POLICY, batching=BatchingConfig(enabled=False))
+    snapshot = make_snapshot([_waiting(f"j{k}") for k in range(4)], workers=1)
+    plan = plan_tick(snapshot, policy, NOW_S)
+    assert [rel.batch for rel in plan.releases] == [None]
+
+
+def test_a_running_job_of_another_batch_is_never_merged() -> None:
+    # given two batches of one group in flight on two workers
+    a = running("a", "w0", queue="interactive", level=1, batch_group="g", batch_id="A",
+                slo_class=SloClass.INTERACTIVE, deadline_s=NOW_S + 600)
+    b = running("b", "w1", queue="interactive", level=1, batch_group="g", batch_id="B",
+                slo_class=SloClass.INTERACTIVE, deadline_s=NOW_S + 600)
+    plan = plan_tick(make_snapshot([a, b], workers=2), POLICY, NOW_S)
+    # then both stay where they are: no release, no preemption
+    assert not plan.releases and not plan.preempt and not plan.standby
+
+
+def test_the_packer_checks_every_member_against_the_longer_step() -> None:
+    config = BatchingConfig(max_batch=8, growth={"m": 0.5})
+    slack = {0: 10.0, 1: 0.4, 2: 10.0, 3: 0.1}
+    remaining = {0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0}
+    packer = SlotPacker(config, cap=2, slack_s=slack.__getitem__,
+                        remaining_s=remaining.__getitem__)
+    group = ("g", "interactive")
+    first = packer.add(0, group, 0.5)
+    # member 1 has 0.4 s of slack: a batch of 2 costs it 0.5 s more, so it opens its own slot
+    second = packer.add(1, group, 0.5)
+    third = packer.add(2, group, 0.5)
+    assert first is not None and second is not None and first is not second
+    assert third is first  # the first slot still fits a second member
+    # a job with 0.1 s of slack fits no batch, and all slots are taken
+    assert packer.add(3, group, 0.5) is None
+    assert packer.slots == [first, second] and first.members == [0, 2]
+
+
+def test_batch_slowdown_and_config_bounds() -> None:
+    assert batch_slowdown(0.25, 1) == 1.0
+    assert batch_slowdown(0.25, 5) == 2.0
+    assert BatchingConfig(growth={"a": 0.1, "ab": 0.3}).growth_of("abc:1") == 0.3
+    assert not BatchingConfig().pays(1.0) and BatchingConfig().pays(0.5)
+    assert not BatchingConfig(enabled=False).pays(0.5)
+    with pytest.raises(InvalidPolicy):
+        BatchingConfig(max_batch=0)
+    with pytest.raises(InvalidPolicy):
+        BatchingConfig(growth={"a": -1.0})
+
+
+def test_jobs_in_flight_with_a_preempt_flag_leave_their_batch() -> None:
+    leaving = running("x", "w0", queue="interactive", level=1, batch_group="g", batch_id="A",
+                      slo_class=SloClass.INTERACTIVE, deadline_s=NOW_S + 600,
+                      preempt_requested=True)
+    staying = running("y", "w0", queue="interactive", level=1, batch_group="g", batch_id="A",
+                      slo_class=SloClass.INTERACTIVE, deadline_s=NOW_S + 600)
+    snapshot = make_snapshot([leaving, staying, _waiting("z", level=1)], workers=1)
+    plan = plan_tick(snapshot, POLICY, NOW_S)
+    check_plan_invariants(plan, snapshot, POLICY)
+    assert all(r.job_id != "x" for r in plan.releases)
+    assert JobState.RUNNING is staying.state
