@@ -24,6 +24,7 @@ from scheduler.batching import batch_slowdown
 from scheduler.lifecycle import JobState
 from scheduler.model import JobKind
 from tasks.chunks import (
+    commit_request,
     commit_result,
     load_state,
     record_text_outcome,
@@ -190,28 +191,36 @@ def _run_step(runner: JobRunner, members: list[_Member]) -> None:
 
 def _commit_and_hop(ctx: WorkerContext, batch_id: str, members: list[_Member],
                     elapsed_s: float, task_id: str) -> str:
-    """Commit each job on its own, then publish the next step of those that hop."""
+    """Commit each job on its own (all in one round trip), then publish the next step of those
+    that hop."""
     store = ctx.store
-    growth = ctx.settings.scheduler.batching.to_config()
-    units = {id(m): m.job.cost_units[m.job.next_chunk] for m in members}
-    total_units = sum(units.values()) or 1.0
-    hops: dict[str, list[BatchMember]] = {}
     outcomes: list[str] = []
+    ran: list[_Member] = []
     for m in members:
-        job, chunk = m.job, m.job.next_chunk
         if m.result is None:
-            record_text_outcome(ctx, job, m.version, None)
-            outcomes.append(stop_attempt(store, job, JobState.FAILED, ctx.name,
-                                         m.error or f"chunk {chunk}: no result"))
-            continue
-        if chunk > 0:
+            record_text_outcome(ctx, m.job, m.version, None)
+            outcomes.append(stop_attempt(store, m.job, JobState.FAILED, ctx.name,
+                                         m.error or f"chunk {m.job.next_chunk}: no result"))
+        else:
+            ran.append(m)
+    requests = []
+    for m in ran:
+        assert m.result is not None
+        share_s, alone_s = _charge(ctx, m, ran, elapsed_s)
+        requests.append((m.job.job_id, commit_request(ctx, m.job, m.job.next_chunk, m.job.seq,
+                                                      m.result, share_s, task_id, alone_s)))
+    committing = time.perf_counter()
+    commits = store.commit_chunks(requests)
+    ctx.profile.add("commit", committing)
+    hops: dict[str, list[BatchMember]] = {}
+    for m, (_, request), commit in zip(ran, requests, commits, strict=True):
+        job = m.job
+        assert m.result is not None
+        if job.next_chunk > 0:
             record_text_outcome(ctx, job, m.version, m.result)
-        share_s = elapsed_s * units[id(m)] / total_units  # the job's share of the worker
-        size = int(m.result.metrics.get("batch_size", 1))
-        rate = job.batch_growth if job.batch_growth is not None else growth.growth_of(
-            job.cost_key)
-        alone_s = share_s * size / batch_slowdown(rate, size)
-        commit = commit_result(ctx, job, chunk, job.seq, m.result, share_s, task_id, alone_s)
+        if commit.status is CommitStatus.NEEDS_CHECKPOINT:  # stopped here: write one
+            commit = commit_result(ctx, job, job.next_chunk, job.seq, m.result,
+                                   request["service_s"], task_id)
         ctx.chunks_run += 1
         outcomes.append(commit.status.value)
         if commit.status is CommitStatus.HOP:
@@ -221,6 +230,20 @@ def _commit_and_hop(ctx: WorkerContext, batch_id: str, members: list[_Member],
             ctx.cache.drop(job.job_id)  # done, or stopped: another worker may resume it
     _publish_hops(ctx, batch_id, members[0].job, hops)
     return ",".join(outcomes)
+
+
+def _charge(ctx: WorkerContext, m: _Member, ran: list[_Member],
+            elapsed_s: float) -> tuple[float, float]:
+    """(the job's share of the worker's time, what its chunk would have taken alone): the
+    step's time split by cost units; alone, a batched step of b is 1 + growth·(b − 1) times
+    faster per job than b lone steps would be."""
+    job = m.job
+    total = sum(x.job.cost_units[x.job.next_chunk] for x in ran) or 1.0
+    share_s = elapsed_s * job.cost_units[job.next_chunk] / total
+    size = int(m.result.metrics.get("batch_size", 1)) if m.result is not None else 1
+    growth = job.batch_growth if job.batch_growth is not None else \
+        ctx.settings.scheduler.batching.to_config().growth_of(job.cost_key)
+    return share_s, share_s * size / batch_slowdown(growth, size)
 
 
 def _publish_hops(ctx: WorkerContext, batch_id: str, lead: JobRecord,

@@ -131,6 +131,24 @@ def commit_result(
     ``checkpoint_every`` chunks, and always when the job stops here (the store asks for it).
     ``elapsed_s`` is the worker time charged to the job; ``alone_s`` what the chunk would have
     taken alone (what the cost model learns; a batched chunk's differs), by default the same."""
+    request = commit_request(ctx, job, chunk, seq, result, elapsed_s, task_id, alone_s)
+    while True:
+        committing = time.perf_counter()
+        commit = ctx.store.commit_chunk(job.job_id, **request)
+        ctx.profile.add("commit", committing)
+        if commit.status is not CommitStatus.NEEDS_CHECKPOINT:
+            return commit
+        if request["checkpoint"] is not None:
+            raise AssertionError("a commit with a checkpoint never asks for one")
+        request["checkpoint"] = _encode(ctx, result)
+
+
+def commit_request(
+    ctx: WorkerContext, job: JobRecord, chunk: int, seq: int, result: ChunkResult,
+    elapsed_s: float, task_id: str, alone_s: float | None = None,
+) -> dict[str, Any]:
+    """The arguments of the job's :meth:`JobStore.commit_chunk` (see :func:`commit_result`):
+    the artifact stored, the checkpoint encoded when this commit writes one."""
     last = result.complete and chunk + 1 == job.num_chunks
     every = ctx.settings.diffusion.checkpoint_every
     durable = not result.complete or (not last and (chunk + 1) % every == 0)
@@ -140,22 +158,21 @@ def commit_result(
     units = job.cost_units[chunk]
     learned_s = elapsed_s if alone_s is None else alone_s
     timing = (ctx.settings.device, learned_s / max(units, 1e-9)) if result.complete else None
-    for with_checkpoint in (durable, True):
-        encoding = time.perf_counter()
-        checkpoint = result.state.encode() if with_checkpoint else None
-        committing = ctx.profile.add("encode", encoding)
-        commit = ctx.store.commit_chunk(
-            job.job_id, chunk=chunk, epoch=job.epoch, seq=seq, complete=result.complete,
-            checkpoint=checkpoint,
-            service_s=elapsed_s, worker=ctx.name, task_id=task_id,
-            hop_queues=hop_queues(ctx.settings, ctx.name, ctx.consuming(), job.kind.value),
-            then_continue=job.atomic, artifact=artifact, timing=timing,
-            timing_key=chunk_cost_key(job.cost_key, job.chunk_name),
-        )
-        ctx.profile.add("commit", committing)
-        if commit.status is not CommitStatus.NEEDS_CHECKPOINT:
-            return commit
-    raise AssertionError("a commit with a checkpoint never asks for one")
+    return {
+        "chunk": chunk, "epoch": job.epoch, "seq": seq, "complete": result.complete,
+        "checkpoint": _encode(ctx, result) if durable else None,
+        "service_s": elapsed_s, "worker": ctx.name, "task_id": task_id,
+        "hop_queues": hop_queues(ctx.settings, ctx.name, ctx.consuming(), job.kind.value),
+        "then_continue": job.atomic, "artifact": artifact, "timing": timing,
+        "timing_key": chunk_cost_key(job.cost_key, job.chunk_name),
+    }
+
+
+def _encode(ctx: WorkerContext, result: ChunkResult) -> bytes:
+    encoding = time.perf_counter()
+    blob = result.state.encode()
+    ctx.profile.add("encode", encoding)
+    return blob
 
 
 def _flag_poll(ctx: WorkerContext, job_id: str) -> Callable[[], bool]:

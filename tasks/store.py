@@ -248,6 +248,35 @@ for _source, _target in ((JobState.RUNNING, JobState.DONE), (JobState.RUNNING, J
     assert _target in TRANSITIONS[_source], "the commit script's moves must be legal"
 
 
+def _commit_call(
+    job_id: str, *, chunk: int, epoch: int, seq: int, complete: bool, checkpoint: bytes | None,
+    service_s: float, worker: str, task_id: str = "",
+    hop_queues: Mapping[str, str] | None = None, then_continue: bool = False,
+    artifact: tuple[str, str] | None = None, timing: tuple[str, float] | None = None,
+    timing_key: str = "",
+) -> tuple[list[str], list[Any]]:
+    """The keys and arguments of the commit script (see ``_COMMIT``)."""
+    pairs = [x for pair in (hop_queues or {}).items() for x in pair]
+    name, media_type = artifact or ("", "")
+    device, s_per_unit = timing or ("", None)
+    keys_ = [keys.job(job_id), keys.job_checkpoint(job_id), keys.job_events(job_id),
+             keys.ACTIVE, keys.DONE, keys.TIMINGS]
+    args = [
+        chunk, epoch, seq, int(complete), int(checkpoint is not None), checkpoint or b"",
+        repr(service_s), repr(time.time()), worker, task_id,
+        "continue" if then_continue else "hop", name, media_type, device,
+        "" if s_per_unit is None else repr(s_per_unit), len(pairs) // 2, *pairs, timing_key,
+    ]
+    return keys_, args
+
+
+def _commit_of(reply: Any) -> Commit:
+    status = CommitStatus(_text(reply[0]))
+    if len(reply) < 4:
+        return Commit(status)
+    return Commit(status, seq=int(reply[1]), next_chunk=int(reply[2]), queue=_text(reply[3]))
+
+
 def _sources_of(target: JobState) -> list[str]:
     return [s.value for s, targets in TRANSITIONS.items() if target in targets]
 
@@ -613,24 +642,21 @@ class JobStore:
         ``artifact`` is (name, media type) of the last chunk's output; ``timing`` is (device,
         seconds per cost unit) for the cost model, learned under ``timing_key`` (the chunk
         kind's key, :func:`scheduler.cost.chunk_cost_key`; the job's cost key when empty)."""
-        pairs = [x for pair in (hop_queues or {}).items() for x in pair]
-        name, media_type = artifact or ("", "")
-        device, s_per_unit = timing or ("", None)
-        reply = self._commit(
-            keys=[keys.job(job_id), keys.job_checkpoint(job_id), keys.job_events(job_id),
-                  keys.ACTIVE, keys.DONE, keys.TIMINGS],
-            args=[
-                chunk, epoch, seq, int(complete), int(checkpoint is not None),
-                checkpoint or b"", repr(service_s), repr(time.time()), worker, task_id,
-                "continue" if then_continue else "hop", name, media_type, device,
-                "" if s_per_unit is None else repr(s_per_unit), len(pairs) // 2, *pairs,
-                timing_key,
-            ],
-        )
-        status = CommitStatus(_text(reply[0]))
-        if len(reply) < 4:
-            return Commit(status)
-        return Commit(status, seq=int(reply[1]), next_chunk=int(reply[2]), queue=_text(reply[3]))
+        keys_, args = _commit_call(
+            job_id, chunk=chunk, epoch=epoch, seq=seq, complete=complete, checkpoint=checkpoint,
+            service_s=service_s, worker=worker, task_id=task_id, hop_queues=hop_queues,
+            then_continue=then_continue, artifact=artifact, timing=timing,
+            timing_key=timing_key)
+        return _commit_of(self._commit(keys=keys_, args=args))
+
+    def commit_chunks(self, requests: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Commit]:
+        """:meth:`commit_chunk` for each (job id, its keyword arguments), in one round trip;
+        each job's commit is its own script, as alone."""
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id, kwargs in requests:
+            keys_, args = _commit_call(job_id, **kwargs)
+            self._commit(keys=keys_, args=args, client=pipe)
+        return [_commit_of(reply) for reply in pipe.execute()]
 
     def keep_first_estimate(self, job_id: str, estimate_s: float) -> None:
         """Record the scheduler's first estimate of the job's whole service time, once, and

@@ -245,13 +245,13 @@ def _wait_done(store: Any, job_ids: list[str], timeout_s: float) -> dict[str, An
 # -- 2. saturated stream --------------------------------------------------------------------
 
 STREAM_JOBS = {
-    "dit-tiny": ("image", {"model": "dit-tiny", "num_inference_steps": 12}),
+    "dit-tiny": ("image", {"model": "dit-tiny", "num_inference_steps": 12, "class_label": 3}),
     "pixart-tiny": ("image", {"model": "pixart-tiny", "num_inference_steps": 12,
                               "prompt": "a lighthouse at dusk"}),
     "qwen3-moe-tiny": ("text", {"model": "qwen3-moe-tiny", "prompt": "Tell me about tides",
                                 "max_new_tokens": 48, "routing": "native"}),
 }
-PROBE = ("image", {"model": "dit-tiny", "num_inference_steps": 8})
+PROBE = ("image", {"model": "dit-tiny", "num_inference_steps": 8, "class_label": 5})
 
 
 def stream_run(live: LiveStack, model: str, jobs: int) -> dict[str, Any]:
