@@ -85,10 +85,9 @@ def configure(settings: Settings) -> Celery:
     config = celery_config(settings)
     if app.conf.broker_url != config["broker_url"]:
         app.conf.update(config)
-        # connections and producers made for the previous broker must go with it
-        if app._pool is not None:
-            app._pool.force_close_all()
-            app._pool = None
+        # the next publish builds connections and producers for the new broker (those of the
+        # previous one are dropped, not closed: a thread may still be finishing a publish)
+        app._pool = None
         app.amqp._producer_pool = None
     return app
 

@@ -141,6 +141,9 @@ def submit(
     shed_if_late: Annotated[bool, typer.Option(
         help="Under overload, end the job once it cannot meet its deadline (default: finish "
              "late, behind work that still can).")] = False,
+    exact: Annotated[Optional[bool], typer.Option(
+        "--exact/--batchable", help="Never batch the job with others (bit-identical to a lone "
+        "run), or let it batch; default: exact for realtime only.")] = None,
     wait: Annotated[bool, typer.Option(help="Wait; non-zero exit unless DONE. A text job's "
                                        "generated text is printed at the end.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Wait, then print only JSON: the "
@@ -164,7 +167,7 @@ def submit(
 
     try:
         spec = JobSpec(kind=kind, slo=slo, params=params, deadline_s=deadline_s,  # type: ignore[arg-type]
-                       shed_if_late=shed_if_late)
+                       shed_if_late=shed_if_late, exact=exact)
         job_id = _client().submit(spec).id
     except ApiUnreachable:
         raise

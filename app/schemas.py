@@ -168,6 +168,9 @@ class SteplineOptions(BaseModel):
     idempotency_key: str | None = Field(
         default=None, min_length=1, max_length=128, pattern=_IDEMPOTENCY,
         description="Same key, same tenant → the same job (safe retries).")
+    exact: bool | None = Field(
+        default=None, description="Never batch the job with others (bit-identical to a lone "
+                                  "run); default: true for realtime, false otherwise.")
     params: dict[str, Any] = Field(
         default_factory=dict,
         description="More parameters of the job's kind, e.g. chunk_tokens or routing (text), "

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import Counter
 from dataclasses import replace
 
 from scheduler.admission import (
@@ -22,14 +23,14 @@ from scheduler.admission import (
     measure_load,
     next_admission_state,
 )
-from scheduler.batching import Slot, SlotPacker
+from scheduler.batching import Slot, SlotPacker, batch_slowdown
 from scheduler.inheritance import inherit_levels
 from scheduler.lifecycle import JobState, SloClass
 from scheduler.mlfq import aged_level, current_mark, mark_level
 from scheduler.model import ClusterSnapshot, JobView, Tier, WorkerView
 from scheduler.plan import Expiry, LevelMark, Release, Requeue, Retarget, TickPlan
 from scheduler.policy import PolicyConfig
-from scheduler.queues import LOWEST_LEVEL, STANDBY_QUEUE, queue_for_level
+from scheduler.queues import LOWEST_LEVEL, REALTIME_QUEUE, STANDBY_QUEUE, queue_for_level
 from scheduler.reserve import choose_reserved, reserve_size, reserve_until_s, worker_queues
 from scheduler.scoring import select_origin
 from scheduler.state import AdmissionState, PolicyState
@@ -70,7 +71,8 @@ class _Planner:
         self.alive: list[WorkerView] = [w for w in snapshot.workers if w.alive]
         self.sv: Survey = survey_jobs(snapshot, self.alive, policy, now_s)
         self.scores = self.sv.scores
-        self.load = measure_load(self.sv.outstanding_s, len(self.alive), policy)
+        self.load = measure_load(self.sv.outstanding_s - self._batching_gain_s(),
+                                 len(self.alive), policy)
         self.admission = next_admission_state(snapshot.state.admission, self.load, policy)
         self.converging = self.admission is AdmissionState.CONVERGING
         self.marks: dict[int, LevelMark] = {}
@@ -118,6 +120,29 @@ class _Planner:
         standby += self.trimmed
         restored = self._fill_idle(staying, cap, standby)
         return self._emit(top, suspend, standby, staying, reserved, cap, restored)
+
+    def _batching_gain_s(self) -> float:
+        """Worker time batching saves on the outstanding work: a group of n jobs runs in
+        batches of b = min(n, max_batch), each job's step costing (1 + growth·(b − 1)) / b of a
+        lone step (demand counted as the survey counts it: work due past the horizon pro rata)."""
+        batching, live = self.policy.batching, self.sv.live
+        if not batching.enabled or not any(job.batch_group for job in live):
+            return 0.0
+        groups: dict[str, list[int]] = {}
+        for i, job in enumerate(live):
+            if job.batch_group is not None and job.state is not JobState.SUSPENDED:
+                groups.setdefault(job.batch_group, []).append(i)
+        horizon_s, gain_s = self.policy.load_horizon_s, 0.0
+        for members in groups.values():
+            growth = self._growth(members[0])
+            size = min(len(members), batching.max_batch)
+            if size < 2 or not batching.pays(growth):
+                continue
+            saved = 1.0 - batch_slowdown(growth, size) / size
+            for i in members:
+                rem, due_in_s = self.sv.remaining_s[i], live[i].deadline_s - self.now_s
+                gain_s += saved * (rem if due_in_s <= horizon_s else rem * horizon_s / due_in_s)
+        return gain_s
 
     # -- levels ------------------------------------------------------------------------------
 
@@ -609,8 +634,14 @@ class _Planner:
                 batch, join = batches.get(i, (None, False))
                 releases.append(replace(self._release(i, self._target_queue(i)),
                                         batch=batch, join=join))
+        shared = Counter(live[i].batch_id for i in moving if live[i].batch_id is not None)
         for i in moving:
             job, target = live[i], self._target_queue(i)
+            if i == self.origin and job.batch_group is not None and (
+                    shared[job.batch_id] > 1 or job.queue == REALTIME_QUEUE):
+                # the origin is never slowed by batching: its next chunk leaves the batch it
+                # shares, ahead of everything (a chunk on another queue hops on its own)
+                target = REALTIME_QUEUE
             if job.queue is None or job.queue == target:
                 continue
             if job.state is JobState.QUEUED:

@@ -27,8 +27,8 @@ from tasks.chunks import (
     commit_request,
     commit_result,
     load_state,
+    lost_successor,
     record_text_outcome,
-    republish_if_lost,
     stop_attempt,
 )
 from tasks.context import WorkerContext, worker_context
@@ -87,16 +87,25 @@ def execute_batch(ctx: WorkerContext, batch_id: str, members: Sequence[BatchMemb
     claimed = store.claim_chunks(wanted, ctx.name, lease_s)
     ctx.profile.add("claim", started)
     jobs: list[JobRecord] = []
+    lost: dict[str, list[BatchMember]] = {}
     for (job_id, chunk, epoch), got in zip(wanted, claimed, strict=True):
         if isinstance(got, str):
             log.info("job %s chunk %d epoch %d (batch %s): stale (%s)", job_id, chunk, epoch,
                      batch_id, got)
-            republish_if_lost(store, job_id, chunk, epoch)
+            if (job := lost_successor(store, job_id, chunk, epoch)) is not None:
+                lost.setdefault(job.queue, []).append((job_id, job.next_chunk, epoch))
         elif _runnable(ctx, got):
             jobs.append(got)
+    for queue, members_lost in lost.items():  # a worker died between commit and publish:
+        lead = store.record(members_lost[0][0])  # the batch goes on together
+        publish_batch(store, new_batch_id(lead.job_id), lead, members_lost, queue=queue,
+                      lease_s=lease_s)
     if not jobs:
         store.take_joiners(batch_id, keep=False, lease_s=lease_s)  # nothing left: close it
         return "stale"
+    # One canonical order: a batched step's numbers depend only on which jobs ran in it, so a
+    # batch schedule (who ran with whom, step by step) replays to the same outputs anywhere.
+    jobs.sort(key=lambda job: job.job_id)
     ctx.busy_job, ctx.batch_jobs = jobs[0].job_id, tuple(j.job_id for j in jobs[1:])
     try:
         return _run_claimed(ctx, batch_id, jobs, task_id)

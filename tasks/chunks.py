@@ -248,12 +248,21 @@ def stop_attempt(store: JobStore, job: JobRecord, target: JobState, worker: str,
 def republish_if_lost(store: JobStore, job_id: str, chunk: int, epoch: int) -> None:
     """A redelivered chunk that already committed: make sure its successor was published
     (the worker may have died between commit and publish)."""
+    job = lost_successor(store, job_id, chunk, epoch)
+    if job is not None:
+        publish_chunk(store, job, chunk=job.next_chunk, epoch=epoch, queue=job.queue)
+
+
+def lost_successor(store: JobStore, job_id: str, chunk: int, epoch: int) -> JobRecord | None:
+    """The job, if ``chunk`` committed but the message of its next chunk was never published;
+    None otherwise (or if the record cannot be read)."""
     try:
         job = store.record(job_id)
     except Exception:
-        return
+        return None
     nxt = job.next_chunk
     if (job.state is JobState.QUEUED and job.epoch == epoch and nxt == chunk + 1
             and (job.published if job.published is not None else -1) < nxt):
         log.warning("job %s: chunk %d was never published; publishing it now", job_id, nxt)
-        publish_chunk(store, job, chunk=nxt, epoch=epoch, queue=job.queue)
+        return job
+    return None

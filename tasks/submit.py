@@ -130,9 +130,9 @@ class JobService:
         key_of = getattr(runner, "batch_key", None)
         if not batching.enabled or policy == "fifo" or exact or key_of is None:
             return None
-        for index in range(min(plan.num_chunks, 3)):  # encode / prefill come first
-            key = key_of(params, index)
-            if key is not None:
+        # the key of the job's main chunks (denoise, decode), after an encode or prefill
+        for index in (1, 0, 2):
+            if index < plan.num_chunks and (key := key_of(params, index)) is not None:
                 return str(key)
         return None
 

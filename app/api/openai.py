@@ -197,7 +197,8 @@ def _job_spec(ctx: ApiContext, kind: Literal["text", "image"], options: Stepline
     return JobSpec(
         kind=kind, slo=options.slo_class or SloClass(ctx.settings.api.inference_slo),
         deadline_s=options.deadline_s, params={**options.params, **params},
-        idempotency_key=options.idempotency_key, shed_if_late=options.shed_if_late)
+        idempotency_key=options.idempotency_key, shed_if_late=options.shed_if_late,
+        exact=options.exact)
 
 
 SEED_LIMIT = 2**32

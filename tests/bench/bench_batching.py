@@ -338,10 +338,11 @@ def _by_class(live: LiveStack, outcomes: list[Outcome]) -> dict[str, Any]:
     return {"classes": out}
 
 
-def run_load(loads: Sequence[float], duration_s: float, within: float) -> dict[str, Any]:
+def run_load(loads: Sequence[float], duration_s: float, within: float,
+             workers: int) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     for batching in (False, True):
-        with LiveStack(batching, workers=1) as live:
+        with LiveStack(batching, workers=workers) as live:
             for load in loads:
                 row = load_run(live, load, duration_s)
                 rows.append(row)
@@ -356,7 +357,7 @@ def run_load(loads: Sequence[float], duration_s: float, within: float) -> dict[s
         capacity["on" if batching else "off"] = max(ok, default=None)
     print(f"capacity within SLO (every class >= {within:.0%}): batching off "
           f"{capacity['off']}, on {capacity['on']}", flush=True)
-    return {"rows": rows, "capacity": capacity, "within": within}
+    return {"rows": rows, "capacity": capacity, "within": within, "workers": workers}
 
 
 def main() -> None:
@@ -368,6 +369,7 @@ def main() -> None:
     parser.add_argument("--stream-repeats", type=int, default=2)
     parser.add_argument("--loads", default="0.6,0.9,1.2,1.5")
     parser.add_argument("--duration", type=float, default=40.0)
+    parser.add_argument("--workers", type=int, default=2, help="workers of the load sweep")
     parser.add_argument("--within", type=float, default=0.9,
                         help="attainment every class needs for a load to count as within SLO")
     args = parser.parse_args()
@@ -379,7 +381,7 @@ def main() -> None:
         report["stream"] = run_stream(args.stream_jobs, args.stream_repeats)
     if "load" in parts:
         loads = [float(x) for x in args.loads.split(",")]
-        report["load"] = run_load(loads, args.duration, args.within)
+        report["load"] = run_load(loads, args.duration, args.within, args.workers)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2, default=str))
     print(f"wrote {args.out}")

@@ -157,3 +157,65 @@ def test_a_realtime_job_runs_alone_by_default(
     wait_for(lambda: _all_done(store, [*others, urgent]), 90, "every job to finish")
     assert store.record(urgent).batch_group is None
     assert not _batch_tasks(store, urgent)
+
+
+def _image(seed: int, guidance: float, steps: int) -> JobSpec:
+    return JobSpec(kind="image", slo=SloClass.INTERACTIVE, deadline_s=600,
+                   params={"model": "dit-tiny", "class_label": 3 + seed % 5, "seed": seed,
+                           "num_inference_steps": steps, "height": 32, "width": 32,
+                           "guidance_scale": guidance, "scheduler": "dpmpp_2m"})
+
+
+def _schedule(store: JobStore, job_ids: list[str]) -> list[list[tuple[str, int]]]:
+    """Who ran with whom, step by step: the (job, chunk) pairs each batch task committed, in
+    the order the tasks ran."""
+    tasks: dict[str, list[tuple[float, str, int]]] = {}
+    for job_id in job_ids:
+        for c in _commits(store, job_id):
+            tasks.setdefault(c["task"], []).append((float(c["ts"]), job_id, int(c["chunk"])))
+    ordered = sorted(tasks.values(), key=lambda members: min(ts for ts, _, _ in members))
+    return [[(job_id, chunk) for _, job_id, chunk in members] for members in ordered]
+
+
+def test_a_job_that_joins_mid_way_finishes_with_the_output_its_batch_schedule_predicts(
+    processes: Processes, redis_client: redis.Redis
+) -> None:
+    from workers.checkpoint import Checkpoint
+    from workers.kinds import RunnerOptions, get_runner
+    from workers.runner import BatchItem
+
+    processes.scheduler()
+    processes.worker("w1")
+    wait_for_workers(redis_client, ["w1"])
+    service = _service(redis_client)
+    store = service.store
+    first = [service.submit(_image(seed, guidance, 100))[0]
+             for seed, guidance in ((1, 1.0), (2, 4.0))]
+    wait_for(lambda: all(store.record(j).next_chunk >= 4 for j in first), 90,
+             "the first jobs to run a few steps")
+
+    late, _ = service.submit(_image(3, 1.0, 16))  # joins the running batch at a step boundary
+
+    jobs = [*first, late]
+    wait_for(lambda: _all_done(store, jobs), 120, "every job to finish")
+    schedule = _schedule(store, jobs)
+    assert any({late, first[0]} <= {j for j, _ in step} for step in schedule), \
+        "the late job never shared a step with the first ones"
+    # replay the schedule in this process: each step as the worker ran it, in its order
+    runner = get_runner("image", RunnerOptions(
+        block_groups=current_settings().diffusion.block_groups))
+    params = {j: dict(store.record(j).params) for j in jobs}
+    states: dict[str, Checkpoint | None] = dict.fromkeys(jobs)
+    outputs: dict[str, bytes] = {}
+    for step in schedule:
+        members = sorted(step)
+        items = [BatchItem(params[j], chunk, states[j]) for j, chunk in members]
+        for (j, _), result in zip(members, runner.run_batch(items), strict=True):  # type: ignore[attr-defined]
+            states[j] = Checkpoint.decode(result.state.encode())
+            if result.artifact is not None:
+                outputs[j] = result.artifact.data
+    for j in jobs:
+        artifact = store.record(j).artifact
+        assert artifact is not None
+        live = current_settings().artifacts_path.joinpath(artifact).read_bytes()
+        assert live == outputs[j], f"job {j}: the live output differs from its schedule's"

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import io
+import math
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
 
 from workers.checkpoint import Checkpoint
 from workers.diffusion import validate_params
-from workers.diffusion.batching import batch_groups
+from workers.diffusion.batching import batch_groups, decode_together
 from workers.diffusion.blockwise import ADAPTERS, full_forward
 from workers.diffusion.components import load_components
+from workers.diffusion.families import FAMILIES, decode_job
 from workers.diffusion.recipes import diffusion_recipe
 from workers.diffusion.runner import DiffusionRunner
 from workers.runner import BatchItem, BatchRunner, ChunkResult
@@ -24,6 +27,21 @@ RELATIVE_TOLERANCE = 1e-4
 """Batched against alone, max |difference| over max |latent|. Measured on CPU after 10 steps: up
 to 9e-6 (dit), 4e-7 (pixart), 8e-7 (wan); jobs with CFG (two rows) came out bit-identical, one-row
 jobs not, as a lone row takes other matmul kernels than rows inside a batch."""
+
+ENCODE_TOLERANCE = 1e-5
+"""Conditioning encoded in a batch against alone, max |difference| over max |value|. Measured on
+CPU at 8 jobs: 0 for every family (bit-identical); the tokenizer pads every row to max_length, so
+only the matmul kernels of a bigger batch could differ."""
+
+MIN_PSNR_DB = 110.0
+"""Pixels decoded in one VAE call with other jobs against alone. Measured on CPU at 8 jobs: at
+least 132 dB (dit), 138 dB (pixart), 141 dB (wan), max |difference| 1.2e-6: not bit-identical,
+as convolutions over a bigger batch take other kernels; a few uint8 pixels may round apart."""
+
+MIN_ARTIFACT_PSNR_DB = 60.0
+"""A PNG of a job encoded and decoded in batches against its lone run's PNG. Measured: the same
+PNG (dit, pixart); at 8 jobs a few pixels one uint8 step apart, and one such step in one channel
+of one pixel of a 32×32 image is 83 dB."""
 
 MIXED_JOBS: dict[str, tuple[str, list[dict[str, Any]]]] = {
     "dit-tiny": ("image", [
@@ -75,12 +93,30 @@ def _relative_error(batched: Checkpoint, alone: Checkpoint) -> float:
     return float((a - b).abs().max() / a.abs().max())
 
 
+def _psnr_db(a: torch.Tensor, b: torch.Tensor, peak: float = 1.0) -> float:
+    mse = float(((a.double() - b.double()) ** 2).mean())
+    return math.inf if mse == 0 else 10 * math.log10(peak**2 / mse)
+
+
+def _png_pixels(result: ChunkResult) -> torch.Tensor:
+    assert result.artifact is not None and result.artifact.media_type == "image/png"
+    return torch.from_numpy(np.asarray(Image.open(io.BytesIO(result.artifact.data))))
+
+
+def _mixed_params(model: str, seed: int, steps: int = 2) -> list[dict[str, Any]]:
+    kind, raws = MIXED_JOBS[model]
+    return [_params(kind, {"model": model, **raw}, seed=seed + i, steps=steps)
+            for i, raw in enumerate(raws)]
+
+
 def test_a_diffusion_runner_is_a_batch_runner() -> None:
     runner: BatchRunner = DiffusionRunner("image")
     params = _params("image", {"class_label": 1}, seed=0)
-    assert runner.batch_key(params, 0) is None and runner.batch_key(params, 3) is None
     assert runner.batch_key(params, 1) == runner.batch_key(
         _params("image", {"class_label": 9, "scheduler": "pndm", "guidance_scale": 1.0}, 5), 2)
+    keys = [runner.batch_key(params, index) for index in (0, 1, 3)]
+    assert keys == ["dit-tiny:32x32x1:encode", "dit-tiny:32x32x1", "dit-tiny:32x32x1:decode"]
+    assert runner.batch_key(params, 4) is None
 
 
 def test_given_keys_when_grouped_then_groups_keep_order_and_respect_max_batch() -> None:
@@ -170,7 +206,7 @@ def test_given_a_member_with_a_partial_step_when_batched_then_it_runs_alone_exac
     assert all(r.complete for r in results)
 
 
-def test_given_encode_and_decode_items_when_batched_then_they_equal_run_chunk() -> None:
+def test_given_a_lone_encode_and_decode_when_batched_then_they_equal_run_chunk() -> None:
     # given a job to encode, a job to decode and two denoise chunks between them
     runner = DiffusionRunner("image")
     fresh, done = (_params("image", {"prompt": t}, seed=3) for t in ("new", "old"))
@@ -225,3 +261,101 @@ def test_given_more_jobs_than_max_batch_when_batched_then_they_split_in_order() 
     pair = runner.run_batch(items[2:4])
     assert all(torch.equal(a.state.tensors["latents"], b.state.tensors["latents"])
                for a, b in zip(results[2:4], pair, strict=True))
+
+
+@pytest.mark.parametrize("model", ["dit-tiny", "pixart-tiny", "wan-tiny"])
+def test_given_jobs_encoded_together_then_conditioning_is_close_and_noise_is_their_own(
+        model: str) -> None:
+    # given four jobs of one model: CFG on and off, several prompts and schedulers
+    kind = MIXED_JOBS[model][0]
+    runner = DiffusionRunner(kind)
+    params = _mixed_params(model, seed=20)
+    # when their encode chunks run as one batch, and each alone
+    batched = runner.run_batch([BatchItem(p, 0, None) for p in params])
+    alone = [runner.run_chunk(p, 0, None, _never).state for p in params]
+    # then each conditioning is the lone one within tolerance, noise and RNG bit-identical
+    assert [r.metrics["batch_size"] for r in batched] == [4] * 4
+    for result, lone in zip(batched, alone, strict=True):
+        b, a = result.state.tensors, lone.tensors
+        assert result.state.meta == lone.meta and b.keys() == a.keys()
+        for key in (k for k in a if k.startswith("cond.")):
+            assert (b[key].dtype, b[key].shape) == (a[key].dtype, a[key].shape)
+            difference = float((b[key].double() - a[key].double()).abs().max())
+            assert difference <= ENCODE_TOLERANCE * max(float(a[key].abs().max()), 1.0)
+        assert torch.equal(b["latents"], a["latents"]) and torch.equal(b["rng"], a["rng"])
+
+
+@pytest.mark.parametrize("model", ["dit-tiny", "pixart-tiny", "wan-tiny"])
+def test_given_final_latents_decoded_together_then_each_job_gets_its_lone_pixels(
+        model: str) -> None:
+    # given four denoised jobs of one model, CFG on and off
+    kind = MIXED_JOBS[model][0]
+    runner = DiffusionRunner(kind)
+    params = _mixed_params(model, seed=30, steps=1)
+    c, family = load_components(diffusion_recipe(model)), FAMILIES[diffusion_recipe(model).family]
+    latents = []
+    for p in params:
+        last = runner.evaluations(p) + 1
+        state = _run_alone(runner, p, None, 0, last)
+        assert state is not None
+        latents.append(state.tensors["latents"])
+    # when their latents go through one VAE decode, and each through its own
+    with torch.no_grad():
+        together = decode_together(family, c, params, latents)
+        alone = [decode_job(family, c, p, x) for p, x in zip(params, latents, strict=True)]
+    # then each job gets its own pixels, within float32 rounding
+    for b, a in zip(together, alone, strict=True):
+        assert b.shape == a.shape and float(b.min()) >= 0.0 and float(b.max()) <= 1.0
+        assert _psnr_db(b, a) > MIN_PSNR_DB
+
+
+@pytest.mark.parametrize("model", ["dit-tiny", "pixart-tiny"])
+def test_given_a_job_encoded_and_decoded_in_batches_when_denoised_alone_then_its_image_is_close(
+        model: str) -> None:
+    # given a job encoded together with a partner, then denoised alone on the wire format
+    job, first_partner, second_partner = _mixed_params(model, seed=40, steps=3)[:3]
+    runner = DiffusionRunner("image")
+    encoded = runner.run_batch([BatchItem(job, 0, None), BatchItem(first_partner, 0, None)])
+    last = runner.evaluations(job) + 1
+    state = _run_alone(runner, job, _wire(encoded[0].state), 1, last)
+    partner_last = runner.evaluations(second_partner) + 1
+    partner_state = _run_alone(runner, second_partner, None, 0, partner_last)
+    # when it is decoded together with another job
+    decoded = runner.run_batch([BatchItem(second_partner, partner_last, partner_state),
+                                BatchItem(job, last, state)])
+    # then it is a valid 32 px PNG close to the job's entirely lone run
+    assert [r.metrics["batch_size"] for r in (*encoded, *decoded)] == [2, 2, 2, 2]
+    assert decoded[1].metrics["chunk"] == "decode" and decoded[1].state.meta["done"]
+    batched = _png_pixels(decoded[1])
+    assert batched.shape == (32, 32, 3)
+    lone = _png_pixels(runner.run_chunk(job, last, _run_alone(runner, job, None, 0, last), _never))
+    assert _psnr_db(batched.float(), lone.float(), peak=255.0) > MIN_ARTIFACT_PSNR_DB
+
+
+def test_given_encode_denoise_and_decode_items_in_one_call_then_each_kind_batches_apart() -> None:
+    # given three pixart jobs to encode, two to denoise and two to decode, interleaved
+    runner = DiffusionRunner("image")
+    fresh = [_params("image", {"prompt": t}, seed=50 + i) for i, t in enumerate("abc")]
+    mid = [_params("image", {"prompt": t}, seed=60 + i) for i, t in enumerate("de")]
+    done = [_params("image", {"prompt": t}, seed=70 + i) for i, t in enumerate("fg")]
+    last = runner.evaluations(done[0]) + 1
+    encode = [BatchItem(p, 0, None) for p in fresh]
+    denoise = [BatchItem(p, 1, _run_alone(runner, p, None, 0, 1)) for p in mid]
+    decode = [BatchItem(p, last, _run_alone(runner, p, None, 0, last)) for p in done]
+    items = [encode[0], denoise[0], decode[0], encode[1], denoise[1], decode[1], encode[2]]
+    # when they run as one batch
+    results = runner.run_batch(items)
+    # then each kind shared its own call, and every result is its item's, in item order
+    assert [r.metrics["batch_size"] for r in results] == [3, 2, 2, 3, 2, 2, 3]
+    assert [r.metrics["chunk"] for r in results] == [
+        "encode", "denoise[0]", "decode", "encode", "denoise[0]", "decode", "encode"]
+    by_kind = {0: runner.run_batch(encode), 1: runner.run_batch(denoise),
+               last: runner.run_batch(decode)}
+    for item, result in zip(items, results, strict=True):
+        expected = by_kind[item.index].pop(0)
+        assert result.state.meta == expected.state.meta
+        assert all(torch.equal(t, expected.state.tensors[k])
+                   for k, t in result.state.tensors.items())
+        assert (result.artifact is None) == (item.index != last)
+        if result.artifact is not None and expected.artifact is not None:
+            assert result.artifact.data == expected.artifact.data

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from workers.checkpoint import Checkpoint
+from workers.errors import ParamsError
 from workers.moe.expert_cache import CacheConfig, ExpertCache, HostExperts
 from workers.moe.runner import TextRunner
 from workers.moe.versioned import BASE_VERSION, perturbed_experts
@@ -207,18 +208,19 @@ def test_per_job_routing_counts_sum_to_the_batch_total(runner: TextRunner) -> No
     assert sum(sums) == pytest.approx(batch.score_sum, rel=1e-9)
 
 
-def test_prefill_and_configured_routing_run_alone_and_equal_run_chunk_exactly(
+def test_configured_routing_prefill_and_decode_run_alone_and_equal_run_chunk_exactly(
     runner: TextRunner,
 ) -> None:
-    # given native and configured-routing jobs at their prefill, and configured ones at decode
-    native = [_params(PROMPTS[0]), _params(PROMPTS[1])]
+    # given configured-routing jobs at their prefill and at decode
     configured = [_params(PROMPTS[2], routing="configured", temperature=0.8, seed=5),
                   _params(PROMPTS[3], routing="configured")]
     prefilled = _prefill(runner, configured)
-    items = [BatchItem(native[0], 0, None), BatchItem(configured[0], 1, prefilled[0]),
-             BatchItem(native[1], 0, None), BatchItem(configured[1], 1, prefilled[1])]
+    items = [BatchItem(configured[0], 0, None), BatchItem(configured[0], 1, prefilled[0]),
+             BatchItem(configured[1], 0, None), BatchItem(configured[1], 1, prefilled[1])]
     assert [runner.batch_key(i.params, i.index) for i in items] == [None] * 4
-    assert runner.batch_key(native[0], 1) == f"{MODEL}:native"
+    native = _params(PROMPTS[0])
+    assert runner.batch_key(native, 0) == f"{MODEL}:native:prefill"
+    assert runner.batch_key(native, 1) == f"{MODEL}:native"
     # when they run as one batch, and each alone on another worker
     batched = runner.run_batch(items)
     alone = [TextRunner().run_chunk(i.params, i.index, i.state, lambda: False) for i in items]
@@ -232,19 +234,21 @@ def test_prefill_and_configured_routing_run_alone_and_equal_run_chunk_exactly(
 def test_results_keep_the_item_order_when_batched_and_lone_items_interleave(
     runner: TextRunner,
 ) -> None:
-    # given a prefill between two native decode chunks
-    jobs = [_params(PROMPTS[0]), _params(PROMPTS[1]), _params(PROMPTS[2])]
+    # given a prefill between two native decode chunks, and a configured-routing prefill
+    jobs = [_params(PROMPTS[0]), _params(PROMPTS[1]), _params(PROMPTS[2]),
+            _params(PROMPTS[3], routing="configured")]
     states = _prefill(runner, [jobs[0], jobs[2]])
     items = [BatchItem(jobs[0], 1, states[0]), BatchItem(jobs[1], 0, None),
-             BatchItem(jobs[2], 1, states[1])]
+             BatchItem(jobs[2], 1, states[1]), BatchItem(jobs[3], 0, None)]
     # when they run as one batch
     results = runner.run_batch(items)
-    # then the decode chunks shared a forward and every result sits at its item's place
-    assert [r.metrics["batch_size"] for r in results] == [2, 1, 2]
-    assert [r.metrics["tokens"] for r in results] == [4, 1, 4]
+    # then the decode chunks shared a forward, each prefill ran alone (the only native one, and
+    # a configured one), and every result sits at its item's place
+    assert [r.metrics["batch_size"] for r in results] == [2, 1, 2, 1]
+    assert [r.metrics["tokens"] for r in results] == [4, 1, 4, 1]
     prompts = [r.state.meta["prompt_tokens"] for r in results]
     assert prompts == [states[0].meta["prompt_tokens"], prompts[1],
-                       states[1].meta["prompt_tokens"]]
+                       states[1].meta["prompt_tokens"], prompts[3]]
 
 
 def test_jobs_on_different_expert_versions_never_share_a_forward() -> None:
@@ -318,3 +322,118 @@ def test_a_member_with_nothing_left_to_decode_keeps_its_state_and_the_others_dec
         assert (result.metrics["tokens"], result.metrics["finished"]) == (0, True)
         assert _ids(result.state) == _ids(done.state) and result.artifact is not None
     assert mixed[1].metrics["tokens"] == 4
+
+
+# -- batched prefill --------------------------------------------------------------------------
+
+
+def _prefill_batched(runner: TextRunner, jobs: Sequence[Params]) -> list[ChunkResult]:
+    return runner.run_batch([BatchItem(p, 0, None) for p in jobs])
+
+
+@pytest.mark.parametrize("model", ["qwen3-moe-tiny", "mixtral-tiny", "olmoe-tiny"])
+def test_batched_prefill_of_different_prompt_lengths_gives_the_lone_tokens_and_continuation(
+    model: str,
+) -> None:
+    # given greedy jobs whose prompts tokenize to different lengths
+    runner = TextRunner()
+    jobs = [_params(p, model=model) for p in PROMPTS]
+    # when their prefills run as one batch, and again one by one
+    batched = _prefill_batched(runner, jobs)
+    alone = _prefill(runner, jobs)
+    # then each ran in the batch and took the lone prefill's first token
+    assert [r.metrics["batch_size"] for r in batched] == [len(jobs)] * len(jobs)
+    assert [_ids(r.state) for r in batched] == [_ids(s) for s in alone]
+    # and decoding on from the batched prefills (batched) gives the lone run's sequence
+    # (measured: 100% agreement on every tiny recipe, also at 8 jobs)
+    continued = _batched(runner, jobs, [r.state for r in batched])
+    reference = [_alone(runner, p, s) for p, s in zip(jobs, alone, strict=True)]
+    for b, a in zip(continued, reference, strict=True):
+        assert _ids(b.state) == _ids(a.state)
+        assert b.artifact is not None and a.artifact is not None
+        assert json.loads(b.artifact.data)["output"] == json.loads(a.artifact.data)["output"]
+
+
+def test_each_batched_prefill_saves_the_checkpoint_of_its_lone_prefill(
+    runner: TextRunner,
+) -> None:
+    # given jobs of different prompt lengths, one sampled with its own seed
+    jobs = [_params(p) for p in PROMPTS[:3]] + [_params(PROMPTS[3], temperature=0.8, seed=7)]
+    # when their prefills run batched, and alone
+    batched = _prefill_batched(runner, jobs)
+    alone = _prefill(runner, jobs)
+    # then each cache holds exactly its own prompt, and the checkpoint is the lone one's: same
+    # tensors (the cache to float tolerance), same meta but for timing and the cache counters
+    for b, a in zip(batched, alone, strict=True):
+        assert _kv_length(b.state) == b.state.meta["prompt_tokens"] == len(_ids(b.state)) - 1
+        assert b.state.tensors.keys() == a.tensors.keys()
+        for name, tensor in a.tensors.items():
+            if name.startswith("kv."):
+                assert b.state.tensors[name].shape == tensor.shape
+                torch.testing.assert_close(b.state.tensors[name], tensor, rtol=1e-4, atol=1e-4)
+            else:
+                assert torch.equal(b.state.tensors[name], tensor), name
+        meta = [{k: v for k, v in m.items() if k not in _RUN_DEPENDENT | {"score_sum"}}
+                for m in (b.state.meta, a.meta)]
+        assert meta[0] == meta[1]
+        assert b.state.meta["score_sum"] == pytest.approx(a.meta["score_sum"], rel=1e-5)
+
+
+def test_per_job_prefill_routing_counts_exclude_the_padding(runner: TextRunner) -> None:
+    # given jobs whose prompts pad to the longest
+    jobs = [_params(p) for p in PROMPTS]
+    session = runner.session(MODEL)
+    counters = session.cache.counters
+    lookups = counters.token_lookups
+    # when their prefills run batched
+    results = _prefill_batched(runner, jobs)
+    # then each job counted its own prompt tokens only, in every MoE layer
+    layers, top_k = len(session.moe_layers), session.loaded.native_top_k
+    prompt_tokens = [int(r.state.meta["prompt_tokens"]) for r in results]
+    counts = [r.state.tensors["routing.expert_counts"] for r in results]
+    for tokens, count, result in zip(prompt_tokens, counts, results, strict=True):
+        assert int(count.sum()) == tokens * layers * top_k
+        assert result.state.meta["score_count"] == tokens * layers
+    # and so did the batch's context and the expert cache: padding routed to no expert
+    assert torch.equal(torch.stack(counts).sum(dim=0), session.context.expert_counts)
+    assert counters.token_lookups - lookups == sum(prompt_tokens) * layers * top_k
+
+
+def test_a_prefill_whose_prompt_does_not_fit_raises_its_own_error_before_any_forward(
+    runner: TextRunner,
+) -> None:
+    # given two good prefills and one whose prompt plus max_new_tokens exceeds 1024 positions
+    good = [_params(PROMPTS[0]), _params(PROMPTS[2])]
+    bad = _params(PROMPTS[1], max_new_tokens=1024)
+    with pytest.raises(ParamsError) as lone:
+        runner.run_chunk(bad, 0, None, lambda: False)
+    runs = runner.session(MODEL).cache.counters.expert_runs
+    # when the three run as one batch
+    with pytest.raises(ParamsError) as batched:
+        runner.run_batch([BatchItem(good[0], 0, None), BatchItem(bad, 0, None),
+                          BatchItem(good[1], 0, None)])
+    # then the batch raised the bad job's own error before running anything, so the task layer
+    # runs each member alone (tasks.batches) and the good ones, batched or not, succeed
+    assert str(batched.value) == str(lone.value)
+    assert runner.session(MODEL).cache.counters.expert_runs == runs
+    results = _prefill_batched(runner, good)
+    assert [r.metrics["batch_size"] for r in results] == [2, 2]
+    assert [_ids(r.state) for r in results] == [_ids(s) for s in _prefill(runner, good)]
+
+
+def test_a_job_that_ends_in_its_batched_prefill_finishes_with_its_artifact(
+    runner: TextRunner,
+) -> None:
+    # given a job that wants one new token, batched with a longer one
+    jobs = [_params(PROMPTS[0], max_new_tokens=1), _params(PROMPTS[2])]
+    # when their prefills run batched
+    results = _prefill_batched(runner, jobs)
+    # then the short job finished with the lone prefill's artifact, the other goes on
+    lone = runner.run_chunk(jobs[0], 0, None, lambda: False)
+    short = results[0]
+    assert (short.metrics["finished"], short.metrics["tokens"]) == (True, 1)
+    assert short.artifact is not None and lone.artifact is not None
+    body, want = json.loads(short.artifact.data), json.loads(lone.artifact.data)
+    assert body["output"] == want["output"]
+    assert body["metrics"]["prompt_tokens"] == want["metrics"]["prompt_tokens"]
+    assert (results[1].metrics["finished"], results[1].artifact) == (False, None)

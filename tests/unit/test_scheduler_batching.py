@@ -14,11 +14,13 @@ from scheduler import (
     PolicyState,
     SloClass,
     TickPlan,
+    Tier,
     check_plan_invariants,
     plan_tick,
 )
 from scheduler.batching import BatchingConfig, SlotPacker, batch_slowdown
 from scheduler.errors import InvalidPolicy
+from scheduler.plan import Retarget
 from tests.unit.test_scheduler_support import NOW_S, make_job, make_snapshot, running
 
 pytestmark = pytest.mark.timeout(30)
@@ -167,3 +169,21 @@ def test_jobs_in_flight_with_a_preempt_flag_leave_their_batch() -> None:
     check_plan_invariants(plan, snapshot, POLICY)
     assert all(r.job_id != "x" for r in plan.releases)
     assert JobState.RUNNING is staying.state
+
+
+def test_an_origin_inside_a_shared_batch_leaves_it_for_the_realtime_queue() -> None:
+    # given a running batch of three; one member, a gold realtime job, is close to its deadline
+    members = [running(f"b{k}", "w0", queue="interactive", level=1, batch_group="g",
+                       batch_id="A",
+                       slo_class=SloClass.REALTIME if k == 0 else SloClass.INTERACTIVE,
+                       tier=Tier.GOLD if k == 0 else Tier.STANDARD,
+                       deadline_s=NOW_S + (1.2 if k == 0 else 600), work_s=1.0 if k == 0 else 5.0)
+               for k in range(3)]
+    snapshot = make_snapshot(members, workers=1, state=PolicyState(origin_id="b0"))
+    # when the tick plans it as the origin
+    plan = plan_tick(snapshot, POLICY, NOW_S)
+    # then its next chunk leaves the batch for the realtime queue, and the others stay
+    assert plan.origin_id == "b0"
+    assert plan.retargets == (Retarget("b0", "interactive", "realtime"),)
+    assert not plan.preempt
+    check_plan_invariants(plan, snapshot, POLICY)

@@ -1,17 +1,20 @@
 """Step-level batching of diffusion jobs: which chunks share a forward, and the shared forward.
 
 Every transformer input of a pass carries a leading batch dimension (CFG included), so the pass
-inputs of several jobs concatenate along dim 0 and the output splits back by each job's rows.
+inputs of several jobs concatenate along dim 0 and the output splits back by each job's rows;
+so do the final latents of several jobs in one VAE decode.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from workers.diffusion.blockwise import BlockwiseForward, full_forward
+from workers.diffusion.components import DiffusionComponents
+from workers.diffusion.families import PipelineFamily
 from workers.errors import ModelConfigError
 
 Tensors = dict[str, torch.Tensor]
@@ -96,3 +99,14 @@ def run_passes_together(adapter: BlockwiseForward, model: Any, passes: Sequence[
                 outputs[job].append(out)
                 shared_with[job] = shared_with[job] or len(jobs)
     return outputs, shared_with
+
+
+def decode_together(family: PipelineFamily, c: DiffusionComponents,
+                    params: Sequence[Mapping[str, Any]], latents: Sequence[torch.Tensor]
+                    ) -> list[torch.Tensor]:
+    """Each job's pixels as :func:`~workers.diffusion.families.decode_job` gives them alone, from
+    one VAE decode over all jobs' rows; only the VAE call is shared."""
+    inputs = [family.vae_input(c, p, x) for p, x in zip(params, latents, strict=True)]
+    decoded = torch.split(family.vae_decode(c, torch.cat(inputs, dim=0)),
+                          [len(x) for x in inputs], dim=0)
+    return [family.pixels(c, p, rows) for p, rows in zip(params, decoded, strict=True)]

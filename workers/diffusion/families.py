@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -28,6 +28,11 @@ class PipelineFamily(Protocol):
 
     def encode(self, c: DiffusionComponents, p: Mapping[str, Any]) -> Tensors:
         """Conditioning tensors (prompt or class embeddings, negative ones under CFG)."""
+        ...
+
+    def encode_many(self, c: DiffusionComponents, ps: Sequence[Mapping[str, Any]]
+                    ) -> list[Tensors]:
+        """What :meth:`encode` returns for each job, from one text-encoder call over all."""
         ...
 
     def set_timesteps(self, c: DiffusionComponents, scheduler: Any, steps: int) -> None:
@@ -57,15 +62,39 @@ class PipelineFamily(Protocol):
         """One scheduler step: the next latents."""
         ...
 
-    def decode(self, c: DiffusionComponents, p: Mapping[str, Any], latents: torch.Tensor
-               ) -> torch.Tensor:
-        """Pixels in [0, 1]: (B, C, H, W) for images, (B, F, C, H, W) for video."""
+    def vae_input(self, c: DiffusionComponents, p: Mapping[str, Any], latents: torch.Tensor
+                  ) -> torch.Tensor:
+        """A job's final latents as its VAE decode takes them (CFG copies dropped, scaled)."""
         ...
+
+    def vae_decode(self, c: DiffusionComponents, z: torch.Tensor) -> torch.Tensor:
+        """The VAE decode of :meth:`vae_input` rows, of one job or several jobs concatenated."""
+        ...
+
+    def pixels(self, c: DiffusionComponents, p: Mapping[str, Any], decoded: torch.Tensor
+               ) -> torch.Tensor:
+        """A job's rows of :meth:`vae_decode` as pixels in [0, 1]: (B, C, H, W) for images,
+        (B, F, C, H, W) for video."""
+        ...
+
+
+def decode_job(family: PipelineFamily, c: DiffusionComponents, p: Mapping[str, Any],
+               latents: torch.Tensor) -> torch.Tensor:
+    """One job's pixels from its final latents, as the pipeline decodes them."""
+    return family.pixels(c, p, family.vae_decode(c, family.vae_input(c, p, latents)))
 
 
 def uses_cfg(p: Mapping[str, Any]) -> bool:
     """Classifier-free guidance is on above a scale of 1, as in every diffusers pipeline."""
     return float(p["guidance_scale"]) > 1.0
+
+
+def _text_rows(ps: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """Every distinct prompt and (under CFG) negative prompt of ``ps``: its row in one
+    text-encoder batch. Jobs often share a negative prompt; it is encoded once."""
+    texts = [str(p["prompt"]) for p in ps] + [str(p["negative_prompt"]) for p in ps
+                                              if uses_cfg(p)]
+    return {text: row for row, text in enumerate(dict.fromkeys(texts))}
 
 
 def _latent_hw(c: DiffusionComponents, p: Mapping[str, Any]) -> tuple[int, int]:
@@ -92,6 +121,10 @@ class DiTFamily:
         if uses_cfg(p):
             labels = torch.cat([labels, torch.tensor([1000], device=c.device)], 0)
         return {"class_labels": labels}
+
+    def encode_many(self, c: DiffusionComponents, ps: Sequence[Mapping[str, Any]]
+                    ) -> list[Tensors]:
+        return [self.encode(c, p) for p in ps]  # a label lookup: nothing worth batching
 
     def set_timesteps(self, c: DiffusionComponents, scheduler: Any, steps: int) -> None:
         scheduler.set_timesteps(steps)
@@ -135,13 +168,20 @@ class DiTFamily:
                                             ).prev_sample
         return prev
 
-    def decode(self, c: DiffusionComponents, p: Mapping[str, Any], latents: torch.Tensor
-               ) -> torch.Tensor:
+    def vae_input(self, c: DiffusionComponents, p: Mapping[str, Any], latents: torch.Tensor
+                  ) -> torch.Tensor:
         if uses_cfg(p):  # the CFG batch carries two identical halves
             latents = latents.chunk(2, dim=0)[0]
-        latents = 1 / c.vae.config.scaling_factor * latents
-        samples: torch.Tensor = c.vae.decode(latents).sample
-        return (samples / 2 + 0.5).clamp(0, 1)
+        scaled: torch.Tensor = 1 / c.vae.config.scaling_factor * latents
+        return scaled
+
+    def vae_decode(self, c: DiffusionComponents, z: torch.Tensor) -> torch.Tensor:
+        samples: torch.Tensor = c.vae.decode(z).sample
+        return samples
+
+    def pixels(self, c: DiffusionComponents, p: Mapping[str, Any], decoded: torch.Tensor
+               ) -> torch.Tensor:
+        return (decoded / 2 + 0.5).clamp(0, 1)
 
 
 @functools.cache
@@ -184,6 +224,17 @@ class PixArtFamily:
             embeds, mask = torch.cat([neg, embeds], dim=0), torch.cat([neg_mask, mask], dim=0)
         return {"prompt_embeds": embeds, "prompt_attention_mask": mask}
 
+    def encode_many(self, c: DiffusionComponents, ps: Sequence[Mapping[str, Any]]
+                    ) -> list[Tensors]:
+        rows = _text_rows(ps)
+        embeds, mask = self._embed(c, list(rows))
+        conds = []
+        for p in ps:  # rows as encode() concatenates them: [negative, positive] under CFG
+            own = [rows[str(p["negative_prompt"])]] if uses_cfg(p) else []
+            own.append(rows[str(p["prompt"])])
+            conds.append({"prompt_embeds": embeds[own], "prompt_attention_mask": mask[own]})
+        return conds
+
     def set_timesteps(self, c: DiffusionComponents, scheduler: Any, steps: int) -> None:
         scheduler.set_timesteps(steps, device=c.device)
 
@@ -223,24 +274,31 @@ class PixArtFamily:
             output, t, sample, **_step_kwargs(scheduler, gen), return_dict=False)[0]
         return prev
 
-    def decode(self, c: DiffusionComponents, p: Mapping[str, Any], latents: torch.Tensor
+    def vae_input(self, c: DiffusionComponents, p: Mapping[str, Any], latents: torch.Tensor
+                  ) -> torch.Tensor:
+        scaled: torch.Tensor = latents.to(c.vae.dtype) / c.vae.config.scaling_factor
+        return scaled
+
+    def vae_decode(self, c: DiffusionComponents, z: torch.Tensor) -> torch.Tensor:
+        image: torch.Tensor = c.vae.decode(z, return_dict=False)[0]
+        return image
+
+    def pixels(self, c: DiffusionComponents, p: Mapping[str, Any], decoded: torch.Tensor
                ) -> torch.Tensor:
-        image = c.vae.decode(latents.to(c.vae.dtype) / c.vae.config.scaling_factor,
-                             return_dict=False)[0]
         processor = VaeImageProcessor(vae_scale_factor=c.recipe.vae_scale_factor)
-        out: torch.Tensor = processor.postprocess(image, output_type="pt")
+        out: torch.Tensor = processor.postprocess(decoded, output_type="pt")
         return out
 
 
 class WanFamily:
     """``WanPipeline`` (2.1): UMT5 embeddings trimmed and zero-padded, CFG as two passes."""
 
-    def _embed(self, c: DiffusionComponents, text: str) -> torch.Tensor:
+    def _embed(self, c: DiffusionComponents, texts: list[str]) -> torch.Tensor:
         assert c.tokenizer is not None and c.text_encoder is not None
         length = c.recipe.text_max_length
-        cleaned: str = prompt_clean(text)  # type: ignore[no-untyped-call]
+        cleaned: list[str] = [prompt_clean(t) for t in texts]  # type: ignore[no-untyped-call]
         tokens = c.tokenizer(
-            [cleaned], padding="max_length", max_length=length, truncation=True,
+            cleaned, padding="max_length", max_length=length, truncation=True,
             add_special_tokens=True, return_attention_mask=True, return_tensors="pt",
         )
         seq_lens = tokens.attention_mask.gt(0).sum(dim=1).long()
@@ -252,10 +310,22 @@ class WanFamily:
         return torch.stack(padded, dim=0).to(c.transformer.dtype)
 
     def encode(self, c: DiffusionComponents, p: Mapping[str, Any]) -> Tensors:
-        cond = {"prompt_embeds": self._embed(c, str(p["prompt"]))}
+        cond = {"prompt_embeds": self._embed(c, [str(p["prompt"])])}
         if uses_cfg(p):
-            cond["negative_prompt_embeds"] = self._embed(c, str(p["negative_prompt"]) or "")
+            cond["negative_prompt_embeds"] = self._embed(c, [str(p["negative_prompt"]) or ""])
         return cond
+
+    def encode_many(self, c: DiffusionComponents, ps: Sequence[Mapping[str, Any]]
+                    ) -> list[Tensors]:
+        rows = _text_rows(ps)
+        embeds = self._embed(c, list(rows))
+        conds = []
+        for p in ps:
+            cond = {"prompt_embeds": embeds[[rows[str(p["prompt"])]]]}
+            if uses_cfg(p):
+                cond["negative_prompt_embeds"] = embeds[[rows[str(p["negative_prompt"])]]]
+            conds.append(cond)
+        return conds
 
     def set_timesteps(self, c: DiffusionComponents, scheduler: Any, steps: int) -> None:
         scheduler.set_timesteps(steps, device=c.device)
@@ -295,17 +365,24 @@ class WanFamily:
                                             return_dict=False)[0]
         return prev
 
-    def decode(self, c: DiffusionComponents, p: Mapping[str, Any], latents: torch.Tensor
-               ) -> torch.Tensor:
+    def vae_input(self, c: DiffusionComponents, p: Mapping[str, Any], latents: torch.Tensor
+                  ) -> torch.Tensor:
         cfg = c.vae.config
         latents = latents.to(c.device, dtype=c.vae.dtype)
         mean = torch.tensor(cfg.latents_mean).view(1, cfg.z_dim, 1, 1, 1).to(latents.device,
                                                                             latents.dtype)
         std = 1.0 / torch.tensor(cfg.latents_std).view(1, cfg.z_dim, 1, 1, 1).to(latents.device,
                                                                                 latents.dtype)
-        video = c.vae.decode(latents / std + mean, return_dict=False)[0]
+        return latents / std + mean
+
+    def vae_decode(self, c: DiffusionComponents, z: torch.Tensor) -> torch.Tensor:
+        video: torch.Tensor = c.vae.decode(z, return_dict=False)[0]
+        return video
+
+    def pixels(self, c: DiffusionComponents, p: Mapping[str, Any], decoded: torch.Tensor
+               ) -> torch.Tensor:
         processor = VideoProcessor(vae_scale_factor=c.recipe.vae_scale_factor)
-        out: torch.Tensor = processor.postprocess_video(video, output_type="pt")
+        out: torch.Tensor = processor.postprocess_video(decoded, output_type="pt")
         return out
 
 

@@ -5,7 +5,8 @@ scheduler's ``len(timesteps)``: a second-order step is two chunks. A chunk runs 
 block by block in ``block_groups`` groups and asks ``should_yield`` between groups; when told to,
 it checkpoints the partial evaluation and returns ``complete=False``, and the same chunk index
 later continues from there, bit-exactly. :meth:`DiffusionRunner.run_batch` runs the denoise
-chunks of several jobs of one model and shape as one transformer forward per pass.
+chunks of several jobs of one model and shape as one transformer forward per pass, their encode
+chunks as one text-encoder call and their decode chunks as one VAE decode.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 
 from workers.checkpoint import Checkpoint
 from workers.diffusion.artifacts import VIDEO_FPS, image_artifact, video_artifact
-from workers.diffusion.batching import batch_groups, run_passes_together
+from workers.diffusion.batching import batch_groups, decode_together, run_passes_together
 from workers.diffusion.blockwise import ADAPTERS, group_bounds, run_blocks
 from workers.diffusion.components import (
     DiffusionComponents,
@@ -28,12 +29,13 @@ from workers.diffusion.components import (
     model_evaluations,
     scheduler_baseline,
 )
-from workers.diffusion.families import FAMILIES, PipelineFamily
+from workers.diffusion.families import FAMILIES, PipelineFamily, decode_job
 from workers.diffusion.recipes import DiffusionRecipe, diffusion_recipe
 from workers.diffusion.scheduler_state import copy_scheduler
 from workers.diffusion.state import (
     JobState,
     StepProgress,
+    Tensors,
     state_from_checkpoint,
     state_to_checkpoint,
 )
@@ -50,7 +52,7 @@ def _never_yield() -> bool:
 
 @dataclass(frozen=True, slots=True)
 class RestoredChunk:
-    """A batch item's denoise chunk with its job state decoded, and what decoding it took."""
+    """A batch item's denoise or decode chunk with its job state restored, and what that took."""
 
     item: BatchItem
     job: JobState
@@ -64,7 +66,7 @@ def chunk_names(evaluations: int) -> tuple[str, ...]:
 
 class DiffusionRunner:
     """Runs image or video jobs (``kind``) with parameters from :func:`validate_params`;
-    ``max_batch`` bounds how many jobs' steps :meth:`run_batch` puts in one forward."""
+    ``max_batch`` bounds how many jobs' chunks :meth:`run_batch` runs together."""
 
     def __init__(self, kind: str, block_groups: int = 2, device: str = "cpu",
                  registry: ModelRegistry | None = None, video_fps: int = VIDEO_FPS,
@@ -119,41 +121,39 @@ class DiffusionRunner:
 
     def batch_key(self, params: Mapping[str, Any], index: int) -> str | None:
         """Model and shape for a denoise chunk: jobs that agree on them share a forward whatever
-        their prompt, seed, guidance, scheduler or step. None for encode and decode."""
-        if not 1 <= index <= self.evaluations(params):
+        their prompt, seed, guidance, scheduler or step. An encode or decode chunk adds its name,
+        so it batches only with its own kind. None for an index out of range."""
+        evaluations = self.evaluations(params)
+        if not 0 <= index <= evaluations + 1:
             return None
         shape = f"{params['height']}x{params['width']}x{params['num_frames']}"
-        return f"{self.recipe(params).name}:{shape}"
+        key = f"{self.recipe(params).name}:{shape}"
+        if index == 0:
+            return f"{key}:encode"
+        return f"{key}:decode" if index == evaluations + 1 else key
 
     def run_batch(self, items: Sequence[BatchItem]) -> list[ChunkResult]:
-        """Each item's chunk; denoise chunks of equal :meth:`batch_key` (at most ``max_batch``
-        at a time, in item order) as one forward per pass. A chunk with no key, a step already
-        in progress (a block-group yield) or no partner runs as :meth:`run_chunk` runs it."""
-        results: dict[int, ChunkResult] = {}
+        """Each item's chunk; chunks of equal :meth:`batch_key` (at most ``max_batch`` at a time,
+        in item order) together: encodes in one text-encoder call, denoise steps in one forward
+        per pass, decodes in one VAE decode. A chunk with no key, a step already in progress
+        (a block-group yield) or no partner runs as :meth:`run_chunk` runs it."""
         keys = [self.batch_key(item.params, item.index) for item in items]
-        jobs: dict[int, RestoredChunk] = {}
-        for position, (item, key) in enumerate(zip(items, keys, strict=True)):
-            if key is None:
-                results[position] = self._alone(item)
-                continue
-            started_s = time.perf_counter()
-            job = self._restore(item.params, item.index, item.state)
-            jobs[position] = RestoredChunk(item, job, time.perf_counter() - started_s)
-            if job.progress is not None:
+        restored = {position: self._timed_restore(item)
+                    for position, (item, key) in enumerate(zip(items, keys, strict=True))
+                    if key is not None and item.index > 0}  # denoise and decode chunks
+        for position, r in restored.items():
+            if r.job.progress is not None:
                 keys[position] = None  # finish the interrupted step exactly as it began
+        results: dict[int, ChunkResult] = {}
         for group in batch_groups(keys, self.max_batch):
-            if len(group) > 1:
-                done = self._denoise_together([jobs[position] for position in group])
-                results.update(zip(group, done, strict=True))
-            elif group[0] not in results:
-                results[group[0]] = self._denoise_alone(jobs[group[0]])
+            results.update(zip(group, self._run_group(items, group, restored), strict=True))
         return [results[position] for position in range(len(items))]
 
     def decode_pixels(self, params: Mapping[str, Any], state: Checkpoint) -> torch.Tensor:
         """Pixels in [0, 1] of a fully denoised state: what the ``decode`` chunk encodes."""
         with torch.no_grad():
             job = self._restore(params, self.evaluations(params) + 1, state)
-            return self._family(params).decode(self.components(params), params, job.latents)
+            return decode_job(self._family(params), self.components(params), params, job.latents)
 
     def _family(self, params: Mapping[str, Any]) -> PipelineFamily:
         return FAMILIES[self.recipe(params).family]
@@ -182,10 +182,14 @@ class DiffusionRunner:
         return state_to_checkpoint(job, self._baseline(params))
 
     def _encode(self, params: Mapping[str, Any]) -> ChunkResult:
+        return self._encoded(params, self._family(params).encode(self.components(params), params))
+
+    def _encoded(self, params: Mapping[str, Any], cond: Tensors) -> ChunkResult:
+        """The encode chunk's state around the job's conditioning ``cond``: its own scheduler,
+        and initial noise drawn from its own seed, alone or in a batch."""
         c, family = self.components(params), self._family(params)
         generator = torch.Generator(device="cpu").manual_seed(int(params["seed"]))
         scheduler = copy_scheduler(self._baseline(params))  # built, timesteps set: as the pipeline
-        cond = family.encode(c, params)
         if len(scheduler.timesteps) != self.evaluations(params):
             raise ParamsError(
                 f"scheduler {params['scheduler']!r} made {len(scheduler.timesteps)} timesteps, not "
@@ -251,13 +255,71 @@ class DiffusionRunner:
         result.metrics["batch_size"] = 1
         return result
 
-    def _denoise_alone(self, r: RestoredChunk) -> ChunkResult:
-        """What :meth:`run_chunk` does with a denoise chunk, from the already restored job."""
+    def _timed_restore(self, item: BatchItem) -> RestoredChunk:
         started_s = time.perf_counter()
+        job = self._restore(item.params, item.index, item.state)
+        return RestoredChunk(item, job, time.perf_counter() - started_s)
+
+    def _run_group(self, items: Sequence[BatchItem], group: Sequence[int],
+                   restored: Mapping[int, RestoredChunk]) -> list[ChunkResult]:
+        """The chunks at positions ``group`` of ``items``, one batch group: together when there
+        are several, else as :meth:`run_chunk` runs the chunk."""
+        first = items[group[0]]
+        if len(group) == 1:
+            lone = restored.get(group[0])
+            return [self._alone(first) if lone is None else self._restored_alone(lone)]
+        if first.index == 0:
+            return self._encode_together([items[position] for position in group])
+        members = [restored[position] for position in group]
+        if first.index > self.evaluations(first.params):
+            return self._decode_together(members)
+        return self._denoise_together(members)
+
+    def _restored_alone(self, r: RestoredChunk) -> ChunkResult:
+        """What :meth:`run_chunk` does with a denoise or decode chunk, from the restored job."""
+        started_s = time.perf_counter()
+        params = r.item.params
         with torch.no_grad():
-            result = self._denoise(r.item.params, r.job, _never_yield)
+            if r.item.index > self.evaluations(params):
+                result = self._decode(params, r.job)
+            else:
+                result = self._denoise(params, r.job, _never_yield)
         self._add_metrics(result, r.item, time.perf_counter() - started_s + r.restore_s, 1)
         return result
+
+    def _encode_together(self, items: Sequence[BatchItem]) -> list[ChunkResult]:
+        """Each job's encode chunk, every prompt of all jobs in one text-encoder call; each
+        job's scheduler and initial noise its own, as :meth:`_encode` makes them alone."""
+        started_s = time.perf_counter()
+        params = items[0].params
+        c, family = self.components(params), self._family(params)
+        with torch.no_grad():
+            conds = family.encode_many(c, [item.params for item in items])
+            results = [self._encoded(item.params, cond)
+                       for item, cond in zip(items, conds, strict=True)]
+        compute_s = time.perf_counter() - started_s
+        for item, result in zip(items, results, strict=True):
+            self._add_metrics(result, item, compute_s, len(items))
+        log.debug("model %s: %d jobs' encodes shared a call", params["model"], len(items))
+        return results
+
+    def _decode_together(self, members: Sequence[RestoredChunk]) -> list[ChunkResult]:
+        """Each job's decode chunk, all final latents in one VAE decode; each job's pixels and
+        artifact then its own, as :meth:`_decode` makes them alone."""
+        started_s = time.perf_counter()
+        params = members[0].item.params
+        c, family = self.components(params), self._family(params)
+        with torch.no_grad():
+            pixels = decode_together(family, c, [m.item.params for m in members],
+                                     [m.job.latents for m in members])
+            results = [self._artifact(m.item.params, m.job, p)
+                       for m, p in zip(members, pixels, strict=True)]
+        compute_s = time.perf_counter() - started_s + sum(m.restore_s for m in members)
+        for m, result in zip(members, results, strict=True):
+            self._add_metrics(result, m.item, compute_s, len(members))
+        log.debug("model %s: %d jobs' decodes shared a VAE call", members[0].job.model,
+                  len(members))
+        return results
 
     def _denoise_together(self, members: Sequence[RestoredChunk]) -> list[ChunkResult]:
         """One step of each job, every pass as one forward over all jobs that have it; then each
@@ -285,8 +347,12 @@ class DiffusionRunner:
                               compute_s=compute_s, batch_size=batch_size)
 
     def _decode(self, params: Mapping[str, Any], job: JobState) -> ChunkResult:
-        c = self.components(params)
-        pixels = self._family(params).decode(c, params, job.latents)
+        pixels = decode_job(self._family(params), self.components(params), params, job.latents)
+        return self._artifact(params, job, pixels)
+
+    def _artifact(self, params: Mapping[str, Any], job: JobState, pixels: torch.Tensor
+                  ) -> ChunkResult:
+        """The decode chunk's result: the job's artifact from its pixels, and a done state."""
         fmt = str(params["output_format"])
         if self.kind == "image":
             artifact = image_artifact(pixels, fmt)

@@ -1,9 +1,11 @@
-"""Step-level batching of text decode: several jobs' KV caches as one left-padded cache, with the
-attention mask and position ids that keep every row to its own tokens and its own positions."""
+"""Step-level batching of text jobs: several prompts as one left-padded prefill, several jobs' KV
+caches as one left-padded cache, with the attention mask and position ids that keep every row to
+its own tokens and its own positions."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, PretrainedConfig
@@ -11,26 +13,61 @@ from transformers import DynamicCache, PretrainedConfig
 from workers.moe.generation import kv_pairs
 
 
+@dataclass(frozen=True, slots=True)
+class PaddedPrompts:
+    """Prompts as one ``[rows, width]`` forward: each row's tokens end at the right edge, after
+    pad tokens the mask hides, the router sends to no expert and no job counts."""
+
+    input_ids: torch.Tensor
+    mask: torch.Tensor
+    """``[rows, width]``: 1 on a row's own tokens, 0 on its padding."""
+    positions: torch.Tensor
+    """``[rows, width]``: each token's position in its own prompt (padding: 1, as generate())."""
+
+    @classmethod
+    def of(cls, prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device,
+           ) -> PaddedPrompts:
+        width = max(len(ids) for ids in prompts)
+        rows = [[pad_id] * (width - len(ids)) + list(ids) for ids in prompts]
+        mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompts],
+                            dtype=torch.int64, device=device)
+        positions = (mask.cumsum(dim=1) - 1).masked_fill(mask == 0, 1)
+        return cls(torch.tensor(rows, dtype=torch.int64, device=device), mask, positions)
+
+    @property
+    def token_mask(self) -> torch.Tensor:
+        """``[rows * width]`` bool, row-major as the MoE blocks flatten tokens: False on padding."""
+        return self.mask.reshape(-1).bool()
+
+
 class PaddedKV:
     """The members' caches as one ``[rows, heads, width, head_dim]`` cache per layer: each row's
     tokens end at the right edge, after zeros the mask hides; every step appends one column."""
 
-    def __init__(self, caches: Sequence[DynamicCache], config: PretrainedConfig) -> None:
-        per_row = [kv_pairs(cache) for cache in caches]
+    def __init__(self, cache: DynamicCache, mask: torch.Tensor, config: PretrainedConfig) -> None:
         self.config = config
-        self.lengths = [int(pairs[0][0].shape[2]) for pairs in per_row]
+        self.cache = cache
+        self.mask = mask
+        """``[rows, width]``: 1 where a row's own tokens are, 0 on its padding."""
+        self.lengths = [int(n) for n in mask.sum(dim=1).tolist()]
         """Per row, the tokens its cache holds (its next token's position)."""
-        width = max(self.lengths)
+        self.device = mask.device
+
+    @classmethod
+    def stack(cls, caches: Sequence[DynamicCache], config: PretrainedConfig) -> PaddedKV:
+        """The members' own caches, each left-padded to the longest."""
+        per_row = [kv_pairs(cache) for cache in caches]
+        lengths = [int(pairs[0][0].shape[2]) for pairs in per_row]
+        width = max(lengths)
         layers = []
         for layer in range(len(per_row[0])):
             keys = torch.cat([_left_pad(pairs[layer][0], width) for pairs in per_row])
             values = torch.cat([_left_pad(pairs[layer][1], width) for pairs in per_row])
             layers.append((keys, values))
-        self.device = layers[0][0].device
-        self.cache = DynamicCache(ddp_cache_data=layers, config=config)
-        self.mask = torch.tensor([[0] * (width - n) + [1] * n for n in self.lengths],
-                                 dtype=torch.int64, device=self.device)
-        """``[rows, width]``: 1 where a row's own tokens are, 0 on its padding."""
+        device = layers[0][0].device
+        mask = torch.tensor([[0] * (width - n) + [1] * n for n in lengths], dtype=torch.int64,
+                            device=device)
+        return cls(DynamicCache(ddp_cache_data=layers, config=config), mask, config)
 
     @property
     def rows(self) -> int:
@@ -49,10 +86,13 @@ class PaddedKV:
         self.lengths = [n + 1 for n in self.lengths]
 
     def row_cache(self, row: int) -> DynamicCache:
-        """Row ``row``'s own cache: its tokens only, no padding, contiguous."""
+        """Row ``row``'s own cache: its tokens only, no padding, contiguous, in storage of its
+        own (a view would keep the whole batch's cache alive with the job's checkpoint)."""
         start = int(self.mask.shape[1]) - self.lengths[row]
-        pairs = [(k[row : row + 1, :, start:].contiguous(),
-                  v[row : row + 1, :, start:].contiguous()) for k, v in kv_pairs(self.cache)]
+        own = torch.contiguous_format
+        pairs = [(k[row : row + 1, :, start:].clone(memory_format=own),
+                  v[row : row + 1, :, start:].clone(memory_format=own))
+                 for k, v in kv_pairs(self.cache)]
         return DynamicCache(ddp_cache_data=pairs, config=self.config)
 
     def keep(self, rows: Sequence[int]) -> None:

@@ -112,16 +112,23 @@ class RoutingContext:
     rows: list[RoutingTally] | None = None
     """Set while a batched forward runs: its input is ``[len(rows), T]`` and each row's tokens
     are also counted in that row's own tally (a job's statistics, not the batch's)."""
+    token_mask: torch.Tensor | None = None
+    """Set while a left-padded forward runs: ``[len(rows) * T]`` bool, False on padding tokens,
+    which the routers send to no expert and which nothing counts (tallies, cache, observer).
+    Only native routing pads: a capacity would still see the padding tokens."""
 
     def record(self, layer: int, top_probs: torch.Tensor, top_index: torch.Tensor) -> None:
+        """Count a layer's routing of the forward's tokens (padding excluded)."""
         row = self.layer_order.get(layer, layer)
-        flat = top_index.reshape(-1).to(torch.int64)
-        self.expert_counts[row].index_add_(0, flat, torch.ones_like(flat))
         token_scores = top_probs.detach().sum(dim=-1).double()
-        self.score_sum += float(token_scores.sum())
-        self.score_count += int(top_probs.shape[0])
         if self.rows:
             self._record_rows(row, top_index, token_scores)
+        if self.token_mask is not None:
+            top_index, token_scores = top_index[self.token_mask], token_scores[self.token_mask]
+        flat = top_index.reshape(-1).to(torch.int64)
+        self.expert_counts[row].index_add_(0, flat, torch.ones_like(flat))
+        self.score_sum += float(token_scores.sum())
+        self.score_count += int(top_index.shape[0])
         if self.trace is not None:
             self.trace.append((layer, top_index.tolist()))
 
@@ -150,7 +157,10 @@ class RoutingContext:
         per_row = tokens // len(rows)
         for i, tally in enumerate(rows):
             span = slice(i * per_row, (i + 1) * per_row)
-            tally.add(row, top_index[span], token_scores[span])
+            index, scores = top_index[span], token_scores[span]
+            if self.token_mask is not None:
+                index, scores = index[self.token_mask[span]], scores[self.token_mask[span]]
+            tally.add(row, index, scores)
 
 
 class StepRouter(nn.Module):
@@ -182,10 +192,14 @@ class StepRouter(nn.Module):
             generator = torch.Generator().manual_seed(seed)
             top_probs, top_index = apply_capacity(probs, top_probs, top_index, config, generator)
         self.context.record(self.layer, top_probs, top_index)
+        keep = self.context.token_mask
         if self.context.observer is not None:
-            self.context.observer(self.layer, hidden, top_index)
+            routed = (hidden, top_index) if keep is None else (hidden[keep], top_index[keep])
+            self.context.observer(self.layer, *routed)
         if self.normalise:
             top_probs = top_probs / top_probs.sum(dim=-1, keepdim=True)
+        if keep is not None:
+            top_probs, top_index = drop_tokens(top_probs, top_index, keep, self.weight.shape[0])
         return logits, top_probs.to(logits.dtype), top_index
 
     def _usage_share(self) -> torch.Tensor | None:
@@ -194,6 +208,14 @@ class StepRouter(nn.Module):
         row = self.context.expert_counts[self.context.layer_order.get(self.layer, self.layer)]
         total = int(row.sum())
         return row.double() / total if total else None
+
+
+def drop_tokens(top_probs: torch.Tensor, top_index: torch.Tensor, keep: torch.Tensor,
+                num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Route the tokens outside ``keep`` to no expert: index ``num_experts``, which the fused
+    experts' one-hot (``num_experts + 1`` classes) drops, with weight 0 (their MLP output is 0)."""
+    dropped = ~keep.unsqueeze(-1)
+    return top_probs.masked_fill(dropped, 0.0), top_index.masked_fill(dropped, num_experts)
 
 
 def routing_probs(

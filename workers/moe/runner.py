@@ -2,8 +2,9 @@
 tokens; KV cache, generated ids, sampler RNG and routing metrics travel in the checkpoint.
 
 Greedy output with ``routing: native`` is token-identical to ``model.generate()``, also when
-every chunk runs on a fresh worker. Decode chunks of native-routed jobs on one model and expert
-version can also run batched (:meth:`TextRunner.run_batch`): one forward per step for all.
+every chunk runs on a fresh worker. Prefills, and decode chunks, of native-routed jobs on one
+model and expert version can also run batched (:meth:`TextRunner.run_batch`): one forward per
+step for all, each job's checkpoint exactly as its lone chunk would write it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from transformers import DynamicCache
 
 from workers.checkpoint import Checkpoint
 from workers.errors import CheckpointError, NonFiniteOutput, ParamsError
-from workers.moe.batching import PaddedKV, has_sliding_window
+from workers.moe.batching import PaddedKV, PaddedPrompts, has_sliding_window
 from workers.moe.expert_cache import CacheConfig
 from workers.moe.generation import (
     generator_from_state,
@@ -167,22 +168,24 @@ class TextRunner:
         return _finish(p, session, job, produced, chunk_ms, complete)
 
     def batch_key(self, params: Mapping[str, Any], index: int) -> str | None:
-        """Decode chunks of natively routed jobs on one model share a key. The prefill runs
-        alone (its prompt is the forward), and so does configured routing: its capacity, noise
-        and diversity penalty act on a forward's tokens together and on the job's own usage."""
-        p = validate_params(params)
-        if index < 1 or p.routing != "native":
-            return None
-        return f"{p.model}:native"
+        """Decode chunks of natively routed jobs on one model share a key, and their prefills
+        another (a prefill's forward is a whole prompt, a decode step's one token). Configured
+        routing runs alone: its capacity, noise and diversity penalty act on a forward's tokens
+        together and on the job's own usage."""
+        return _batch_key(validate_params(params), index)
 
     def run_batch(self, items: Sequence[BatchItem]) -> list[ChunkResult]:
-        """Run each item's chunk; items with equal :meth:`batch_key` and expert version decode
-        together, one forward of one token per job each step. One result per item, in order;
-        the same items in the same order give the same tokens."""
+        """Run each item's chunk; items with equal :meth:`batch_key` and expert version run
+        together: prefills as one forward of their left-padded prompts, decode chunks as one
+        forward of one token per job each step. One result per item, in order;
+        the same items in the same order give the same tokens. A prefill whose prompt does not
+        fit the model raises its :class:`ParamsError` before any forward runs (the task layer
+        then runs each member alone, so that job fails alone)."""
+        params = [validate_params(item.params) for item in items]
         groups: dict[tuple[str, str], list[int]] = {}
         order: list[tuple[str, str] | int] = []
-        for position, item in enumerate(items):
-            key = self._group_key(item)
+        for position, (item, p) in enumerate(zip(items, params, strict=True)):
+            key = self._group_key(item, p)
             if key is None:
                 order.append(position)
             elif key not in groups:
@@ -195,23 +198,30 @@ class TextRunner:
             members = [entry] if isinstance(entry, int) else groups[entry]
             if len(members) == 1:
                 results[members[0]] = self._run_alone(items[members[0]])
-            else:
-                results.update(zip(members, self._run_group([items[i] for i in members]),
-                                   strict=True))
+                continue
+            run = self._prefill_group if items[members[0]].index == 0 else self._run_group
+            done = run([items[i] for i in members], [params[i] for i in members])
+            results.update(zip(members, done, strict=True))
         return [results[position] for position in range(len(items))]
 
     # -- batched decode -----------------------------------------------------------------------
 
-    def _group_key(self, item: BatchItem) -> tuple[str, str] | None:
+    def _group_key(self, item: BatchItem, p: TextParams) -> tuple[str, str] | None:
         """The (batch key, expert version) of an item that may join a batch; None: it runs alone
-        (also every item run_chunk would refuse, so it raises the same error)."""
-        key = self.batch_key(item.params, item.index)
-        if key is None or item.state is None:
+        (also every item run_chunk would refuse, so it raises the same error). A fresh prefill's
+        prompt is checked here, so a prompt that does not fit raises before any forward."""
+        key = _batch_key(p, item.index)
+        if key is None or not self._pads_cleanly(p.model):
             return None
-        p = validate_params(item.params)
         session = self.session(p.model)
-        native = item.state.meta.get("router") == RouterConfig.native().to_meta()
-        if not native or item.index > p.num_decode_chunks or not self._pads_cleanly(p.model):
+        if item.index == 0:
+            if item.state is not None:
+                return None
+            _prompt_ids(p, session)
+            return key, _version_of(p, None, session)
+        if item.state is None or item.index > p.num_decode_chunks:
+            return None
+        if item.state.meta.get("router") != RouterConfig.native().to_meta():
             return None
         return key, _version_of(p, item.state, session)
 
@@ -226,10 +236,10 @@ class TextRunner:
         result.metrics["batch_size"] = 1
         return result
 
-    def _run_group(self, items: Sequence[BatchItem]) -> list[ChunkResult]:
+    def _run_group(self, items: Sequence[BatchItem], params: Sequence[TextParams],
+                   ) -> list[ChunkResult]:
         """Decode the members' chunks together; each runs to its chunk's end."""
         started_s = time.perf_counter()
-        params = [validate_params(item.params) for item in items]
         session = self.session(params[0].model)
         session.experts.use(_version_of(params[0], items[0].state, session))
         session.cache.tick(self._clock_s())
@@ -259,7 +269,7 @@ class TextRunner:
         leaves the batch with a cache of exactly its own tokens."""
         if not active:
             return
-        kv = PaddedKV([row.job.kv for row in active], session.loaded.model.config)
+        kv = PaddedKV.stack([row.job.kv for row in active], session.loaded.model.config)
         while active:
             self._batch_step(session, active, kv)
             now_s = time.perf_counter()
@@ -297,23 +307,74 @@ class TextRunner:
             row.job.cache_stats = {k: stats.get(k, 0) + after[k] - before[k] for k in after}
             _take_token(row.params, session, row.job, out.logits[i, -1])
 
+    # -- batched prefill ---------------------------------------------------------------------
+
+    def _prefill_group(self, items: Sequence[BatchItem], params: Sequence[TextParams],
+                       ) -> list[ChunkResult]:
+        """The members' prefills as one left-padded forward; each job then holds exactly what
+        its lone prefill (:meth:`_start`) would: its own cache, first token, RNG and routing.
+        Each job's cache counters are the forward's, as in a batched decode step."""
+        assert all(item.index == 0 and item.state is None for item in items)  # see _group_key
+        started_s = time.perf_counter()
+        session = self.session(params[0].model)
+        session.experts.use(_version_of(params[0], None, session))
+        session.cache.tick(self._clock_s())
+        before = session.cache.counters.as_dict()
+        jobs = [self._new_job(p, session, _prompt_ids(p, session), _empty_tally(session),
+                              RouterConfig.native()) for p in params]
+        logits, kv = self._prefill_forward(session, jobs)
+        after = session.cache.counters.as_dict()
+        chunk_ms = (time.perf_counter() - started_s) * 1000.0
+        results = []
+        for row, (p, job) in enumerate(zip(params, jobs, strict=True)):
+            job.kv, job.latency_ms = kv.row_cache(row), chunk_ms
+            job.cache_stats = {k: after[k] - before[k] for k in after}
+            _take_token(p, session, job, logits[row])
+            result = _finish(p, session, job, job.generated, chunk_ms, True)
+            result.metrics["batch_size"] = len(jobs)
+            results.append(result)
+        log.debug("batched prefill on %s: %d jobs, %d prompt tokens", params[0].model,
+                  len(jobs), sum(job.prompt_tokens for job in jobs))
+        return results
+
+    def _prefill_forward(self, session: ModelSession, jobs: list[_Job],
+                         ) -> tuple[torch.Tensor, PaddedKV]:
+        """One forward over the jobs' prompts, left-padded: each row's last-position logits
+        ``[rows, V]`` and the padded cache. Padding goes to no expert; each row's routing is
+        counted in its job's tally, the batch's in the routing context."""
+        prompts = PaddedPrompts.of([job.ids for job in jobs], _pad_id(session), session.device)
+        context = session.new_context(RouterConfig.native())
+        context.rows, context.token_mask = [job.routing for job in jobs], prompts.token_mask
+        try:
+            with torch.inference_mode():
+                out = session.loaded.model(
+                    input_ids=prompts.input_ids, attention_mask=prompts.mask,
+                    position_ids=prompts.positions,
+                    past_key_values=DynamicCache(config=session.loaded.model.config),
+                    use_cache=True, logits_to_keep=1,
+                )
+        finally:
+            context.rows, context.token_mask = None, None
+        session.cache.end_forward()
+        return out.logits[:, -1], PaddedKV(out.past_key_values, prompts.mask,
+                                           session.loaded.model.config)
+
     # -- chunk steps -------------------------------------------------------------------------
 
     def _start(self, p: TextParams, session: ModelSession) -> _Job:
-        ids = encode_prompt(session.loaded.tokenizer, p.prompt)
-        limit = int(session.loaded.model.config.max_position_embeddings)
-        if len(ids) + p.max_new_tokens > limit:
-            raise ParamsError(
-                f"prompt ({len(ids)} tokens) plus max_new_tokens ({p.max_new_tokens}) exceeds "
-                f"{p.model}'s {limit} positions; shorten the prompt or lower max_new_tokens"
-            )
         router = RouterConfig.native() if p.routing == "native" else self.router
+        ids = _prompt_ids(p, session)
         context = session.new_context(router)
-        kv = DynamicCache(config=session.loaded.model.config)
-        job = _Job(ids, len(ids), kv, new_generator(p.seed), router, context.totals(),
-                   version=session.experts.active_version)
+        job = self._new_job(p, session, ids, context.totals(), router)
         self._step(p, session, job, ids)
         return job
+
+    def _new_job(self, p: TextParams, session: ModelSession, ids: list[int],
+                 routing: RoutingTally, router: RouterConfig) -> _Job:
+        """A job before its prefill: its prompt, an empty cache, a fresh RNG."""
+        kv = DynamicCache(config=session.loaded.model.config)
+        return _Job(ids, len(ids), kv, new_generator(p.seed), router, routing,
+                    version=session.experts.active_version)
 
     def _restore(self, p: TextParams, session: ModelSession, state: Checkpoint) -> _Job:
         """The job in ``state``, its routing counts in a fresh routing context."""
@@ -371,6 +432,37 @@ class TextRunner:
         session.cache.end_forward()
         job.kv = out.past_key_values
         _take_token(p, session, job, out.logits[0, -1])
+
+
+def _batch_key(p: TextParams, index: int) -> str | None:
+    if index < 0 or p.routing != "native":
+        return None
+    return f"{p.model}:native:prefill" if index == 0 else f"{p.model}:native"
+
+
+def _prompt_ids(p: TextParams, session: ModelSession) -> list[int]:
+    """The prompt's token ids; raises :class:`ParamsError` if they and ``max_new_tokens`` do not
+    fit the model's positions."""
+    ids = encode_prompt(session.loaded.tokenizer, p.prompt)
+    limit = int(session.loaded.model.config.max_position_embeddings)
+    if len(ids) + p.max_new_tokens > limit:
+        raise ParamsError(
+            f"prompt ({len(ids)} tokens) plus max_new_tokens ({p.max_new_tokens}) exceeds "
+            f"{p.model}'s {limit} positions; shorten the prompt or lower max_new_tokens"
+        )
+    return ids
+
+
+def _empty_tally(session: ModelSession) -> RoutingTally:
+    """A job's routing counts before its first token."""
+    counts = torch.zeros(len(session.moe_layers), session.loaded.num_experts, dtype=torch.int64)
+    return RoutingTally(counts)
+
+
+def _pad_id(session: ModelSession) -> int:
+    """The token left padding holds (masked, and routed to no expert: any valid id serves)."""
+    pad = session.loaded.tokenizer.pad_token_id
+    return int(pad) if pad is not None else 0
 
 
 def _take_token(p: TextParams, session: ModelSession, job: _Job, logits: torch.Tensor) -> None:
