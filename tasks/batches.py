@@ -100,8 +100,8 @@ def execute_batch(ctx: WorkerContext, batch_id: str, members: Sequence[BatchMemb
         lead = store.record(members_lost[0][0])  # the batch goes on together
         publish_batch(store, new_batch_id(lead.job_id), lead, members_lost, queue=queue,
                       lease_s=lease_s)
-    if not jobs:
-        store.take_joiners(batch_id, keep=False, lease_s=lease_s)  # nothing left: close it
+    if not jobs:  # nothing left: close it (joiners that came meanwhile go on by themselves)
+        _publish_hops(ctx, batch_id, None, {})
         return "stale"
     # One canonical order: a batched step's numbers depend only on which jobs ran in it, so a
     # batch schedule (who ran with whom, step by step) replays to the same outputs anywhere.
@@ -255,7 +255,7 @@ def _charge(ctx: WorkerContext, m: _Member, ran: list[_Member],
     return share_s, share_s * size / batch_slowdown(growth, size)
 
 
-def _publish_hops(ctx: WorkerContext, batch_id: str, lead: JobRecord,
+def _publish_hops(ctx: WorkerContext, batch_id: str, lead: JobRecord | None,
                   hops: dict[str, list[BatchMember]]) -> None:
     """The batch goes on as one message per queue (the largest keeps its id), with the jobs
     the tick released into it meanwhile; with no job left it closes, and any such joiners go
@@ -264,10 +264,11 @@ def _publish_hops(ctx: WorkerContext, batch_id: str, lead: JobRecord,
     joiners = store.take_joiners(batch_id, keep=bool(hops), lease_s=lease_s)
     if not hops:
         if joiners:  # the batch ended as they joined: they go on together, on their queue
-            queue = store.record(joiners[0][0]).queue
-            publish_batch(store, new_batch_id(joiners[0][0]), lead, joiners, queue=queue,
+            first = store.record(joiners[0][0])
+            publish_batch(store, new_batch_id(first.job_id), first, joiners, queue=first.queue,
                           lease_s=lease_s)
         return
+    assert lead is not None
     ordered = sorted(hops.items(), key=lambda item: -len(item[1]))
     for n, (queue, group) in enumerate(ordered):
         if n == 0:

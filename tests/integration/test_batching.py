@@ -20,9 +20,14 @@ from tests.conftest import Processes, wait_for, wait_for_workers
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 
-def _service(client: redis.Redis) -> JobService:
-    """The submit path, once the tick runs (while none does, submit releases every job alone
-    at once: batches are the tick's to form)."""
+def _stack(processes: Processes, client: redis.Redis, workers: int) -> JobService:
+    """A tick and ``workers`` workers; the submit path, once the tick runs (while none does,
+    submit releases every job alone at once: batches are the tick's to form)."""
+    processes.scheduler()
+    names = [f"w{k + 1}" for k in range(workers)]
+    for name in names:
+        processes.worker(name)
+    wait_for_workers(client, names)
     wait_for(lambda: client.get(keys.ADMISSION), 30, "the first tick")
     return JobService(JobStore(client), current_settings())
 
@@ -59,10 +64,7 @@ def _batch_tasks(store: JobStore, job_id: str) -> set[str]:
 def test_compatible_jobs_run_together_and_each_commits_every_chunk_once(
     processes: Processes, redis_client: redis.Redis
 ) -> None:
-    processes.scheduler()
-    processes.worker("w1")
-    wait_for_workers(redis_client, ["w1"])
-    service = _service(redis_client)
+    service = _stack(processes, redis_client, workers=1)
 
     job_ids = [service.submit(_batchable(steps=12, step_ms=40))[0] for _ in range(4)]
 
@@ -78,11 +80,7 @@ def test_compatible_jobs_run_together_and_each_commits_every_chunk_once(
 def test_a_job_preempted_out_of_a_batch_resumes_and_finishes_exactly(
     processes: Processes, redis_client: redis.Redis
 ) -> None:
-    processes.scheduler()
-    processes.worker("w1")
-    processes.worker("w2")
-    wait_for_workers(redis_client, ["w1", "w2"])
-    service = _service(redis_client)
+    service = _stack(processes, redis_client, workers=2)
     store = service.store
     job_ids = [service.submit(_batchable(steps=30, step_ms=60))[0] for _ in range(3)]
     wait_for(lambda: all(store.record(j).next_chunk >= 3 for j in job_ids), 60,
@@ -100,10 +98,7 @@ def test_a_job_preempted_out_of_a_batch_resumes_and_finishes_exactly(
 def test_a_job_joins_a_running_batch_at_a_step_boundary(
     processes: Processes, redis_client: redis.Redis
 ) -> None:
-    processes.scheduler()
-    processes.worker("w1")
-    wait_for_workers(redis_client, ["w1"])
-    service = _service(redis_client)
+    service = _stack(processes, redis_client, workers=1)
     store = service.store
     first = [service.submit(_batchable(steps=40, step_ms=50))[0] for _ in range(2)]
     wait_for(lambda: all(store.record(j).next_chunk >= 5 for j in first), 60,
@@ -120,11 +115,7 @@ def test_a_job_joins_a_running_batch_at_a_step_boundary(
 def test_a_worker_killed_mid_batch_loses_no_job(
     processes: Processes, redis_client: redis.Redis
 ) -> None:
-    processes.scheduler()
-    processes.worker("w1")
-    processes.worker("w2")
-    wait_for_workers(redis_client, ["w1", "w2"])
-    service = _service(redis_client)
+    service = _stack(processes, redis_client, workers=2)
     store = service.store
     job_ids = [service.submit(_batchable(steps=40, step_ms=80))[0] for _ in range(4)]
 
@@ -143,10 +134,7 @@ def test_a_worker_killed_mid_batch_loses_no_job(
 def test_a_realtime_job_runs_alone_by_default(
     processes: Processes, redis_client: redis.Redis
 ) -> None:
-    processes.scheduler()
-    processes.worker("w1")
-    wait_for_workers(redis_client, ["w1"])
-    service = _service(redis_client)
+    service = _stack(processes, redis_client, workers=1)
     store = service.store
 
     others = [service.submit(_batchable(steps=20, step_ms=30))[0] for _ in range(2)]
@@ -184,10 +172,7 @@ def test_a_job_that_joins_mid_way_finishes_with_the_output_its_batch_schedule_pr
     from workers.kinds import RunnerOptions, get_runner
     from workers.runner import BatchItem
 
-    processes.scheduler()
-    processes.worker("w1")
-    wait_for_workers(redis_client, ["w1"])
-    service = _service(redis_client)
+    service = _stack(processes, redis_client, workers=1)
     store = service.store
     first = [service.submit(_image(seed, guidance, 100))[0]
              for seed, guidance in ((1, 1.0), (2, 4.0))]

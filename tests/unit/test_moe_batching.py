@@ -112,10 +112,7 @@ def test_greedy_batched_tokens_equal_the_tokens_decoded_one_job_at_a_time(model:
     batched = _batched(runner, jobs, states)
     alone = [_alone(runner, p, s) for p, s in zip(jobs, states, strict=True)]
     # then every token is the same (measured: 100% agreement on every tiny recipe)
-    for b, a in zip(batched, alone, strict=True):
-        assert _ids(b.state) == _ids(a.state)
-        assert b.artifact is not None and a.artifact is not None
-        assert json.loads(b.artifact.data)["output"] == json.loads(a.artifact.data)["output"]
+    _assert_same_outputs(batched, alone)
 
 
 def test_a_job_decoded_partly_batched_then_alone_and_the_other_way_round_finishes_validly(
@@ -348,7 +345,12 @@ def test_batched_prefill_of_different_prompt_lengths_gives_the_lone_tokens_and_c
     # (measured: 100% agreement on every tiny recipe, also at 8 jobs)
     continued = _batched(runner, jobs, [r.state for r in batched])
     reference = [_alone(runner, p, s) for p, s in zip(jobs, alone, strict=True)]
-    for b, a in zip(continued, reference, strict=True):
+    _assert_same_outputs(continued, reference)
+
+
+def _assert_same_outputs(results: list[ChunkResult], reference: list[ChunkResult]) -> None:
+    """Same ids and the same output text, job by job."""
+    for b, a in zip(results, reference, strict=True):
         assert _ids(b.state) == _ids(a.state)
         assert b.artifact is not None and a.artifact is not None
         assert json.loads(b.artifact.data)["output"] == json.loads(a.artifact.data)["output"]
