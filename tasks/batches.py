@@ -80,11 +80,12 @@ def execute_batch(ctx: WorkerContext, batch_id: str, members: Sequence[BatchMemb
     """Run one step of the batch; returns what happened, for logs and tests."""
     store, lease_s = ctx.store, ctx.settings.broker.chunk_lease
     started = time.perf_counter()
+    claimed, joiners = store.claim_chunks(members, ctx.name, lease_s, take_joiners_of=batch_id)
     named = {job_id for job_id, _, _ in members}
-    joiners = [m for m in store.take_joiners(batch_id, keep=True, lease_s=lease_s)
-               if m[0] not in named]
+    joiners = [m for m in joiners if m[0] not in named]
+    if joiners:  # released into the batch since its last step: they run in this one
+        claimed += store.claim_chunks(joiners, ctx.name, lease_s)[0]
     wanted = [*members, *joiners]
-    claimed = store.claim_chunks(wanted, ctx.name, lease_s)
     ctx.profile.add("claim", started)
     jobs: list[JobRecord] = []
     lost: dict[str, list[BatchMember]] = {}
@@ -101,7 +102,7 @@ def execute_batch(ctx: WorkerContext, batch_id: str, members: Sequence[BatchMemb
         publish_batch(store, new_batch_id(lead.job_id), lead, members_lost, queue=queue,
                       lease_s=lease_s)
     if not jobs:  # nothing left: close it (joiners that came meanwhile go on by themselves)
-        _publish_hops(ctx, batch_id, None, {})
+        _publish_hops(ctx, batch_id, None, {}, [])
         return "stale"
     # One canonical order: a batched step's numbers depend only on which jobs ran in it, so a
     # batch schedule (who ran with whom, step by step) replays to the same outputs anywhere.
@@ -219,7 +220,8 @@ def _commit_and_hop(ctx: WorkerContext, batch_id: str, members: list[_Member],
         requests.append((m.job.job_id, commit_request(ctx, m.job, m.job.next_chunk, m.job.seq,
                                                       m.result, share_s, task_id, alone_s)))
     committing = time.perf_counter()
-    commits = store.commit_chunks(requests)
+    commits, joiners = store.commit_chunks(requests, take_joiners_of=batch_id,
+                                           lease_s=ctx.settings.broker.chunk_lease)
     ctx.profile.add("commit", committing)
     hops: dict[str, list[BatchMember]] = {}
     for m, (_, request), commit in zip(ran, requests, commits, strict=True):
@@ -237,7 +239,7 @@ def _commit_and_hop(ctx: WorkerContext, batch_id: str, members: list[_Member],
             hops.setdefault(commit.queue, []).append((job.job_id, commit.next_chunk, job.epoch))
         elif commit.status is not CommitStatus.STALE:
             ctx.cache.drop(job.job_id)  # done, or stopped: another worker may resume it
-    _publish_hops(ctx, batch_id, members[0].job, hops)
+    _publish_hops(ctx, batch_id, members[0].job, hops, joiners)
     return ",".join(outcomes)
 
 
@@ -256,13 +258,13 @@ def _charge(ctx: WorkerContext, m: _Member, ran: list[_Member],
 
 
 def _publish_hops(ctx: WorkerContext, batch_id: str, lead: JobRecord | None,
-                  hops: dict[str, list[BatchMember]]) -> None:
+                  hops: dict[str, list[BatchMember]], joiners: list[BatchMember]) -> None:
     """The batch goes on as one message per queue (the largest keeps its id), with the jobs
-    the tick released into it meanwhile; with no job left it closes, and any such joiners go
-    out as a batch of their own."""
+    the tick released into it meanwhile (``joiners``, taken with the commits); with no job
+    left it closes, and its joiners go out as a batch of their own."""
     store, lease_s = ctx.store, ctx.settings.broker.chunk_lease
-    joiners = store.take_joiners(batch_id, keep=bool(hops), lease_s=lease_s)
     if not hops:
+        joiners = [*joiners, *store.take_joiners(batch_id, keep=False, lease_s=lease_s)]
         if joiners:  # the batch ended as they joined: they go on together, on their queue
             first = store.record(joiners[0][0])
             publish_batch(store, new_batch_id(first.job_id), first, joiners, queue=first.queue,

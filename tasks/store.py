@@ -270,6 +270,14 @@ def _commit_call(
     return keys_, args
 
 
+def _joiners(raw: Any) -> list[tuple[str, int, int]]:
+    joiners = []
+    for item in raw:
+        job_id, chunk, epoch = json.loads(item)
+        joiners.append((str(job_id), int(chunk), int(epoch)))
+    return joiners
+
+
 def _commit_of(reply: Any) -> Commit:
     status = CommitStatus(_text(reply[0]))
     if len(reply) < 4:
@@ -580,23 +588,33 @@ class JobStore:
         return JobRecord.from_hash(dict(zip(flat[::2], flat[1::2], strict=True)))
 
     def claim_chunks(
-        self, members: Sequence[tuple[str, int, int]], worker: str, lease_s: float
-    ) -> list[JobRecord | str]:
+        self, members: Sequence[tuple[str, int, int]], worker: str, lease_s: float, *,
+        take_joiners_of: str | None = None,
+    ) -> tuple[list[JobRecord | str], list[tuple[str, int, int]]]:
         """:meth:`claim_chunk` for each (job id, chunk, epoch), in one round trip; each job is
-        fenced on its own."""
+        fenced on its own. With ``take_joiners_of``, that batch's joiners are taken in the same
+        round trip, the batch going on (:meth:`take_joiners`); returns (claims, joiners)."""
         pipe = self.redis.pipeline(transaction=False)
+        self._take_in(pipe, take_joiners_of, lease_s)
         now = repr(time.time())
         for job_id, chunk, epoch in members:
             self._claim(keys=[keys.job(job_id), keys.job_events(job_id)],
                         args=[chunk, epoch, worker, now, lease_s], client=pipe)
+        replies = pipe.execute()
+        joiners = _joiners(replies.pop(0)) if take_joiners_of is not None else []
         claimed: list[JobRecord | str] = []
-        for reply in pipe.execute():
+        for reply in replies:
             if _text(reply[0]) != "ok":
                 claimed.append(" ".join(_text(x) for x in reply))
                 continue
             flat = reply[1]
             claimed.append(JobRecord.from_hash(dict(zip(flat[::2], flat[1::2], strict=True))))
-        return claimed
+        return claimed, joiners
+
+    def _take_in(self, pipe: Any, batch_id: str | None, lease_s: float) -> None:
+        if batch_id is not None:
+            self._batch_take(keys=[keys.batch_open(batch_id), keys.batch_joins(batch_id)],
+                             args=["1", max(int(lease_s * 1000), 1)], client=pipe)
 
     def join_batch(self, batch_id: str, job_id: str, chunk: int, epoch: int) -> bool:
         """Put a released job into an in-flight batch: its worker takes it at the batch's next
@@ -611,11 +629,7 @@ class JobStore:
         open mark (it goes on), else closes it (later joins are refused)."""
         raw = self._batch_take(keys=[keys.batch_open(batch_id), keys.batch_joins(batch_id)],
                                args=["1" if keep else "0", max(int(lease_s * 1000), 1)])
-        joiners = []
-        for item in raw:
-            job_id, chunk, epoch = json.loads(item)
-            joiners.append((str(job_id), int(chunk), int(epoch)))
-        return joiners
+        return _joiners(raw)
 
     def commit_chunk(
         self,
@@ -649,14 +663,22 @@ class JobStore:
             timing_key=timing_key)
         return _commit_of(self._commit(keys=keys_, args=args))
 
-    def commit_chunks(self, requests: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Commit]:
+    def commit_chunks(
+        self, requests: Sequence[tuple[str, Mapping[str, Any]]], *,
+        take_joiners_of: str | None = None, lease_s: float = 10.0,
+    ) -> tuple[list[Commit], list[tuple[str, int, int]]]:
         """:meth:`commit_chunk` for each (job id, its keyword arguments), in one round trip;
-        each job's commit is its own script, as alone."""
+        each job's commit is its own script, as alone. With ``take_joiners_of``, that batch's
+        joiners are taken after the commits in the same round trip, the batch going on (close
+        it with :meth:`take_joiners` if nothing does); returns (commits, joiners)."""
         pipe = self.redis.pipeline(transaction=False)
         for job_id, kwargs in requests:
             keys_, args = _commit_call(job_id, **kwargs)
             self._commit(keys=keys_, args=args, client=pipe)
-        return [_commit_of(reply) for reply in pipe.execute()]
+        self._take_in(pipe, take_joiners_of, lease_s)
+        replies = pipe.execute()
+        joiners = _joiners(replies.pop()) if take_joiners_of is not None else []
+        return [_commit_of(reply) for reply in replies], joiners
 
     def keep_first_estimate(self, job_id: str, estimate_s: float) -> None:
         """Record the scheduler's first estimate of the job's whole service time, once, and

@@ -38,6 +38,8 @@ from tasks.store import JobStore
 from tasks.submit import JobService
 
 STEPS = 100
+JOB_EXTRA: dict[str, Any] = {}
+"""More parameters of the probe jobs (``--batchable``: they hop as batches of one)."""
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # the floor app lives beside this script
@@ -60,7 +62,7 @@ def run_jobs(service: JobService, step_ms: float, jobs: int,
     overheads: list[float] = []
     for _ in range(jobs):
         spec = JobSpec(kind="simulated", slo=slo, deadline_s=600,
-                       params={"steps": STEPS, "step_ms": step_ms})
+                       params={"steps": STEPS, "step_ms": step_ms, **JOB_EXTRA})
         job_id, _ = service.submit(spec)
         deadline = time.monotonic() + 120 + STEPS * step_ms / 1e3
         while not service.store.state(job_id).is_terminal and time.monotonic() < deadline:
@@ -173,7 +175,11 @@ def main() -> None:
     parser.add_argument("--policy", default="stepline")
     parser.add_argument("--load", type=float, default=0.9)
     parser.add_argument("--skip-loaded", action="store_true")
+    parser.add_argument("--batchable", action="store_true",
+                        help="probe jobs declare batch_growth: each hops as a batch of one")
     args = parser.parse_args()
+    if args.batchable:
+        JOB_EXTRA["batch_growth"] = 0.2
     run_dir = Path(tempfile.mkdtemp(prefix="stepline-hop-"))
     os.environ["STEPLINE_RUN_DIR"] = str(run_dir)
     current_settings.cache_clear()
