@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from scheduler.cost import CostModel
 from scheduler.errors import InvalidPolicy
 
 
@@ -40,6 +41,8 @@ class BatchingConfig:
     default_growth: float = 1.0
     """For a model with no entry: batching gains nothing (the step grows in proportion), so
     jobs are not packed."""
+    learn: bool = True
+    """Prefer the growth measured from batched steps (:func:`learned_growth`) to the table."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_batch <= 256:
@@ -59,6 +62,32 @@ class BatchingConfig:
     def pays(self, growth: float) -> bool:
         """Whether batching at this growth gives more work per second than running alone."""
         return self.enabled and self.max_batch > 1 and growth < 1.0
+
+
+def batch_cost_key(chunk_key: str, size: int) -> str:
+    """The cost-model key a batched step of ``size`` jobs is timed under: the chunk kind's key
+    (``dit-tiny:256x256x1#denoise``) with the size (``…@b4``)."""
+    return f"{chunk_key}@b{size}"
+
+
+def learned_growth(cost: CostModel, chunk_key: str, max_batch: int,
+                   min_samples: int) -> float | None:
+    """The growth measured for one chunk kind: each batch size b timed often enough, against
+    the lone step, gives (t_b / t_1 − 1) / (b − 1); their mean weighted by b − 1 (larger
+    batches say more). None until the lone step and one batch size have ``min_samples``."""
+    if cost.samples(chunk_key) < max(min_samples, 1):
+        return None
+    lone = cost.seconds_per_unit(chunk_key)
+    weighted = weights = 0.0
+    for size in range(2, max_batch + 1):
+        key = batch_cost_key(chunk_key, size)
+        if cost.samples(key) >= max(min_samples, 1):
+            ratio = cost.seconds_per_unit(key) / lone
+            weighted += (ratio - 1.0)
+            weights += size - 1
+    if weights == 0:
+        return None
+    return min(max(weighted / weights, 0.0), 4.0)
 
 
 def batch_slowdown(growth: float, size: int) -> float:

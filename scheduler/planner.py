@@ -23,7 +23,7 @@ from scheduler.admission import (
     measure_load,
     next_admission_state,
 )
-from scheduler.batching import Slot, SlotPacker, batch_slowdown
+from scheduler.batching import Slot, SlotPacker, batch_slowdown, learned_growth
 from scheduler.inheritance import inherit_levels
 from scheduler.lifecycle import JobState, SloClass
 from scheduler.mlfq import aged_level, current_mark, mark_level
@@ -71,6 +71,8 @@ class _Planner:
         self.alive: list[WorkerView] = [w for w in snapshot.workers if w.alive]
         self.sv: Survey = survey_jobs(snapshot, self.alive, policy, now_s)
         self.scores = self.sv.scores
+        self._learned: dict[str, float | None] = {}
+        """Measured growth per chunk-kind key, looked up once a tick."""
         self.load = measure_load(self.sv.outstanding_s - self._batching_gain_s(),
                                  len(self.alive), policy)
         self.admission = next_admission_state(snapshot.state.admission, self.load, policy)
@@ -527,10 +529,21 @@ class _Planner:
         return (job.batch_group, self._target_queue(i))
 
     def _growth(self, i: int) -> float:
+        """How a batched step of the job's main chunk kind grows with the batch: the job's own
+        figure (a simulated job), else as measured, else the policy's table."""
         job = self.sv.live[i]
         if job.batch_growth is not None:
             return job.batch_growth
-        return self.policy.batching.growth_of(job.cost_key)
+        batching = self.policy.batching
+        if batching.learn and job.remaining_units_by_key:
+            key = max(job.remaining_units_by_key, key=lambda pair: pair[1])[0]
+            if key not in self._learned:
+                self._learned[key] = learned_growth(
+                    self.snapshot.cost, key, batching.max_batch, self.policy.cost_min_samples)
+            found = self._learned[key]
+            if found is not None:
+                return found
+        return batching.growth_of(job.cost_key)
 
     def _batch_of(self, i: int) -> str | None:
         """The batch an in-flight job runs in (a job being preempted has left it)."""

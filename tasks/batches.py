@@ -20,7 +20,8 @@ import redis
 from celery import shared_task
 from pydantic import BaseModel, Field, ValidationError
 
-from scheduler.batching import batch_slowdown
+from scheduler.batching import batch_cost_key
+from scheduler.cost import chunk_cost_key
 from scheduler.lifecycle import JobState
 from scheduler.model import JobKind
 from tasks.chunks import (
@@ -216,12 +217,14 @@ def _commit_and_hop(ctx: WorkerContext, batch_id: str, members: list[_Member],
     requests = []
     for m in ran:
         assert m.result is not None
-        share_s, alone_s = _charge(ctx, m, ran, elapsed_s)
-        requests.append((m.job.job_id, commit_request(ctx, m.job, m.job.next_chunk, m.job.seq,
-                                                      m.result, share_s, task_id, alone_s)))
+        # a batched chunk teaches the batched key below, never the lone step's
+        requests.append((m.job.job_id, commit_request(
+            ctx, m.job, m.job.next_chunk, m.job.seq, m.result, _share_s(m, ran, elapsed_s),
+            task_id, learn=_size(m) == 1)))
     committing = time.perf_counter()
     commits, joiners = store.commit_chunks(requests, take_joiners_of=batch_id,
-                                           lease_s=ctx.settings.broker.chunk_lease)
+                                           lease_s=ctx.settings.broker.chunk_lease,
+                                           timing=_batch_timing(ctx, ran, elapsed_s))
     ctx.profile.add("commit", committing)
     hops: dict[str, list[BatchMember]] = {}
     for m, (_, request), commit in zip(ran, requests, commits, strict=True):
@@ -231,7 +234,7 @@ def _commit_and_hop(ctx: WorkerContext, batch_id: str, members: list[_Member],
             record_text_outcome(ctx, job, m.version, m.result)
         if commit.status is CommitStatus.NEEDS_CHECKPOINT:  # stopped here: write one
             commit = commit_result(ctx, job, job.next_chunk, job.seq, m.result,
-                                   request["service_s"], task_id)
+                                   request["service_s"], task_id, learn=_size(m) == 1)
         ctx.chunks_run += 1
         outcomes.append(commit.status.value)
         if commit.status is CommitStatus.HOP:
@@ -243,18 +246,31 @@ def _commit_and_hop(ctx: WorkerContext, batch_id: str, members: list[_Member],
     return ",".join(outcomes)
 
 
-def _charge(ctx: WorkerContext, m: _Member, ran: list[_Member],
-            elapsed_s: float) -> tuple[float, float]:
-    """(the job's share of the worker's time, what its chunk would have taken alone): the
-    step's time split by cost units; alone, a batched step of b is 1 + growth·(b − 1) times
-    faster per job than b lone steps would be."""
-    job = m.job
+def _share_s(m: _Member, ran: list[_Member], elapsed_s: float) -> float:
+    """The job's share of the worker's time: the step's time split by cost units."""
     total = sum(x.job.cost_units[x.job.next_chunk] for x in ran) or 1.0
-    share_s = elapsed_s * job.cost_units[job.next_chunk] / total
-    size = int(m.result.metrics.get("batch_size", 1)) if m.result is not None else 1
-    growth = job.batch_growth if job.batch_growth is not None else \
-        ctx.settings.scheduler.batching.to_config().growth_of(job.cost_key)
-    return share_s, share_s * size / batch_slowdown(growth, size)
+    return elapsed_s * m.job.cost_units[m.job.next_chunk] / total
+
+
+def _size(m: _Member) -> int:
+    return int(m.result.metrics.get("batch_size", 1)) if m.result is not None else 1
+
+
+def _batch_timing(ctx: WorkerContext, ran: list[_Member],
+                  elapsed_s: float) -> tuple[str, str, float] | None:
+    """The cost model's sample of a batched step — (its key, the device, seconds per cost
+    unit of one member) — when the whole task was one forward of every member of one chunk
+    kind (the steady state of a batch); the lone chunk kind's key is measured by lone steps
+    only, so the two give the growth (``scheduler.batching.learned_growth``)."""
+    if len(ran) < 2 or any(_size(m) != len(ran) or not m.result or not m.result.complete
+                           for m in ran):
+        return None
+    kinds = {chunk_cost_key(m.job.cost_key, m.job.chunk_name) for m in ran}
+    units = {m.job.cost_units[m.job.next_chunk] for m in ran}
+    if len(kinds) != 1 or len(units) != 1 or min(units) <= 0:
+        return None
+    return (batch_cost_key(kinds.pop(), len(ran)), ctx.settings.device,
+            elapsed_s / units.pop())
 
 
 def _publish_hops(ctx: WorkerContext, batch_id: str, lead: JobRecord | None,

@@ -125,13 +125,13 @@ def _run_claimed(ctx: WorkerContext, job: JobRecord, task_id: str) -> str:
 
 def commit_result(
     ctx: WorkerContext, job: JobRecord, chunk: int, seq: int, result: ChunkResult,
-    elapsed_s: float, task_id: str, alone_s: float | None = None,
+    elapsed_s: float, task_id: str, learn: bool = True,
 ) -> Commit:
     """Commit one chunk and take the job's next step. The durable checkpoint is written every
     ``checkpoint_every`` chunks, and always when the job stops here (the store asks for it).
-    ``elapsed_s`` is the worker time charged to the job; ``alone_s`` what the chunk would have
-    taken alone (what the cost model learns; a batched chunk's differs), by default the same."""
-    request = commit_request(ctx, job, chunk, seq, result, elapsed_s, task_id, alone_s)
+    ``elapsed_s`` is the worker time charged to the job, and what the cost model learns from
+    unless ``learn`` is off (a batched chunk teaches the batched step's key instead)."""
+    request = commit_request(ctx, job, chunk, seq, result, elapsed_s, task_id, learn)
     while True:
         committing = time.perf_counter()
         commit = ctx.store.commit_chunk(job.job_id, **request)
@@ -145,10 +145,11 @@ def commit_result(
 
 def commit_request(
     ctx: WorkerContext, job: JobRecord, chunk: int, seq: int, result: ChunkResult,
-    elapsed_s: float, task_id: str, alone_s: float | None = None,
+    elapsed_s: float, task_id: str, learn: bool = True,
 ) -> dict[str, Any]:
     """The arguments of the job's :meth:`JobStore.commit_chunk` (see :func:`commit_result`):
-    the artifact stored, the checkpoint encoded when this commit writes one."""
+    the artifact stored, the checkpoint encoded when this commit writes one; no timing for the
+    cost model unless ``learn``."""
     last = result.complete and chunk + 1 == job.num_chunks
     every = ctx.settings.diffusion.checkpoint_every
     durable = not result.complete or (not last and (chunk + 1) % every == 0)
@@ -156,8 +157,8 @@ def commit_request(
     if last and result.artifact is not None:  # stored first: the commit that ends the job names it
         artifact = (ctx.artifacts.put(job.job_id, result.artifact), result.artifact.media_type)
     units = job.cost_units[chunk]
-    learned_s = elapsed_s if alone_s is None else alone_s
-    timing = (ctx.settings.device, learned_s / max(units, 1e-9)) if result.complete else None
+    timing = (ctx.settings.device, elapsed_s / max(units, 1e-9)) \
+        if result.complete and learn else None
     return {
         "chunk": chunk, "epoch": job.epoch, "seq": seq, "complete": result.complete,
         "checkpoint": _encode(ctx, result) if durable else None,

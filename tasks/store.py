@@ -666,18 +666,28 @@ class JobStore:
     def commit_chunks(
         self, requests: Sequence[tuple[str, Mapping[str, Any]]], *,
         take_joiners_of: str | None = None, lease_s: float = 10.0,
+        timing: tuple[str, str, float] | None = None,
     ) -> tuple[list[Commit], list[tuple[str, int, int]]]:
         """:meth:`commit_chunk` for each (job id, its keyword arguments), in one round trip;
         each job's commit is its own script, as alone. With ``take_joiners_of``, that batch's
         joiners are taken after the commits in the same round trip, the batch going on (close
-        it with :meth:`take_joiners` if nothing does); returns (commits, joiners)."""
+        it with :meth:`take_joiners` if nothing does); returns (commits, joiners). ``timing``
+        (cost key, device, seconds per unit) is one more sample for the cost model (a batched
+        step's)."""
         pipe = self.redis.pipeline(transaction=False)
         for job_id, kwargs in requests:
             keys_, args = _commit_call(job_id, **kwargs)
             self._commit(keys=keys_, args=args, client=pipe)
+        if timing is not None:
+            cost_key, device, s_per_unit = timing
+            pipe.xadd(keys.TIMINGS, {"cost_key": cost_key, "device": device,
+                                     "s_per_unit": repr(s_per_unit)},
+                      maxlen=10000, approximate=True)
         self._take_in(pipe, take_joiners_of, lease_s)
         replies = pipe.execute()
         joiners = _joiners(replies.pop()) if take_joiners_of is not None else []
+        if timing is not None:
+            replies.pop()
         return [_commit_of(reply) for reply in replies], joiners
 
     def keep_first_estimate(self, job_id: str, estimate_s: float) -> None:

@@ -86,10 +86,14 @@ class BatchingSettings(BaseModel):
     relative to a lone step (0: free, 1: no gain, so never batched)."""
     default_growth: float = Field(default=1.0, ge=0, le=4)
     """For models with no entry: batching is assumed to gain nothing."""
+    learn: bool = True
+    """Prefer the growth measured from batched steps once enough are timed (per chunk kind,
+    against lone steps of the same kind) to the table above."""
 
     def to_config(self) -> BatchingConfig:
         return BatchingConfig(enabled=self.enabled, max_batch=self.max_batch,
-                              growth=dict(self.growth), default_growth=self.default_growth)
+                              growth=dict(self.growth), default_growth=self.default_growth,
+                              learn=self.learn)
 
 
 class SchedulerSettings(BaseModel):

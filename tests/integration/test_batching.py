@@ -75,6 +75,9 @@ def test_compatible_jobs_run_together_and_each_commits_every_chunk_once(
         assert _applied(service.store, job_id) == list(range(12))
     shared = set.intersection(*(_batch_tasks(service.store, j) for j in job_ids))
     assert shared, "no step ran all four jobs in one batch task"
+    # and the cost model was taught the batched step, under its own key
+    timed = {fields[b"cost_key"].decode() for _, fields in redis_client.xrange(keys.TIMINGS)}
+    assert any(key.endswith("@b4") for key in timed), timed
 
 
 def test_a_job_preempted_out_of_a_batch_resumes_and_finishes_exactly(

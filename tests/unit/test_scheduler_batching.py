@@ -18,7 +18,14 @@ from scheduler import (
     check_plan_invariants,
     plan_tick,
 )
-from scheduler.batching import BatchingConfig, SlotPacker, batch_slowdown
+from scheduler.batching import (
+    BatchingConfig,
+    SlotPacker,
+    batch_cost_key,
+    batch_slowdown,
+    learned_growth,
+)
+from scheduler.cost import CostModel
 from scheduler.errors import InvalidPolicy
 from scheduler.plan import Retarget
 from tests.unit.test_scheduler_support import NOW_S, make_job, make_snapshot, running
@@ -187,3 +194,41 @@ def test_an_origin_inside_a_shared_batch_leaves_it_for_the_realtime_queue() -> N
     assert plan.retargets == (Retarget("b0", "interactive", "realtime"),)
     assert not plan.preempt
     check_plan_invariants(plan, snapshot, POLICY)
+
+
+def _measured(lone_s: float, batched: dict[int, float], samples: int = 30) -> CostModel:
+    """A cost model that timed ``m:1#denoise`` alone and in batches of each size given (often
+    enough for the prior to have washed out)."""
+    cost = POLICY.new_cost_model()
+    for _ in range(samples):
+        cost = cost.observe("m:1#denoise", "cpu", 1.0, lone_s)
+        for size, step_s in batched.items():
+            cost = cost.observe(batch_cost_key("m:1#denoise", size), "cpu", 1.0, step_s)
+    return cost
+
+
+def test_the_growth_is_learned_from_batched_and_lone_steps_of_one_chunk_kind() -> None:
+    # batches of 4 take 1.6x a lone step and batches of 8 2.4x: growth 0.2 from both
+    cost = _measured(0.01, {4: 0.016, 8: 0.024})
+    assert learned_growth(cost, "m:1#denoise", 8, 3) == pytest.approx(0.2, rel=0.02)
+    # too few samples, or no batch size timed: nothing learned
+    assert learned_growth(_measured(0.01, {4: 0.016}, samples=2), "m:1#denoise", 8, 3) is None
+    assert learned_growth(_measured(0.01, {}), "m:1#denoise", 8, 3) is None
+
+
+def test_a_model_the_table_does_not_know_batches_once_its_growth_is_measured() -> None:
+    # given jobs of a model with no growth entry (batching assumed to gain nothing)
+    jobs = [_waiting(f"j{k}", cost_key="m:1", remaining_units_by_key=(("m:1#denoise", 20.0),))
+            for k in range(4)]
+    unmeasured = replace(make_snapshot(jobs, workers=1), cost=_measured(0.01, {}))
+    measured = replace(unmeasured, cost=_measured(0.01, {4: 0.016}))
+    # when the tick plans before and after batched steps were timed
+    before = plan_tick(unmeasured, POLICY, NOW_S)
+    after = plan_tick(measured, POLICY, NOW_S)
+    # then one job runs alone at first; once measured (growth 0.2), all four share the slot
+    assert [r.batch for r in before.releases] == [None]
+    assert len(after.releases) == 4 and len({r.batch for r in after.releases}) == 1
+    assert None not in {r.batch for r in after.releases}
+    # and with learning off, the table still rules
+    off = replace(POLICY, batching=BatchingConfig(learn=False))
+    assert [r.batch for r in plan_tick(measured, off, NOW_S).releases] == [None]
