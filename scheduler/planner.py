@@ -1,13 +1,14 @@
 """Stepline's planner: deadline-aware order, origin, MLFQ, reserve, preemption and overload.
 
-Slots: at most ``alive workers × slots_per_worker`` jobs are in flight (QUEUED or RUNNING, not on
-standby, not being preempted): the best-ranked ones; every slot is filled while runnable work
-waits. The origin ranks first; then shortest value-weighted remaining work first, with aging
-(least slack on ties), where work past saving by its estimate, or that the fleet cannot fit
-together with the work that can (Moore-Hodgson, least value per second deferred first), counts
-``late_penalty`` times its size. In-flight work outside the top goes to the standby queue; a
-running job outside it yields at its next block group when a job of the top would otherwise
-wait past its deadline for a worker.
+Slots: at most ``alive workers × slots_per_worker`` slots are in flight — a job (QUEUED or
+RUNNING, not on standby, not being preempted), or a batch of compatible jobs sharing one batched
+forward per step (``scheduler.batching``): the best-ranked ones; every slot is filled while
+runnable work waits. The origin ranks first; then shortest value-weighted remaining work
+first, with aging (least slack on ties), where work past saving by its estimate, or that the
+fleet cannot fit together with the work that can (Moore-Hodgson, least value per second deferred
+first), counts ``late_penalty`` times its size. In-flight work outside the top goes to the
+standby queue; a running job outside it yields at its next block group when a job of the top
+would otherwise wait past its deadline for a worker.
 """
 
 from __future__ import annotations
