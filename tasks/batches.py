@@ -11,20 +11,21 @@ finished, cancelled or moved to another queue leaves at that step boundary.
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import redis
 from celery import shared_task
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from scheduler.batching import batch_cost_key
 from scheduler.cost import chunk_cost_key
 from scheduler.lifecycle import JobState
 from scheduler.model import JobKind
 from tasks.chunks import (
+    Cursor,
+    JobId,
     commit_request,
     commit_result,
     load_state,
@@ -42,14 +43,18 @@ from workers.runner import BatchItem, ChunkResult, JobRunner
 
 log = logging.getLogger(__name__)
 
-_JOB_ID = r"^[0-9a-f]{16}$"
-
-
 class BatchMessage(BaseModel):
     """The arguments of a batch task; anything else on a queue is rejected and logged."""
 
     batch_id: str = Field(pattern=r"^[0-9a-f]{16}\.[0-9a-f]{1,16}$")
-    members: list[tuple[str, int, int]] = Field(min_length=1, max_length=256)
+    members: list[tuple[JobId, Cursor, Cursor]] = Field(min_length=1, max_length=256)
+
+    @field_validator("members")
+    @classmethod
+    def _each_job_once(cls, members: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
+        if len({job_id for job_id, _, _ in members}) != len(members):
+            raise ValueError("a job appears twice in one batch")
+        return members
 
 
 @shared_task(name=BATCH_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
@@ -57,23 +62,12 @@ def run_batch(self: Any, batch_id: Any, members: Any, **info: Any) -> str:
     """Celery entry point (``info`` carries the lead's chunk name, class, kind and the size)."""
     try:
         message = BatchMessage(batch_id=batch_id, members=members)
-        _check_members(message.members)
-    except (ValidationError, ValueError) as exc:
+    except ValidationError as exc:
         log.error("rejected malformed batch message %r: %s", (batch_id, members), exc)
         return "rejected"
     ctx = worker_context()
     ctx.name = self.request.hostname or ctx.name
     return execute_batch(ctx, message.batch_id, message.members, self.request.id or "")
-
-
-def _check_members(members: Sequence[tuple[str, int, int]]) -> None:
-    ids = [job_id for job_id, _, _ in members]
-    if any(not re.match(_JOB_ID, job_id) for job_id in ids):
-        raise ValueError("a member's job id is not 16 hex digits")
-    if any(chunk < 0 or epoch < 0 for _, chunk, epoch in members):
-        raise ValueError("a member's chunk or epoch is negative")
-    if len(set(ids)) != len(ids):
-        raise ValueError("a job appears twice in one batch")
 
 
 def execute_batch(ctx: WorkerContext, batch_id: str, members: Sequence[BatchMember],
@@ -214,12 +208,14 @@ def _commit_and_hop(ctx: WorkerContext, batch_id: str, members: list[_Member],
                                          m.error or f"chunk {m.job.next_chunk}: no result"))
         else:
             ran.append(m)
+    total_units = sum(m.job.cost_units[m.job.next_chunk] for m in ran) or 1.0
     requests = []
     for m in ran:
         assert m.result is not None
         # a batched chunk teaches the batched key below, never the lone step's
         requests.append((m.job.job_id, commit_request(
-            ctx, m.job, m.job.next_chunk, m.job.seq, m.result, _share_s(m, ran, elapsed_s),
+            ctx, m.job, m.job.next_chunk, m.job.seq, m.result,
+            elapsed_s * m.job.cost_units[m.job.next_chunk] / total_units,  # its share
             task_id, learn=_size(m) == 1)))
     committing = time.perf_counter()
     commits, joiners = store.commit_chunks(requests, take_joiners_of=batch_id,
@@ -244,12 +240,6 @@ def _commit_and_hop(ctx: WorkerContext, batch_id: str, members: list[_Member],
             ctx.cache.drop(job.job_id)  # done, or stopped: another worker may resume it
     _publish_hops(ctx, batch_id, members[0].job, hops, joiners)
     return ",".join(outcomes)
-
-
-def _share_s(m: _Member, ran: list[_Member], elapsed_s: float) -> float:
-    """The job's share of the worker's time: the step's time split by cost units."""
-    total = sum(x.job.cost_units[x.job.next_chunk] for x in ran) or 1.0
-    return elapsed_s * m.job.cost_units[m.job.next_chunk] / total
 
 
 def _size(m: _Member) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
 import redis
 from celery import shared_task
@@ -32,12 +32,17 @@ from workers.runner import ChunkResult, JobRunner
 log = logging.getLogger(__name__)
 
 
+JobId = Annotated[str, Field(pattern=r"^[0-9a-f]{16}$")]
+Cursor = Annotated[int, Field(ge=0)]
+"""A chunk index or an epoch in a message."""
+
+
 class ChunkMessage(BaseModel):
     """The arguments of a chunk task; anything else on a queue is rejected and logged."""
 
-    job_id: str = Field(pattern=r"^[0-9a-f]{16}$")
-    chunk: int = Field(ge=0)
-    epoch: int = Field(ge=0)
+    job_id: JobId
+    chunk: Cursor
+    epoch: Cursor
 
 
 @shared_task(name=CHUNK_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
