@@ -216,7 +216,7 @@ def _commit_and_hop(ctx: WorkerContext, batch_id: str, members: list[_Member],
         requests.append((m.job.job_id, commit_request(
             ctx, m.job, m.job.next_chunk, m.job.seq, m.result,
             elapsed_s * m.job.cost_units[m.job.next_chunk] / total_units,  # its share
-            task_id, learn=_size(m) == 1)))
+            task_id, learn=_size(m) == 1, push_next=False)))
     committing = time.perf_counter()
     commits, joiners = store.commit_chunks(requests, take_joiners_of=batch_id,
                                            lease_s=ctx.settings.broker.chunk_lease,
@@ -230,7 +230,8 @@ def _commit_and_hop(ctx: WorkerContext, batch_id: str, members: list[_Member],
             record_text_outcome(ctx, job, m.version, m.result)
         if commit.status is CommitStatus.NEEDS_CHECKPOINT:  # stopped here: write one
             commit = commit_result(ctx, job, job.next_chunk, job.seq, m.result,
-                                   request["service_s"], task_id, learn=_size(m) == 1)
+                                   request["service_s"], task_id, learn=_size(m) == 1,
+                                   push_next=False)
         ctx.chunks_run += 1
         outcomes.append(commit.status.value)
         if commit.status is CommitStatus.HOP:

@@ -21,10 +21,10 @@ from scheduler.lifecycle import JobState
 from scheduler.model import JobKind
 from tasks.affinity import hop_queues
 from tasks.context import WorkerContext, worker_context
-from tasks.dispatch import publish_chunk
+from tasks.dispatch import next_chunk_message, publish_chunk
 from tasks.record import JobRecord, encode
 from tasks.routing import CHUNK_TASK
-from tasks.store import Commit, CommitStatus, JobStore
+from tasks.store import Commit, CommitStatus, JobStore, NextMessage
 from workers.checkpoint import Checkpoint
 from workers.errors import CheckpointError
 from workers.runner import ChunkResult, JobRunner
@@ -119,8 +119,9 @@ def _run_claimed(ctx: WorkerContext, job: JobRecord, task_id: str) -> str:
         ctx.chunks_run += 1
         if commit.status is CommitStatus.HOP:
             ctx.cache.put(job_id, commit.seq, result.state)
-            publish_chunk(store, job, chunk=commit.next_chunk, epoch=job.epoch,
-                          queue=commit.queue, profile=ctx.profile)
+            if commit.published is None:  # the commit did not push the message: send it
+                publish_chunk(store, job, chunk=commit.next_chunk, epoch=job.epoch,
+                              queue=commit.queue, profile=ctx.profile)
             return "hop"
         if commit.status is not CommitStatus.CONTINUE:
             ctx.cache.drop(job_id)  # done, or stopped: another worker may resume it
@@ -130,13 +131,13 @@ def _run_claimed(ctx: WorkerContext, job: JobRecord, task_id: str) -> str:
 
 def commit_result(
     ctx: WorkerContext, job: JobRecord, chunk: int, seq: int, result: ChunkResult,
-    elapsed_s: float, task_id: str, learn: bool = True,
+    elapsed_s: float, task_id: str, learn: bool = True, push_next: bool = True,
 ) -> Commit:
     """Commit one chunk and take the job's next step. The durable checkpoint is written every
     ``checkpoint_every`` chunks, and always when the job stops here (the store asks for it).
     ``elapsed_s`` is the worker time charged to the job, and what the cost model learns from
     unless ``learn`` is off (a batched chunk teaches the batched step's key instead)."""
-    request = commit_request(ctx, job, chunk, seq, result, elapsed_s, task_id, learn)
+    request = commit_request(ctx, job, chunk, seq, result, elapsed_s, task_id, learn, push_next)
     while True:
         committing = time.perf_counter()
         commit = ctx.store.commit_chunk(job.job_id, **request)
@@ -150,11 +151,13 @@ def commit_result(
 
 def commit_request(
     ctx: WorkerContext, job: JobRecord, chunk: int, seq: int, result: ChunkResult,
-    elapsed_s: float, task_id: str, learn: bool = True,
+    elapsed_s: float, task_id: str, learn: bool = True, push_next: bool = True,
 ) -> dict[str, Any]:
     """The arguments of the job's :meth:`JobStore.commit_chunk` (see :func:`commit_result`):
     the artifact stored, the checkpoint encoded when this commit writes one; no timing for the
-    cost model unless ``learn``."""
+    cost model unless ``learn``; the next chunk's message when the commit may hop the job and
+    push it (:func:`pushes_next_message`), unless ``push_next`` is off (the caller publishes:
+    a batch's hops are batch messages)."""
     last = result.complete and chunk + 1 == job.num_chunks
     every = ctx.settings.diffusion.checkpoint_every
     durable = not result.complete or (not last and (chunk + 1) % every == 0)
@@ -171,7 +174,27 @@ def commit_request(
         "hop_queues": hop_queues(ctx.settings, ctx.name, ctx.consuming(), job.kind.value),
         "then_continue": job.atomic, "artifact": artifact, "timing": timing,
         "timing_key": chunk_cost_key(job.cost_key, job.chunk_name),
+        "next_message": _next_message(ctx, job, chunk + 1)
+        if push_next and result.complete and not last and pushes_next_message(ctx, job)
+        else None,
     }
+
+
+def pushes_next_message(ctx: WorkerContext, job: JobRecord) -> bool:
+    """Whether the commit of ``job``'s chunk pushes its next chunk's message itself
+    (``broker.publish_in_commit``): a job on the chunk task that hops (not an atomic one, not
+    a batchable one, whose hops are batch messages), unless Celery must send the message
+    (``task_sent_events``)."""
+    broker = ctx.settings.broker
+    return (broker.publish_in_commit and not broker.task_sent_events and not job.atomic
+            and job.batch_group is None)
+
+
+def _next_message(ctx: WorkerContext, job: JobRecord, chunk: int) -> NextMessage:
+    building = time.perf_counter()
+    message = next_chunk_message(job, chunk, job.epoch)
+    ctx.profile.add("message", building)
+    return message
 
 
 def _encode(ctx: WorkerContext, result: ChunkResult) -> bytes:

@@ -7,10 +7,12 @@ record the caller read (state, epoch, sequence number): a job that moved since i
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 import time
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kombu import Exchange, Queue
 
@@ -19,7 +21,7 @@ from tasks import keys
 from tasks.record import JobRecord, encode
 from tasks.routing import BATCH_TASK, CHUNK_TASK, affinity_worker, class_queue_of
 from tasks.runtime import celery
-from tasks.store import JobStore
+from tasks.store import JobStore, NextMessage
 
 if TYPE_CHECKING:
     from tasks.context import HopProfile
@@ -36,11 +38,7 @@ def publish_chunk(store: JobStore, job: JobRecord, *, chunk: int, epoch: int, qu
         return publish_batch(store, new_batch_id(job.job_id), job, [(job.job_id, chunk, epoch)],
                              queue=queue, profile=profile)
     started = time.perf_counter()
-    names = job.chunk_names
-    chunk_name = names[chunk] if chunk < len(names) else f"chunk[{chunk}]"
-    task_id = f"{job.job_id}.{chunk}.{epoch}.{uuid.uuid4().hex[:6]}"
-    args = [job.job_id, chunk, epoch]
-    kwargs = {"chunk_name": chunk_name, "slo": job.slo.value, "kind": job.kind.value}
+    task_id, args, kwargs = chunk_task(job, chunk, epoch)
     celery().send_task(
         CHUNK_TASK,
         args=args,
@@ -58,6 +56,53 @@ def publish_chunk(store: JobStore, job: JobRecord, *, chunk: int, epoch: int, qu
     if profile is not None:
         profile.add("bookkeeping", started)
     return task_id
+
+
+def chunk_task(job: JobRecord, chunk: int, epoch: int) -> tuple[str, list[Any], dict[str, Any]]:
+    """The task id, arguments and keyword arguments of ``job``'s chunk message."""
+    names = job.chunk_names
+    chunk_name = names[chunk] if chunk < len(names) else f"chunk[{chunk}]"
+    task_id = f"{job.job_id}.{chunk}.{epoch}.{uuid.uuid4().hex[:6]}"
+    kwargs = {"chunk_name": chunk_name, "slo": job.slo.value, "kind": job.kind.value}
+    return task_id, [job.job_id, chunk, epoch], kwargs
+
+
+QUEUE_MARK = "@@stepline-queue@@"
+"""Stands in for the queue's name while a message's queue is still open."""
+
+
+def wire_message(task_name: str, task_id: str, args: list[Any], kwargs: dict[str, Any]
+                 ) -> NextMessage:
+    """The message ``celery().send_task(task_name, args, kwargs, queue=Q, task_id=task_id)``
+    puts on queue Q's Redis list, built without a connection: Celery's own protocol-2 task
+    message (``as_task_v2``: headers, properties, body) in kombu's virtual-transport envelope,
+    as ``Producer.publish`` and ``Channel.basic_publish`` write it (JSON body, base64 body
+    encoding, persistent delivery, priority 0 — the queue's own list —, a fresh delivery tag,
+    the anonymous exchange with the queue as routing key), its queue left open for the commit
+    script to fill in once it has chosen where the job hops. ``tests/unit/test_wire_message.py``
+    holds it equal to what kombu writes, field by field."""
+    app = celery()
+    argsrepr, kwargsrepr = repr(args), repr(kwargs)
+    headers, properties, body, _ = app.amqp.as_task_v2(
+        task_id, task_name, args=args, kwargs=kwargs, reply_to=app.thread_oid,
+        argsrepr=argsrepr, kwargsrepr=kwargsrepr, ignore_result=None)
+    properties.update(
+        argsrepr=argsrepr, kwargsrepr=kwargsrepr, delivery_mode=2,
+        delivery_info={"exchange": "", "routing_key": QUEUE_MARK}, priority=0,
+        body_encoding="base64", delivery_tag=str(uuid.uuid4()))
+    envelope = {
+        "body": base64.b64encode(json.dumps(body).encode()).decode(),
+        "content-encoding": "utf-8", "content-type": "application/json",
+        "headers": headers, "properties": properties,
+    }
+    before, after = json.dumps(envelope).split(json.dumps(QUEUE_MARK))
+    return NextMessage(task_id, before, after)
+
+
+def next_chunk_message(job: JobRecord, chunk: int, epoch: int) -> NextMessage:
+    """The message of ``job``'s chunk ``chunk``, for the commit that hops the job to push onto
+    the queue it chooses (:meth:`JobStore.commit_chunk`'s ``next_message``)."""
+    return wire_message(CHUNK_TASK, *chunk_task(job, chunk, epoch))
 
 
 BatchMember = tuple[str, int, int]

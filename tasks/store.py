@@ -120,9 +120,13 @@ return {'ok', redis.call('HGETALL', KEYS[1])}
 # ARGV: 1 chunk, 2 epoch, 3 seq, 4 complete, 5 has_ckpt, 6 ckpt, 7 service_s, 8 now, 9 worker,
 # 10 task, 11 then ('hop' | 'continue'), 12 artifact, 13 media_type, 14 device,
 # 15 s_per_unit ('' for none), 16 npairs, (class, hop queue)..., then the timing's cost key
-# ('' for the job's own).
+# ('' for the job's own), the next chunk's task id ('' : the caller publishes it) and its
+# message before and after the queue's name.
 # The commit and the job's next step are one script: the last chunk's commit is its DONE, a
 # flagged job stops, any other job hops to its next chunk's queue (or, atomic, keeps running).
+# A hop with a message pushes it onto the chosen queue's list here, as kombu's Redis transport
+# would (priority 0: the queue's own list), and records it published: the commit, the publish
+# and its bookkeeping are one round trip, and no crash can fall between them.
 _COMMIT = _EVENT + """
 local h = redis.call('HMGET', KEYS[1], 'state', 'epoch', 'seq', 'next_chunk', 'num_chunks',
                      'preempt', 'cancel', 'queue', 'preemptions', 'id', 'cost_key')
@@ -183,7 +187,11 @@ end
 redis.call('HSET', KEYS[1], 'state', 'QUEUED', 'queue', target, 'queued_at', now)
 event(KEYS[3], 'state', 'RUNNING', 'QUEUED', ARGV[9], 'next chunk ' .. nxt .. ' on ' .. target,
       now)
-return {'hop', tostring(seq), tostring(nxt), target}
+local sent = 18 + 2 * tonumber(ARGV[16])
+if (ARGV[sent] or '') == '' then return {'hop', tostring(seq), tostring(nxt), target} end
+redis.call('LPUSH', target, ARGV[sent + 1] .. cjson.encode(target) .. ARGV[sent + 2])
+redis.call('HSET', KEYS[1], 'published', nxt, 'last_task_id', ARGV[sent])
+return {'hop', tostring(seq), tostring(nxt), target, ARGV[sent]}
 """
 
 # KEYS: open, joins. ARGV: member (JSON). A job joins a batch only while the batch is in flight:
@@ -253,7 +261,7 @@ def _commit_call(
     service_s: float, worker: str, task_id: str = "",
     hop_queues: Mapping[str, str] | None = None, then_continue: bool = False,
     artifact: tuple[str, str] | None = None, timing: tuple[str, float] | None = None,
-    timing_key: str = "",
+    timing_key: str = "", next_message: NextMessage | None = None,
 ) -> tuple[list[str], list[Any]]:
     """The keys and arguments of the commit script (see ``_COMMIT``)."""
     pairs = [x for pair in (hop_queues or {}).items() for x in pair]
@@ -267,6 +275,8 @@ def _commit_call(
         "continue" if then_continue else "hop", name, media_type, device,
         "" if s_per_unit is None else repr(s_per_unit), len(pairs) // 2, *pairs, timing_key,
     ]
+    if next_message is not None:
+        args += [next_message.task_id, next_message.before, next_message.after]
     return keys_, args
 
 
@@ -282,7 +292,8 @@ def _commit_of(reply: Any) -> Commit:
     status = CommitStatus(_text(reply[0]))
     if len(reply) < 4:
         return Commit(status)
-    return Commit(status, seq=int(reply[1]), next_chunk=int(reply[2]), queue=_text(reply[3]))
+    return Commit(status, seq=int(reply[1]), next_chunk=int(reply[2]), queue=_text(reply[3]),
+                  published=_text(reply[4]) if len(reply) > 4 else None)
 
 
 def _sources_of(target: JobState) -> list[str]:
@@ -320,6 +331,24 @@ class Commit:
     seq: int = -1
     next_chunk: int = -1
     queue: str = ""
+    published: str | None = None
+    """The task id of the next chunk's message when the commit pushed it (a hop given a
+    ``next_message``); None when the caller publishes."""
+
+
+@dataclass(frozen=True, slots=True)
+class NextMessage:
+    """The broker message of a job's next chunk, its queue still open: the commit that hops the
+    job pushes ``before + <queue name as a JSON string> + after`` onto the list of the queue it
+    chooses (``tasks.dispatch.next_chunk_message`` builds it; the store does not know Celery)."""
+
+    task_id: str
+    before: str
+    after: str
+
+    def for_queue(self, queue: str) -> str:
+        """The message as it lands on ``queue``."""
+        return self.before + json.dumps(queue) + self.after
 
 
 class JobStore:
@@ -648,6 +677,7 @@ class JobStore:
         artifact: tuple[str, str] | None = None,
         timing: tuple[str, float] | None = None,
         timing_key: str = "",
+        next_message: NextMessage | None = None,
     ) -> Commit:
         """Compare-and-set the job's cursor and take its next step in one script.
 
@@ -655,12 +685,14 @@ class JobStore:
         that class (its own affinity queue); ``then_continue`` keeps an atomic job RUNNING;
         ``artifact`` is (name, media type) of the last chunk's output; ``timing`` is (device,
         seconds per cost unit) for the cost model, learned under ``timing_key`` (the chunk
-        kind's key, :func:`scheduler.cost.chunk_cost_key`; the job's cost key when empty)."""
+        kind's key, :func:`scheduler.cost.chunk_cost_key`; the job's cost key when empty);
+        ``next_message`` is the next chunk's message, pushed by the commit when the job hops
+        (``Commit.published``), so a hop is one round trip."""
         keys_, args = _commit_call(
             job_id, chunk=chunk, epoch=epoch, seq=seq, complete=complete, checkpoint=checkpoint,
             service_s=service_s, worker=worker, task_id=task_id, hop_queues=hop_queues,
             then_continue=then_continue, artifact=artifact, timing=timing,
-            timing_key=timing_key)
+            timing_key=timing_key, next_message=next_message)
         return _commit_of(self._commit(keys=keys_, args=args))
 
     def commit_chunks(

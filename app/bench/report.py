@@ -45,6 +45,37 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return ordered[rank - 1]
 
 
+_T_975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26,
+          10: 2.23, 11: 2.20, 12: 2.18, 13: 2.16, 14: 2.14, 15: 2.13, 19: 2.09, 29: 2.05}
+"""Two-sided 95 % Student t quantiles by degrees of freedom (1.96 beyond the table's reach)."""
+
+
+def mean_ci(values: Sequence[float]) -> dict[str, float]:
+    """Mean and its 95 % t-interval (the interval collapses to the mean for one value)."""
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return {"mean": mean, "lo": mean, "hi": mean}
+    dof = len(values) - 1
+    t = _T_975.get(dof) or next((v for k, v in sorted(_T_975.items()) if k >= dof), 1.96)
+    half = t * statistics.stdev(values) / math.sqrt(len(values))
+    return {"mean": mean, "lo": mean - half, "hi": mean + half}
+
+
+def median_ci(values: Sequence[float]) -> dict[str, float]:
+    """Median and a distribution-free 95 % interval: the order statistics whose ranks bracket
+    the median with probability ≥ 0.95 (binomial, normal approximation); min and max for fewer
+    than six values, where no narrower interval reaches 95 %."""
+    ordered = sorted(values)
+    n = len(ordered)
+    median = statistics.median(ordered)
+    if n < 6:
+        return {"median": median, "lo": ordered[0], "hi": ordered[-1]}
+    half = Z_95 * math.sqrt(n) / 2
+    lo = max(0, math.floor(n / 2 - half) - 1)
+    hi = min(n - 1, math.ceil(n / 2 + half))
+    return {"median": median, "lo": ordered[lo], "hi": ordered[hi]}
+
+
 def wilson_interval(
     successes: int, trials: int, z: float = Z_95
 ) -> tuple[float, float] | None:

@@ -57,6 +57,12 @@ class BrokerSettings(BaseModel):
     """Celery's ``task-sent`` event for every chunk published. Flower builds its task list from
     the workers' events (received, started, succeeded, failed), which stay on; the sent event
     only adds a publish timestamp, and costs each hop ~0.3-0.5 ms (``tests/bench/bench_hop.py``)."""
+    publish_in_commit: bool = True
+    """The commit script pushes the next chunk's message onto the queue the job hops to (the
+    message Celery would send, built in the worker), so commit, publish and their bookkeeping
+    are one round trip and nothing can fall between them. Off: the worker publishes with
+    ``send_task`` after the commit (one more round trip, ~1 ms more per hop; ``bench_hop.py``).
+    ``task_sent_events`` needs Celery's publish and turns it off."""
     event_retention: Seconds | None = Field(default=7 * 86400.0, gt=0)
     """How long a job's event history (every transition, preemption and commit) is kept after
     the job ends; null keeps it for ever. It is never trimmed while the job lives."""

@@ -36,20 +36,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from app.bench.driver import Outcome, replay  # noqa: E402
-from app.bench.report import wilson_interval  # noqa: E402
+from app.bench.report import mean_ci, wilson_interval  # noqa: E402
 from app.bench.workload import generate_trace, load_workload  # noqa: E402
-
-T_975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
-
-
-def mean_ci(values: Sequence[float]) -> dict[str, float]:
-    """Mean and 95 % t-interval."""
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return {"mean": mean, "lo": mean, "hi": mean}
-    half = T_975.get(len(values) - 1, 1.96) * statistics.stdev(values) / math.sqrt(len(values))
-    return {"mean": mean, "lo": mean - half, "hi": mean + half}
-
 
 # -- 1. kernel --------------------------------------------------------------------------------
 

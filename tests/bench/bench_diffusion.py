@@ -1,8 +1,18 @@
-"""Benchmark: per-step overhead of chunked diffusion (checkpoint encode/decode after every model
-evaluation) against the same diffusers pipeline run directly, plus checkpoint size and save/load
-time, for each recipe's default sampler or the ones named.
+"""Benchmark: per-step overhead of chunked diffusion against the same diffusers pipeline run
+directly, plus checkpoint size and save/load time, for each recipe's default sampler or the ones
+named.
 
-Usage: python -m tests.bench.bench_diffusion [--runs 3] [--steps 20] [--samplers heun dpmpp_sde]
+Two chunked runs are measured against the pipeline, in the same process, interleaved run by run
+(their order rotates, so drift of the machine falls on all three alike):
+
+* ``hot`` — what a worker does when the job's next step lands on it again (the affinity hop):
+  the state stays in memory and the durable copy is encoded after every step
+  (``checkpoint_every: 1``), never decoded;
+* ``cold`` — every step's state also decoded from those bytes: a hop to another worker.
+
+Ratios are per run (chunked ÷ direct), median with a distribution-free 95 % interval.
+
+Usage: python -m tests.bench.bench_diffusion [--runs 15] [--steps 20 50] [--samplers heun]
        [--threads 1] [--out bench-out/diffusion.json]
 """
 
@@ -14,12 +24,14 @@ import inspect
 import json
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from diffusers import DiTPipeline, PixArtSigmaPipeline, WanPipeline
 
+from app.bench.report import median_ci
 from workers.checkpoint import Checkpoint
 from workers.diffusion import get_runner, validate_params
 from workers.diffusion.components import DiffusionComponents
@@ -63,8 +75,9 @@ def _pipeline_s(c: DiffusionComponents, p: dict[str, Any]) -> float:
     return time.perf_counter() - start_s
 
 
-def _chunked(kind: str, p: dict[str, Any]) -> dict[str, Any]:
-    """Seconds of encode + every denoise chunk with a bytes round trip, and codec figures."""
+def _chunked(kind: str, p: dict[str, Any], cold: bool) -> dict[str, Any]:
+    """Seconds of encode + every denoise chunk, each state encoded to bytes (and, ``cold``,
+    resumed from them), and codec figures."""
     runner = get_runner(kind)
     state, save_s, load_s, sizes = None, [], [], []
     start_s = time.perf_counter()
@@ -73,7 +86,7 @@ def _chunked(kind: str, p: dict[str, Any]) -> dict[str, Any]:
         t0 = time.perf_counter()
         blob = result.state.encode()
         t1 = time.perf_counter()
-        state = Checkpoint.decode(blob)
+        state = Checkpoint.decode(blob) if cold else result.state
         save_s.append(t1 - t0)
         load_s.append(time.perf_counter() - t1)
         sizes.append(len(blob))
@@ -96,29 +109,59 @@ def bench_model(model: str, runs: int, steps: int, sampler: str | None) -> dict[
     p = validate_params(kind, {"model": model, "num_inference_steps": steps, "scheduler": sampler,
                                **extra})
     c = get_runner(kind).components(p)
-    _pipeline_s(c, p), _chunked(kind, p)  # warm-up
-    direct = [_pipeline_s(c, p) for _ in range(runs)]
-    chunked = [_chunked(kind, p) for _ in range(runs)]
-    direct_s = statistics.median(direct)
-    chunked_s = statistics.median(r["total_s"] for r in chunked)
-    return {
-        "model": model, "scheduler": p["scheduler"], "steps": steps,
+    measures: dict[str, Callable[[], dict[str, Any]]] = {
+        "direct": lambda: {"total_s": _pipeline_s(c, p)},
+        "hot": lambda: _chunked(kind, p, cold=False),
+        "cold": lambda: _chunked(kind, p, cold=True),
+    }
+    for measure in measures.values():
+        measure()  # warm-up
+    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in measures}
+    names = list(measures)
+    for run in range(runs):
+        for name in names[run % 3:] + names[: run % 3]:  # rotate the order run by run
+            rows[name].append(measures[name]())
+    direct = [r["total_s"] for r in rows["direct"]]
+    out: dict[str, Any] = {
+        "model": model, "scheduler": p["scheduler"], "steps": steps, "runs": runs,
         "model_evaluations": get_runner(kind).plan(p).num_chunks - 2,
         "shape": f"{p['height']}x{p['width']}x{p['num_frames']}",
-        "direct_job_s": direct_s, "chunked_job_s": chunked_s,
-        "overhead_ratio": chunked_s / direct_s,
-        "overhead_per_step_ms": 1000 * (chunked_s - direct_s) / steps,
-        "direct_step_ms": 1000 * direct_s / steps,
-        "checkpoint_bytes": max(r["bytes"] for r in chunked),
-        "checkpoint_save_ms": 1000 * statistics.median(r["save_s"] for r in chunked),
-        "checkpoint_load_ms": 1000 * statistics.median(r["load_s"] for r in chunked),
+        "direct_job_s": statistics.median(direct),
+        "direct_step_ms": 1000 * statistics.median(direct) / steps,
+        "checkpoint_bytes": max(r["bytes"] for r in rows["cold"]),
+        "checkpoint_save_ms": 1000 * statistics.median(r["save_s"] for r in rows["cold"]),
+        "checkpoint_load_ms": 1000 * statistics.median(r["load_s"] for r in rows["cold"]),
     }
+    for name in ("hot", "cold"):
+        chunked = [r["total_s"] for r in rows[name]]
+        out[name] = {
+            "chunked_job_s": statistics.median(chunked),
+            "overhead_ratio": median_ci([b / a for a, b in zip(direct, chunked, strict=True)]),
+            "overhead_per_step_ms": median_ci(
+                [1000 * (b - a) / steps for a, b in zip(direct, chunked, strict=True)]),
+        }
+    return out
+
+
+def _ratio(figure: dict[str, float]) -> str:
+    return f"{figure['median']:.3f} [{figure['lo']:.3f}, {figure['hi']:.3f}]"
+
+
+def _line(r: dict[str, Any]) -> str:
+    hot, cold = r["hot"], r["cold"]
+    return (f"{r['model']:12s} {r['scheduler']:10s} {r['shape']:8s} {r['steps']:3d} steps  "
+            f"direct {r['direct_step_ms']:5.1f} ms/step  chunked/direct "
+            f"hot {_ratio(hot['overhead_ratio'])} "
+            f"({hot['overhead_per_step_ms']['median']:+.2f} ms/step)  "
+            f"cold {_ratio(cold['overhead_ratio'])}  "
+            f"ckpt {r['checkpoint_bytes'] / 1024:.1f} KiB save {r['checkpoint_save_ms']:.2f} ms "
+            f"load {r['checkpoint_load_ms']:.2f} ms")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--runs", type=int, default=15)
+    parser.add_argument("--steps", type=int, nargs="*", default=[20, 50])
     parser.add_argument("--models", nargs="*", default=sorted(JOBS))
     parser.add_argument("--samplers", nargs="*", default=[None],
                         help="sampler names; each model runs those it offers (default: its own)")
@@ -127,14 +170,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench-out/diffusion.json"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    rows = [bench_model(m, args.runs, args.steps, s) for m in args.models for s in args.samplers
-            if s is None or s in diffusion_recipe(m).schedulers]
-    for r in rows:
-        print(f"{r['model']:12s} {r['scheduler']:18s} {r['shape']:9s} "
-              f"direct {r['direct_step_ms']:7.1f} ms/step "
-              f"chunked/direct {r['overhead_ratio']:.2f} ({r['overhead_per_step_ms']:+.1f} ms/step)"
-              f"  ckpt {r['checkpoint_bytes'] / 1024:.1f} KiB save {r['checkpoint_save_ms']:.2f} ms"
-              f" load {r['checkpoint_load_ms']:.2f} ms")
+    rows = []
+    for m in args.models:
+        for s in args.samplers:
+            for steps in args.steps:
+                if s is None or s in diffusion_recipe(m).schedulers:
+                    rows.append(r := bench_model(m, args.runs, steps, s))
+                    print(_line(r), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     report = {"device": "cpu", "torch_threads": torch.get_num_threads(), "runs": args.runs,
               "results": rows}

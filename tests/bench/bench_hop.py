@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from app.bench.driver import replay
-from app.bench.report import percentile
+from app.bench.report import median_ci, percentile
 from app.bench.workload import generate_trace, load_workload
 from app.celery import configure as configure_celery
 from app.schemas import JobSpec
@@ -71,39 +71,43 @@ def run_jobs(service: JobService, step_ms: float, jobs: int,
     return overheads
 
 
-def floor_overheads(run_dir: Path, env: dict[str, str], step_ms: float, hops: int,
-                    rounds: int) -> list[float]:
-    """Per-hop overhead (ms) of the bare Celery task, ``rounds`` chains of ``hops`` hops."""
-    from tests.bench.hop_floor import FLOOR_QUEUE, FLOOR_TASK
-    from tests.bench.hop_floor import app as floor_app
+class Floor:
+    """A worker of the bare Celery app (``hop_floor.py``) beside Stepline's, for the run."""
 
-    log = open(run_dir / "logs" / "floor.log", "ab")  # noqa: SIM115 - closed with the process
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "tests.bench.hop_floor", "worker", "-P", "solo",
-         "-Q", FLOOR_QUEUE, "-n", "floor@%h", "--loglevel", "WARNING", "--without-mingle",
-         "--without-gossip"], env={**env, "PYTHONPATH": str(ROOT)}, cwd=ROOT, stdout=log,
-        stderr=log)
-    client = connect(redis_url(current_settings()))
-    try:
-        results = []
+    def __init__(self, run_dir: Path, env: dict[str, str]) -> None:
+        self.log = open(run_dir / "logs" / "floor.log", "ab")  # noqa: SIM115 - closed in stop
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "tests.bench.hop_floor", "worker", "-P",
+             "solo", "-Q", "bench-floor", "-n", "floor@%h", "--loglevel", "WARNING",
+             "--without-mingle", "--without-gossip"], env={**env, "PYTHONPATH": str(ROOT)},
+            cwd=ROOT, stdout=self.log, stderr=self.log)
+        self.client = connect(redis_url(current_settings()))
         time.sleep(3.0)  # the worker's start
+
+    def overheads(self, step_ms: float, hops: int, rounds: int) -> list[float]:
+        """Per-hop overheads (ms) of ``rounds`` chains of ``hops`` hops: the time from one hop's
+        start to the next one's, less the step."""
+        from tests.bench.hop_floor import FLOOR_QUEUE, FLOOR_TASK
+        from tests.bench.hop_floor import app as floor_app
+
+        values: list[float] = []
         for _ in range(rounds):
             run = uuid.uuid4().hex
-            started = time.time()
             floor_app.send_task(FLOOR_TASK, args=[run, hops - 1, step_ms], queue=FLOOR_QUEUE)
-            deadline = time.monotonic() + 60
-            while client.get(f"floor:{run}") is None and time.monotonic() < deadline:
+            deadline = time.monotonic() + 60 + hops * step_ms / 1e3
+            while self.client.get(f"floor:{run}") is None and time.monotonic() < deadline:
                 time.sleep(0.01)
-            stamp = client.get(f"floor:{run}")
+            stamp = self.client.get(f"floor:{run}")
             if stamp is None:
                 raise RuntimeError(f"the floor chain {run} never finished; see floor.log")
-            finished = float(stamp)
-            results.append(((finished - started) - hops * step_ms / 1e3) / hops * 1e3)
-        return results
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        log.close()
+            starts = json.loads(stamp)[:-1]  # the last entry is the end of the last step
+            values += [(b - a) * 1e3 - step_ms for a, b in itertools.pairwise(starts)]
+        return values
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+        self.log.close()
 
 
 def commandstats(client: Any) -> dict[str, int]:
@@ -146,25 +150,52 @@ def breakdown(store: JobStore, service: JobService, step_ms: float, jobs: int,
             "phases": phases, "median_ms": round(statistics.median(overheads), 3)}
 
 
-def loaded(service: JobService, step_ms: float, jobs: int, load: float,
-           workers: int) -> list[float]:
-    """Per-hop overheads of probe jobs run while the mixed workload plays at ``load``. The
-    probes are realtime, so their hops are not spent waiting behind other jobs by design: what
-    remains is what a hop costs on a busy stack."""
+def loaded(service: JobService, floor: Floor, step_ms: float, jobs: int, load: float,
+           workers: int) -> tuple[list[float], list[float]]:
+    """Per-hop overheads of probe jobs run while the mixed workload plays at ``load``, and of
+    floor chains run meanwhile (on the same cores, against the same Redis). The probes are
+    realtime, so their hops are not spent waiting behind other jobs by design: what remains
+    is what a hop costs on a busy stack."""
     workload = load_workload("mixed")
     trace = generate_trace(workload, workers=workers, load=load, duration_s=None)
     background = threading.Thread(target=replay, args=(service, trace),
                                   kwargs={"drain_timeout_s": 120}, daemon=True)
     background.start()
     time.sleep(2.0)
+    bare: list[float] = []
+    chains = threading.Thread(target=lambda: bare.extend(floor.overheads(step_ms, STEPS, jobs)),
+                              daemon=True)
+    chains.start()  # the floor's chains run beside the probes
     overheads = run_jobs(service, step_ms, jobs, SloClass.REALTIME)
+    chains.join(timeout=300)
     background.join(timeout=300)
-    return overheads
+    return overheads, bare
 
 
-def summary(values: list[float]) -> dict[str, float]:
-    return {"median_ms": round(statistics.median(values), 3),
+def summary(values: list[float]) -> dict[str, Any]:
+    ci = median_ci(values)
+    return {"median_ms": round(ci["median"], 3), "median_ci_ms": [round(ci["lo"], 3),
+                                                                  round(ci["hi"], 3)],
             "p99_ms": round(percentile(values, 99) or 0.0, 3), "hops": len(values)}
+
+
+def against_floor(stepline: list[float], floor: list[float], step_ms: float) -> dict[str, Any]:
+    """Stepline's per-hop figures beside the floor's, and their ratios."""
+    row = {"stepline": summary(stepline), "floor": summary(floor)}
+    ours, bare = row["stepline"], row["floor"]
+    row["median_over_floor"] = round(ours["median_ms"] / max(bare["median_ms"], 1e-9), 3)
+    row["p99_over_floor"] = round(ours["p99_ms"] / max(bare["p99_ms"], 1e-9), 3)
+    row["median_pct_of_step"] = round(100 * ours["median_ms"] / step_ms, 2)
+    row["p99_pct_of_step"] = round(100 * ours["p99_ms"] / step_ms, 2)
+    return row
+
+
+def show(label: str, row: dict[str, Any]) -> None:
+    ours, bare = row["stepline"], row["floor"]
+    print(f"{label:28s} stepline median {ours['median_ms']:6.3f} ms {ours['median_ci_ms']} "
+          f"p99 {ours['p99_ms']:7.3f} | floor median {bare['median_ms']:6.3f} ms "
+          f"p99 {bare['p99_ms']:7.3f} | {row['median_over_floor']:.2f}x the floor, "
+          f"{row['median_pct_of_step']:.1f} % of the step", flush=True)
 
 
 def main() -> None:
@@ -187,36 +218,35 @@ def main() -> None:
     configure_celery(settings)
     stack = Stack(settings, run_dir, workers=args.workers, with_api=False, with_flower=False)
     stack.start()
-    report: dict[str, Any] = {"workers": args.workers, "policy": args.policy, "steps": STEPS,
-                              "load_average_at_start": os.getloadavg()}
+    report: dict[str, Any] = {
+        "workers": args.workers, "policy": args.policy, "steps": STEPS,
+        "publish_in_commit": settings.broker.publish_in_commit,
+        "affinity_kinds": list(settings.affinity.kinds), "batchable": args.batchable,
+        "load_average_at_start": os.getloadavg()}
+    floor = None
     try:
         store = JobStore(connect(redis_url(settings)))
         service = JobService(store, settings)
         store.set_policy(args.policy)
         time.sleep(3.0)
         run_jobs(service, 1.0, 1)  # warm-up
+        floor = Floor(run_dir, stack.env())
         report["idle"] = {}
         for step_ms in (1.0, 5.0, 50.0):
-            values = run_jobs(service, step_ms, args.jobs if step_ms < 50 else 2)
-            report["idle"][f"{step_ms:g}ms"] = summary(values)
-            print(f"idle, {step_ms:g} ms steps: {report['idle'][f'{step_ms:g}ms']}", flush=True)
+            jobs = args.jobs if step_ms < 50 else max(2, args.jobs // 2)
+            ours = run_jobs(service, step_ms, jobs)
+            bare = floor.overheads(step_ms, STEPS, jobs)
+            report["idle"][f"{step_ms:g}ms"] = row = against_floor(ours, bare, step_ms)
+            show(f"idle, {step_ms:g} ms steps", row)
         report["breakdown_5ms"] = breakdown(store, service, 5.0, 2, settings.broker.chunk_lease)
         print(json.dumps(report["breakdown_5ms"], indent=1), flush=True)
-        floor = floor_overheads(run_dir, stack.env(), 5.0, STEPS, 5)
-        report["floor_5ms"] = {"median_ms": round(statistics.median(floor), 3),
-                               "rounds_ms": [round(v, 3) for v in floor]}
-        idle5 = report["idle"]["5ms"]["median_ms"]
-        report["idle_over_floor"] = round(idle5 / max(report["floor_5ms"]["median_ms"], 1e-9), 3)
-        print(f"floor (bare Celery), 5 ms steps: {report['floor_5ms']}; stepline idle "
-              f"{idle5} ms = {report['idle_over_floor']}x the floor", flush=True)
         if not args.skip_loaded:
-            values = loaded(service, 50.0, 2, args.load, args.workers)
-            s = summary(values)
-            s["median_pct_of_step"] = round(100 * s["median_ms"] / 50.0, 2)
-            s["p99_pct_of_step"] = round(100 * s["p99_ms"] / 50.0, 2)
-            report[f"loaded_{args.load:g}_50ms"] = s
-            print(f"mixed load {args.load:g}, 50 ms steps: {s}", flush=True)
+            ours, bare = loaded(service, floor, 50.0, 2, args.load, args.workers)
+            report[f"loaded_{args.load:g}_50ms"] = row = against_floor(ours, bare, 50.0)
+            show(f"mixed load {args.load:g}, 50 ms steps", row)
     finally:
+        if floor is not None:
+            floor.stop()
         stack.stop()
     report["load_average_at_end"] = os.getloadavg()
     args.out.parent.mkdir(parents=True, exist_ok=True)

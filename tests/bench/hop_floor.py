@@ -4,6 +4,7 @@ but re-publishing itself. `bench_hop.py` runs a worker of this app beside Stepli
 
 from __future__ import annotations
 
+import json
 import time
 
 from celery import Celery
@@ -26,15 +27,21 @@ app.conf.task_queues = [Queue(FLOOR_QUEUE, Exchange(FLOOR_QUEUE, type="direct"),
 app.conf.task_default_queue = FLOOR_QUEUE
 
 
+_STARTS: dict[str, list[float]] = {}
+"""When each hop of a chain began, per run (every hop of a chain runs in this one process)."""
+
+
 @app.task(name=FLOOR_TASK, bind=True, acks_late=True)
 def floor_hop(self: object, run: str, left: int, step_ms: float) -> None:
-    """Sleep one step, then publish the next hop until none is left; the last one records when
-    it finished under ``floor:<run>`` in Redis."""
+    """Sleep one step, then publish the next hop until none is left; the last one records the
+    chain's hop start times (JSON) under ``floor:<run>`` in Redis."""
+    _STARTS.setdefault(run, []).append(time.time())
     if step_ms > 0:
         time.sleep(step_ms / 1000.0)
     if left > 0:
         app.send_task(FLOOR_TASK, args=[run, left - 1, step_ms], queue=FLOOR_QUEUE)
         return
+    _STARTS[run].append(time.time())  # the end of the last step
     with app.connection_for_write() as conn:
         client = conn.default_channel.client
-        client.set(f"floor:{run}", repr(time.time()), ex=600)
+        client.set(f"floor:{run}", json.dumps(_STARTS.pop(run)), ex=600)

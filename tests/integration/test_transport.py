@@ -36,3 +36,32 @@ def test_publish_and_consume_reuse_one_client_and_keep_kombus_semantics(
                 got.append(message.payload["n"])
                 message.ack()
         assert got == [0, 2, 1]  # kombu's priority order (0 highest) is unchanged
+
+
+@pytest.mark.parametrize("queue", ["interactive", "w1@host.interactive"])
+def test_the_message_a_commit_pushes_is_the_one_celery_sends(
+        stack_env: dict[str, str], redis_client: redis.Redis, queue: str) -> None:
+    """``dispatch.wire_message`` (what the commit script pushes) against ``send_task`` on the
+    same broker: every header, property and the decoded body equal; only the delivery tag, a
+    fresh uuid per message, differs."""
+    import base64
+    import json
+    import uuid
+
+    from tasks.dispatch import declared_queue, wire_message
+    from tasks.routing import CHUNK_TASK
+    from tasks.runtime import celery
+
+    args = ["0123456789abcdef", 3, 1]
+    kwargs = {"chunk_name": "denoise[2]", "slo": "interactive", "kind": "image"}
+    celery().send_task(CHUNK_TASK, args=args, kwargs=kwargs, queue=declared_queue(queue),
+                       task_id="t-1", argsrepr=repr(args), kwargsrepr=repr(kwargs))
+    raw = redis_client.lpop(queue)
+    assert raw is not None
+    sent = json.loads(raw)
+    built = json.loads(wire_message(CHUNK_TASK, "t-1", args, kwargs).for_queue(queue))
+    for message in (sent, built):
+        uuid.UUID(message["properties"].pop("delivery_tag"))
+        message["body"] = json.loads(base64.b64decode(message["body"]))
+    assert built == sent
+    assert built["properties"]["delivery_info"] == {"exchange": "", "routing_key": queue}

@@ -134,7 +134,7 @@ class DiTFamily:
     ) -> torch.Tensor:
         h, w = _latent_hw(c, p)
         shape = (1, c.transformer.config.in_channels, h, w)
-        latents = randn_tensor(shape, generator=gen, device=c.device, dtype=c.transformer.dtype)
+        latents = randn_tensor(shape, generator=gen, device=c.device, dtype=c.transformer_dtype)
         return torch.cat([latents] * 2) if uses_cfg(p) else latents
 
     def passes(
@@ -243,7 +243,7 @@ class PixArtFamily:
     ) -> torch.Tensor:
         h, w = _latent_hw(c, p)
         shape = (1, c.transformer.config.in_channels, h, w)
-        dtype = c.text_encoder.dtype if c.text_encoder is not None else c.transformer.dtype
+        dtype = c.text_encoder.dtype if c.text_encoder is not None else c.transformer_dtype
         latents: torch.Tensor = randn_tensor(shape, generator=gen, device=c.device, dtype=dtype)
         scaled: torch.Tensor = latents * scheduler.init_noise_sigma
         return scaled
@@ -307,7 +307,7 @@ class WanFamily:
         states = states.to(dtype=c.text_encoder.dtype, device=c.device)
         trimmed = [u[:v] for u, v in zip(states, seq_lens, strict=True)]
         padded = [torch.cat([u, u.new_zeros(length - u.size(0), u.size(1))]) for u in trimmed]
-        return torch.stack(padded, dim=0).to(c.transformer.dtype)
+        return torch.stack(padded, dim=0).to(c.transformer_dtype)
 
     def encode(self, c: DiffusionComponents, p: Mapping[str, Any]) -> Tensors:
         cond = {"prompt_embeds": self._embed(c, [str(p["prompt"])])}
@@ -345,7 +345,7 @@ class WanFamily:
         self, c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any, latents: torch.Tensor,
         t: torch.Tensor, cond: Tensors,
     ) -> tuple[list[Tensors], torch.Tensor]:
-        x = latents.to(c.transformer.dtype)
+        x = latents.to(c.transformer_dtype)
         timestep = t.expand(latents.shape[0])
         names = ["prompt_embeds", "negative_prompt_embeds"] if uses_cfg(p) else ["prompt_embeds"]
         inputs = [{"hidden_states": x, "timestep": timestep, "encoder_hidden_states": cond[n]}
