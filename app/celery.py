@@ -12,6 +12,7 @@ from typing import Any
 from celery import Celery
 from kombu import Exchange, Queue
 
+from tasks.events import FLUSH_KEY, consumer_path
 from tasks.routing import ALL_QUEUES, CHUNK_TASK, CONTROL, INTERACTIVE, TICK_TASK
 from tasks.runtime import current_settings, kombu_url, redis_url, use_celery
 from tasks.settings import Settings
@@ -50,7 +51,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_prefetch_multiplier": 1,
         "task_acks_late": False,  # only the idempotent chunk task acks late
         "task_acks_on_failure_or_timeout": False,
-        "worker_send_task_events": True,
+        "worker_send_task_events": settings.broker.task_events,
+        "worker_consumer": consumer_path(),
+        FLUSH_KEY: settings.broker.task_events_flush,
         "task_send_sent_event": settings.broker.task_sent_events,
         "worker_hijack_root_logger": False,
         "worker_proc_alive_timeout": 120,

@@ -21,7 +21,7 @@ from scheduler.lifecycle import JobState
 from scheduler.model import JobKind
 from tasks.affinity import hop_queues
 from tasks.context import WorkerContext, worker_context
-from tasks.dispatch import next_chunk_message, publish_chunk
+from tasks.dispatch import direct_publish, next_chunk_message, publish_chunk
 from tasks.record import JobRecord, encode
 from tasks.routing import CHUNK_TASK
 from tasks.store import Commit, CommitStatus, JobStore, NextMessage
@@ -182,12 +182,9 @@ def commit_request(
 
 def pushes_next_message(ctx: WorkerContext, job: JobRecord) -> bool:
     """Whether the commit of ``job``'s chunk pushes its next chunk's message itself
-    (``broker.publish_in_commit``): a job on the chunk task that hops (not an atomic one, not
-    a batchable one, whose hops are batch messages), unless Celery must send the message
-    (``task_sent_events``)."""
-    broker = ctx.settings.broker
-    return (broker.publish_in_commit and not broker.task_sent_events and not job.atomic
-            and job.batch_group is None)
+    (:func:`~tasks.dispatch.direct_publish`): a job on the chunk task that hops (not an atomic
+    one, not a batchable one, whose hops are batch messages)."""
+    return direct_publish(ctx.settings) and not job.atomic and job.batch_group is None
 
 
 def _next_message(ctx: WorkerContext, job: JobRecord, chunk: int) -> NextMessage:

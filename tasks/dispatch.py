@@ -20,11 +20,12 @@ from scheduler.lifecycle import JobState
 from tasks import keys
 from tasks.record import JobRecord, encode
 from tasks.routing import BATCH_TASK, CHUNK_TASK, affinity_worker, class_queue_of
-from tasks.runtime import celery
+from tasks.runtime import celery, current_settings
 from tasks.store import JobStore, NextMessage
 
 if TYPE_CHECKING:
     from tasks.context import HopProfile
+    from tasks.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -37,25 +38,54 @@ def publish_chunk(store: JobStore, job: JobRecord, *, chunk: int, epoch: int, qu
     if job.batch_group is not None and not job.atomic:
         return publish_batch(store, new_batch_id(job.job_id), job, [(job.job_id, chunk, epoch)],
                              queue=queue, profile=profile)
-    started = time.perf_counter()
     task_id, args, kwargs = chunk_task(job, chunk, epoch)
-    celery().send_task(
-        CHUNK_TASK,
-        args=args,
-        kwargs=kwargs,
-        queue=declared_queue(queue),
-        task_id=task_id,
-        # What Flower shows as the task's arguments, as Celery would write them; plain repr of
-        # strings and ints, instead of Celery's recursive saferepr (~0.1 ms a publish).
-        argsrepr=repr(args),
-        kwargsrepr=repr(kwargs),
-    )
+    _send(store, CHUNK_TASK, task_id, args, kwargs, queue,
+          [(job.job_id, encode(published=chunk, last_task_id=task_id))], profile=profile)
+    return task_id
+
+
+def direct_publish(settings: Settings | None = None) -> bool:
+    """Whether Stepline writes its task messages onto the queues itself
+    (``broker.direct_publish``; Celery's publish when ``task_sent_events`` wants its event)."""
+    broker = (settings or current_settings()).broker
+    return broker.direct_publish and not broker.task_sent_events
+
+
+def _send(store: JobStore, task_name: str, task_id: str, args: list[Any],
+          kwargs: dict[str, Any], queue: str, records: list[tuple[str, dict[str, str]]], *,
+          profile: HopProfile | None = None, open_batch: tuple[str, float] | None = None) -> None:
+    """Put one task message on ``queue`` and write ``records`` (job id, fields: what each
+    record remembers of the publish); ``open_batch`` (batch id, lease) marks a batch open for
+    joiners first. Directly (:func:`direct_publish`): all of it in one MULTI, one round trip.
+    Else Celery's ``send_task``, then the writes."""
+    started = time.perf_counter()
+    if direct_publish():
+        message = wire_message(task_name, task_id, args, kwargs)
+        pipe = store.redis.pipeline(transaction=True)
+        if open_batch is not None:
+            pipe.set(keys.batch_open(open_batch[0]), "1", px=max(int(open_batch[1] * 1000), 1))
+        pipe.lpush(queue, message.for_queue(queue))  # priority 0: the queue's own list
+        for job_id, fields in records:
+            pipe.hset(keys.job(job_id), mapping=fields)  # type: ignore[arg-type]
+        pipe.execute()
+        if profile is not None:
+            profile.add("publish", started)
+        return
+    if open_batch is not None:
+        store.redis.set(keys.batch_open(open_batch[0]), "1",
+                        px=max(int(open_batch[1] * 1000), 1))
+    # argsrepr / kwargsrepr: what Flower shows as the task's arguments, as Celery would write
+    # them; plain repr of strings and ints, instead of Celery's recursive saferepr.
+    celery().send_task(task_name, args=args, kwargs=kwargs, queue=declared_queue(queue),
+                       task_id=task_id, argsrepr=repr(args), kwargsrepr=repr(kwargs))
     if profile is not None:
         started = profile.add("publish", started)
-    store.set_fields(job.job_id, published=chunk, last_task_id=task_id)
+    pipe = store.redis.pipeline(transaction=False)
+    for job_id, fields in records:
+        pipe.hset(keys.job(job_id), mapping=fields)  # type: ignore[arg-type]
+    pipe.execute()
     if profile is not None:
         profile.add("bookkeeping", started)
-    return task_id
 
 
 def chunk_task(job: JobRecord, chunk: int, epoch: int) -> tuple[str, list[Any], dict[str, Any]]:
@@ -122,26 +152,17 @@ def publish_batch(store: JobStore, batch_id: str, lead: JobRecord, members: list
     the batch it is in. ``lead`` (a member's record) names the task for Flower. The batch is
     marked open (for ``lease_s``) so the tick may add joiners; a worker's hop has renewed the
     mark already (``mark_open=False``)."""
-    started = time.perf_counter()
     suffix = uuid.uuid4().hex[:6]
     task_id = f"batch.{batch_id}.{suffix}"
     args = [batch_id, [list(member) for member in members]]
     names, lead_chunk = lead.chunk_names, members[0][1]
     kwargs = {"chunk_name": names[lead_chunk] if lead_chunk < len(names) else "",
               "slo": lead.slo.value, "kind": lead.kind.value, "size": len(members)}
-    if mark_open:
-        store.redis.set(keys.batch_open(batch_id), "1", px=max(int(lease_s * 1000), 1))
-    celery().send_task(BATCH_TASK, args=args, kwargs=kwargs, queue=declared_queue(queue),
-                       task_id=task_id, argsrepr=repr(args), kwargsrepr=repr(kwargs))
-    if profile is not None:
-        started = profile.add("publish", started)
-    pipe = store.redis.pipeline(transaction=False)
-    for job_id, chunk, epoch in members:
-        pipe.hset(keys.job(job_id), mapping=encode(  # type: ignore[arg-type]
-            published=chunk, last_task_id=f"{job_id}.{chunk}.{epoch}.{suffix}", batch=batch_id))
-    pipe.execute()
-    if profile is not None:
-        profile.add("bookkeeping", started)
+    records = [(job_id, encode(published=chunk, last_task_id=f"{job_id}.{chunk}.{epoch}.{suffix}",
+                               batch=batch_id))
+               for job_id, chunk, epoch in members]
+    _send(store, BATCH_TASK, task_id, args, kwargs, queue, records, profile=profile,
+          open_batch=(batch_id, lease_s) if mark_open else None)
     return task_id
 
 

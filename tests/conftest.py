@@ -92,10 +92,11 @@ class Processes:
         return proc
 
     def worker(self, name: str, queues: tuple[str, ...] = ("realtime", "interactive", "batch",
-                                                           "standby")) -> subprocess.Popen[bytes]:
+                                                           "standby"),
+               extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         from app.stack import worker_command
 
-        return self.start(name, worker_command(f"{name}@test", queues))
+        return self.start(name, worker_command(f"{name}@test", queues), extra_env)
 
     def scheduler(self) -> None:
         """A control-queue worker and beat: the tick runs every 100 ms."""

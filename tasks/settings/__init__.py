@@ -53,15 +53,27 @@ class BrokerSettings(BaseModel):
     step time is stuck: it is requeued from its checkpoint under a new epoch."""
     stuck_min_s: Seconds = Field(default=5.0, ge=0.1, le=86400)
     """Floor of the stuck threshold, so short steps with noisy timings are never requeued."""
+    task_events: bool = True
+    """Celery's task events from the workers (received, started, succeeded, failed, …), what
+    Flower's task list and ``celery events`` are made of. Sent one publish per task, they cost
+    a hop ~0.5 ms of worker time; coalesced (``task_events_flush``) far less
+    (``tests/bench/bench_hop.py --no-task-events`` measures it). Off, Flower still shows the
+    workers (heartbeats) and ``celery inspect`` still answers, but lists no tasks."""
+    task_events_flush: Seconds = Field(default=0.2, ge=0, le=10)
+    """A worker sends its buffered task events at most this often (and when 24 are waiting),
+    so hops share publishes (``tasks/events.py``); Flower shows them up to this much later.
+    0: Celery's own timing, one publish per task."""
     task_sent_events: bool = False
     """Celery's ``task-sent`` event for every chunk published. Flower builds its task list from
     the workers' events (received, started, succeeded, failed), which stay on; the sent event
     only adds a publish timestamp, and costs each hop ~0.3-0.5 ms (``tests/bench/bench_hop.py``)."""
-    publish_in_commit: bool = True
-    """The commit script pushes the next chunk's message onto the queue the job hops to (the
-    message Celery would send, built in the worker), so commit, publish and their bookkeeping
-    are one round trip and nothing can fall between them. Off: the worker publishes with
-    ``send_task`` after the commit (one more round trip, ~1 ms more per hop; ``bench_hop.py``).
+    direct_publish: bool = True
+    """Stepline puts chunk and batch messages on their queues itself: the message Celery would
+    send (protocol 2 in kombu's Redis envelope, built in-process; a test holds the two equal),
+    pushed by the commit script when a job hops — commit, publish and bookkeeping one round
+    trip with nothing between them — or, for the tick's releases and a batch's hops, in one
+    MULTI with the records' bookkeeping. Off: Celery's ``send_task``, then the bookkeeping
+    (two round trips and ~1 ms more of worker time per hop; ``tests/bench/bench_hop.py``).
     ``task_sent_events`` needs Celery's publish and turns it off."""
     event_retention: Seconds | None = Field(default=7 * 86400.0, gt=0)
     """How long a job's event history (every transition, preemption and commit) is kept after

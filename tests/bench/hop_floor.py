@@ -21,6 +21,7 @@ FLOOR_QUEUE = "bench-floor"
 app = Celery("stepline_floor")
 app.conf.update(celery_config(current_settings()))
 app.conf.beat_schedule = {}
+app.conf.worker_consumer = "celery.worker.consumer:Consumer"  # Celery's own event timing
 install_transport(enabled=False)  # stock kombu's channel: the floor is plain Celery
 app.conf.task_queues = [Queue(FLOOR_QUEUE, Exchange(FLOOR_QUEUE, type="direct"),
                               routing_key=FLOOR_QUEUE)]

@@ -37,11 +37,17 @@ def _done(store: JobStore, job_id: str) -> bool:
     return state is JobState.DONE
 
 
+@pytest.mark.parametrize("direct", [True, False], ids=["direct-publish", "celery-publish"])
 def test_a_20_chunk_job_runs_as_20_distinct_chunk_tasks(
-    processes: Processes, redis_client: redis.Redis
+    processes: Processes, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch,
+    direct: bool,
 ) -> None:
-    processes.worker("w1")
-    processes.worker("w2")
+    # given workers that publish each hop from the commit script, or with Celery's send_task
+    env = {"STEPLINE_BROKER__DIRECT_PUBLISH": str(direct).lower()}
+    monkeypatch.setenv("STEPLINE_BROKER__DIRECT_PUBLISH", env["STEPLINE_BROKER__DIRECT_PUBLISH"])
+    current_settings.cache_clear()
+    processes.worker("w1", extra_env=env)
+    processes.worker("w2", extra_env=env)
     wait_for_workers(redis_client, ["w1", "w2"])
     service = _service(redis_client)
 
@@ -52,6 +58,10 @@ def test_a_20_chunk_job_runs_as_20_distinct_chunk_tasks(
     assert [int(c["chunk"]) for c in commits] == list(range(20))
     assert len({c["task"] for c in commits}) == 20
     assert all(c["task"].startswith(job_id) for c in commits)
+    # each task id is the one the record said was published for that chunk
+    assert [c["task"].split(".")[1] for c in commits] == [str(i) for i in range(20)]
+    record = service.store.record(job_id)
+    assert record.published == 19 and record.last_task_id == commits[-1]["task"]
 
 
 def test_realtime_chunk_runs_before_interactive_and_batch_behind_a_busy_worker(

@@ -39,8 +39,9 @@ def test_publish_and_consume_reuse_one_client_and_keep_kombus_semantics(
 
 
 @pytest.mark.parametrize("queue", ["interactive", "w1@host.interactive"])
+@pytest.mark.parametrize("batch", [False, True], ids=["chunk", "batch"])
 def test_the_message_a_commit_pushes_is_the_one_celery_sends(
-        stack_env: dict[str, str], redis_client: redis.Redis, queue: str) -> None:
+        stack_env: dict[str, str], redis_client: redis.Redis, queue: str, batch: bool) -> None:
     """``dispatch.wire_message`` (what the commit script pushes) against ``send_task`` on the
     same broker: every header, property and the decoded body equal; only the delivery tag, a
     fresh uuid per message, differs."""
@@ -49,17 +50,20 @@ def test_the_message_a_commit_pushes_is_the_one_celery_sends(
     import uuid
 
     from tasks.dispatch import declared_queue, wire_message
-    from tasks.routing import CHUNK_TASK
+    from tasks.routing import BATCH_TASK, CHUNK_TASK
     from tasks.runtime import celery
 
-    args = ["0123456789abcdef", 3, 1]
+    task: str = BATCH_TASK if batch else CHUNK_TASK
+    args: list[object] = (["0123456789abcdef.a1b2c3", [["0123456789abcdef", 3, 1],
+                                                       ["fedcba9876543210", 5, 0]]]
+                          if batch else ["0123456789abcdef", 3, 1])
     kwargs = {"chunk_name": "denoise[2]", "slo": "interactive", "kind": "image"}
-    celery().send_task(CHUNK_TASK, args=args, kwargs=kwargs, queue=declared_queue(queue),
+    celery().send_task(task, args=args, kwargs=kwargs, queue=declared_queue(queue),
                        task_id="t-1", argsrepr=repr(args), kwargsrepr=repr(kwargs))
     raw = redis_client.lpop(queue)
     assert raw is not None
     sent = json.loads(raw)
-    built = json.loads(wire_message(CHUNK_TASK, "t-1", args, kwargs).for_queue(queue))
+    built = json.loads(wire_message(task, "t-1", args, kwargs).for_queue(queue))
     for message in (sent, built):
         uuid.UUID(message["properties"].pop("delivery_tag"))
         message["body"] = json.loads(base64.b64decode(message["body"]))
