@@ -75,11 +75,18 @@ def execute_batch(ctx: WorkerContext, batch_id: str, members: Sequence[BatchMemb
     """Run one step of the batch; returns what happened, for logs and tests."""
     store, lease_s = ctx.store, ctx.settings.broker.chunk_lease
     started = time.perf_counter()
-    claimed, joiners = store.claim_chunks(members, ctx.name, lease_s, take_joiners_of=batch_id)
+    held = {job_id: seq for job_id, _, _ in members
+            if (seq := ctx.cache.seq_of(job_id)) is not None}
+    claimed, joiners, blobs = store.claim_chunks(members, ctx.name, lease_s,
+                                                 take_joiners_of=batch_id, cached_seqs=held)
     named = {job_id for job_id, _, _ in members}
     joiners = [m for m in joiners if m[0] not in named]
     if joiners:  # released into the batch since its last step: they run in this one
-        claimed += store.claim_chunks(joiners, ctx.name, lease_s)[0]
+        more, _, more_blobs = store.claim_chunks(joiners, ctx.name, lease_s, cached_seqs={
+            job_id: seq for job_id, _, _ in joiners
+            if (seq := ctx.cache.seq_of(job_id)) is not None})
+        claimed += more
+        blobs.update(more_blobs)
     wanted = [*members, *joiners]
     ctx.profile.add("claim", started)
     jobs: list[JobRecord] = []
@@ -104,7 +111,7 @@ def execute_batch(ctx: WorkerContext, batch_id: str, members: Sequence[BatchMemb
     jobs.sort(key=lambda job: job.job_id)
     ctx.busy_job, ctx.batch_jobs = jobs[0].job_id, tuple(j.job_id for j in jobs[1:])
     try:
-        return _run_claimed(ctx, batch_id, jobs, task_id)
+        return _run_claimed(ctx, batch_id, jobs, task_id, blobs)
     finally:
         ctx.busy_job, ctx.batch_jobs = None, ()
         if ctx.runner_loaded("text"):
@@ -132,11 +139,13 @@ class _Member:
         self.error: str | None = None
 
 
-def _run_claimed(ctx: WorkerContext, batch_id: str, jobs: list[JobRecord], task_id: str) -> str:
+def _run_claimed(ctx: WorkerContext, batch_id: str, jobs: list[JobRecord], task_id: str,
+                 blobs: dict[str, bytes]) -> str:
     kind = jobs[0].kind
     runner = ctx.runner(kind.value)
     loading = time.perf_counter()
-    members = [m for job in jobs if (m := _prepare(ctx, runner, job)) is not None]
+    members = [m for job in jobs
+               if (m := _prepare(ctx, runner, job, blobs.get(job.job_id))) is not None]
     ctx.profile.add("load_state", loading)
     started = time.monotonic()
     _run_step(runner, members)
@@ -144,12 +153,14 @@ def _run_claimed(ctx: WorkerContext, batch_id: str, jobs: list[JobRecord], task_
     return _commit_and_hop(ctx, batch_id, members, elapsed_s, task_id)
 
 
-def _prepare(ctx: WorkerContext, runner: JobRunner, job: JobRecord) -> _Member | None:
-    """The job's state and parameters (a text job's expert version chosen); a job whose state
-    cannot be loaded fails alone."""
+def _prepare(ctx: WorkerContext, runner: JobRunner, job: JobRecord,
+             blob: bytes | None) -> _Member | None:
+    """The job's state (``blob``: its durable checkpoint, when the claim brought it) and
+    parameters (a text job's expert version chosen); a job whose state cannot be loaded fails
+    alone."""
     params = dict(job.params)
     try:
-        state = load_state(ctx, job, runner, params)
+        state = load_state(ctx, job, runner, params, blob)
         version = None
         if job.kind is JobKind.TEXT:
             from tasks.experts import choose_version  # loads transformers: text jobs only

@@ -64,7 +64,10 @@ def execute_chunk(
     """Run chunks of one job starting at ``chunk``; returns what happened, for logs and tests."""
     store = ctx.store
     started = time.perf_counter()
-    claimed = store.claim_chunk(job_id, chunk, epoch, ctx.name, ctx.settings.broker.chunk_lease)
+    held = ctx.cache.seq_of(job_id)
+    claimed, blob = store.claim_with_state(job_id, chunk, epoch, ctx.name,
+                                           ctx.settings.broker.chunk_lease,
+                                           cached_seq=-1 if held is None else held)
     ctx.profile.add("claim", started)
     if isinstance(claimed, str):
         log.info("job %s chunk %d epoch %d: stale (%s)", job_id, chunk, epoch, claimed)
@@ -72,15 +75,17 @@ def execute_chunk(
         return "stale"
     ctx.busy_job = job_id
     try:
-        return _run_claimed(ctx, claimed, task_id)
+        return _run_claimed(ctx, claimed, task_id, blob)
     finally:
         ctx.busy_job = None
         if ctx.runner_loaded("text"):
             ctx.refresh_residency()
 
 
-def _run_claimed(ctx: WorkerContext, job: JobRecord, task_id: str) -> str:
-    """Run the claimed job's chunks: one, then a hop, or all of them for an atomic job."""
+def _run_claimed(ctx: WorkerContext, job: JobRecord, task_id: str,
+                 blob: bytes | None = None) -> str:
+    """Run the claimed job's chunks: one, then a hop, or all of them for an atomic job;
+    ``blob`` is the durable checkpoint the claim brought, if the worker did not hold it."""
     store, job_id, chunk, seq = ctx.store, job.job_id, job.next_chunk, job.seq
     if job.cancel:
         return stop_attempt(store, job, JobState.CANCELLED, ctx.name, "cancelled by client")
@@ -89,7 +94,7 @@ def _run_claimed(ctx: WorkerContext, job: JobRecord, task_id: str) -> str:
     runner = ctx.runner(job.kind.value)
     params = dict(job.params)
     loading = time.perf_counter()
-    state = load_state(ctx, job, runner, params)
+    state = load_state(ctx, job, runner, params, blob)
     ctx.profile.add("load_state", loading)
     version = None
     while True:
@@ -238,15 +243,18 @@ def record_text_outcome(
 
 
 def load_state(
-    ctx: WorkerContext, job: JobRecord, runner: JobRunner, params: dict[str, Any]
+    ctx: WorkerContext, job: JobRecord, runner: JobRunner, params: dict[str, Any],
+    blob: bytes | None = None,
 ) -> Checkpoint | None:
-    """The job's state at ``job.seq``: from this worker's memory, else Redis (+ replay)."""
+    """The job's state at ``job.seq``: from this worker's memory, else the durable checkpoint
+    (``blob`` when the claim brought it, else read from Redis), replayed up to ``job.seq``."""
     if job.seq == 0:
         return None
     cached = ctx.cache.get(job.job_id, job.seq)
     if cached is not None:
         return cached
-    blob = ctx.store.load_checkpoint(job.job_id)
+    if blob is None:
+        blob = ctx.store.load_checkpoint(job.job_id)
     if blob is None or job.ckpt_seq is None:
         raise CheckpointError(f"job {job.job_id}: no durable checkpoint at seq {job.seq}")
     state = Checkpoint.decode(blob)

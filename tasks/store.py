@@ -93,8 +93,10 @@ event(KEYS[2], 'state', '', 'PENDING', 'submit', 'accepted', ARGV[2])
 return {'ok', ARGV[1]}
 """
 
-# KEYS: job, events. ARGV: chunk, epoch, worker, now, lease_s. Returns the claimed record whole,
-# so the worker reads nothing else before it runs.
+# KEYS: job, events, ckpt. ARGV: chunk, epoch, worker, now, lease_s, and the sequence number of
+# the job's state the worker holds in memory ('' : no state wanted; -1: none held). Returns the
+# claimed record whole and, unless the worker holds the state (or there is none yet), the
+# durable checkpoint: the worker reads nothing else before it runs.
 _CLAIM = _EVENT + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing'} end
 local h = redis.call('HMGET', KEYS[1], 'state', 'epoch', 'next_chunk', 'num_chunks')
@@ -113,7 +115,10 @@ end
 if state ~= 'RUNNING' then
   event(KEYS[2], 'state', state, 'RUNNING', ARGV[3], 'chunk ' .. ARGV[1], ARGV[4])
 end
-return {'ok', redis.call('HGETALL', KEYS[1])}
+local record = redis.call('HGETALL', KEYS[1])
+local seq = redis.call('HGET', KEYS[1], 'seq')
+if (ARGV[6] or '') == '' or seq == ARGV[6] or seq == '0' then return {'ok', record} end
+return {'ok', record, redis.call('GET', KEYS[3])}
 """
 
 # KEYS: job, ckpt, events, active, done, timings.
@@ -294,6 +299,16 @@ def _commit_of(reply: Any) -> Commit:
         return Commit(status)
     return Commit(status, seq=int(reply[1]), next_chunk=int(reply[2]), queue=_text(reply[3]),
                   published=_text(reply[4]) if len(reply) > 4 else None)
+
+
+def _claimed(reply: Any) -> tuple[JobRecord | str, bytes | None]:
+    """A claim script's reply: the record (or why the claim is stale) and any checkpoint."""
+    if _text(reply[0]) != "ok":
+        return " ".join(_text(x) for x in reply), None
+    flat = reply[1]
+    record = JobRecord.from_hash(dict(zip(flat[::2], flat[1::2], strict=True)))
+    blob = reply[2] if len(reply) > 2 and isinstance(reply[2], bytes) else None
+    return record, blob
 
 
 def _sources_of(target: JobState) -> list[str]:
@@ -607,38 +622,49 @@ class JobStore:
         self, job_id: str, chunk: int, epoch: int, worker: str, lease_s: float
     ) -> JobRecord | str:
         """Fence a chunk message; returns the job's record as claimed, or why it is stale."""
-        reply = self._claim(
-            keys=[keys.job(job_id), keys.job_events(job_id)],
-            args=[chunk, epoch, worker, repr(time.time()), lease_s],
-        )
-        if _text(reply[0]) != "ok":
-            return " ".join(_text(x) for x in reply)
-        flat = reply[1]
-        return JobRecord.from_hash(dict(zip(flat[::2], flat[1::2], strict=True)))
+        return self.claim_with_state(job_id, chunk, epoch, worker, lease_s, cached_seq=None)[0]
+
+    def claim_with_state(
+        self, job_id: str, chunk: int, epoch: int, worker: str, lease_s: float, *,
+        cached_seq: int | None = -1,
+    ) -> tuple[JobRecord | str, bytes | None]:
+        """:meth:`claim_chunk`, and the job's durable checkpoint in the same round trip unless
+        the caller holds the job's state at ``cached_seq`` in memory (-1: it holds none; None:
+        it wants none). The checkpoint is None too for a job with no state yet (sequence 0)."""
+        reply = self._claim(keys=[keys.job(job_id), keys.job_events(job_id),
+                                  keys.job_checkpoint(job_id)],
+                            args=[chunk, epoch, worker, repr(time.time()), lease_s,
+                                  "" if cached_seq is None else cached_seq])
+        return _claimed(reply)
 
     def claim_chunks(
         self, members: Sequence[tuple[str, int, int]], worker: str, lease_s: float, *,
-        take_joiners_of: str | None = None,
-    ) -> tuple[list[JobRecord | str], list[tuple[str, int, int]]]:
-        """:meth:`claim_chunk` for each (job id, chunk, epoch), in one round trip; each job is
-        fenced on its own. With ``take_joiners_of``, that batch's joiners are taken in the same
-        round trip, the batch going on (:meth:`take_joiners`); returns (claims, joiners)."""
+        take_joiners_of: str | None = None, cached_seqs: Mapping[str, int] | None = None,
+    ) -> tuple[list[JobRecord | str], list[tuple[str, int, int]], dict[str, bytes]]:
+        """:meth:`claim_with_state` for each (job id, chunk, epoch), in one round trip; each
+        job is fenced on its own and comes with its checkpoint unless ``cached_seqs`` says the
+        caller holds its state (a job missing from it: none held). With ``take_joiners_of``,
+        that batch's joiners are taken in the same round trip, the batch going on
+        (:meth:`take_joiners`); returns (claims, joiners, checkpoints by job id)."""
         pipe = self.redis.pipeline(transaction=False)
         self._take_in(pipe, take_joiners_of, lease_s)
         now = repr(time.time())
+        held = cached_seqs or {}
         for job_id, chunk, epoch in members:
-            self._claim(keys=[keys.job(job_id), keys.job_events(job_id)],
-                        args=[chunk, epoch, worker, now, lease_s], client=pipe)
+            self._claim(keys=[keys.job(job_id), keys.job_events(job_id),
+                              keys.job_checkpoint(job_id)],
+                        args=[chunk, epoch, worker, now, lease_s, held.get(job_id, -1)],
+                        client=pipe)
         replies = pipe.execute()
         joiners = _joiners(replies.pop(0)) if take_joiners_of is not None else []
         claimed: list[JobRecord | str] = []
-        for reply in replies:
-            if _text(reply[0]) != "ok":
-                claimed.append(" ".join(_text(x) for x in reply))
-                continue
-            flat = reply[1]
-            claimed.append(JobRecord.from_hash(dict(zip(flat[::2], flat[1::2], strict=True))))
-        return claimed, joiners
+        checkpoints: dict[str, bytes] = {}
+        for (job_id, _, _), reply in zip(members, replies, strict=True):
+            record, blob = _claimed(reply)
+            claimed.append(record)
+            if blob is not None:
+                checkpoints[job_id] = blob
+        return claimed, joiners, checkpoints
 
     def _take_in(self, pipe: Any, batch_id: str | None, lease_s: float) -> None:
         if batch_id is not None:

@@ -31,6 +31,11 @@ class LocalCheckpointCache:
         self.hits += 1
         return entry[1]
 
+    def seq_of(self, job_id: str) -> int | None:
+        """The sequence number of the state held for ``job_id`` (no hit or miss counted)."""
+        entry = self._entries.get(job_id)
+        return None if entry is None else entry[0]
+
     def put(self, job_id: str, seq: int, state: Checkpoint) -> None:
         self._entries[job_id] = (seq, state)
         self._entries.move_to_end(job_id)

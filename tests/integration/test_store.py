@@ -209,3 +209,69 @@ def test_a_long_jobs_whole_history_is_kept_and_expires_only_after_it_ends(
     store.transition(job_id, JobState.CANCELLED, by="client", reason="done with it")
     assert len(store.events(job_id)) == 702
     assert 3500 < redis_client.ttl(keys.job_events(job_id)) <= 3600
+
+
+def test_a_claim_brings_the_checkpoint_unless_the_worker_holds_that_state(
+        redis_client: redis.Redis) -> None:
+    # given a queued job: no state yet at its first claim
+    store = JobStore(redis_client)
+    job_id, _ = _create(store)
+    store.transition(job_id, JobState.QUEUED, by="test")
+    job, blob = store.claim_with_state(job_id, 0, 0, "w1", lease_s=5)
+    assert not isinstance(job, str) and blob is None
+    # when its first chunk commits a checkpoint and hops
+    hop = store.commit_chunk(job_id, chunk=0, epoch=0, seq=job.seq, complete=True,
+                             checkpoint=b"state-1", service_s=0.01, worker="w1")
+    assert hop.status is CommitStatus.HOP
+    # then a worker holding no state (or an older one) gets the checkpoint with the claim,
+    again, blob = store.claim_with_state(job_id, 1, 0, "w2", lease_s=5, cached_seq=-1)
+    assert not isinstance(again, str) and again.seq == hop.seq and blob == b"state-1"
+    assert store.claim_with_state(job_id, 1, 0, "w2", lease_s=5, cached_seq=0)[1] == b"state-1"
+    # one holding this very state gets none, nor does a plain claim, nor a stale one
+    assert store.claim_with_state(job_id, 1, 0, "w1", lease_s=5, cached_seq=hop.seq)[1] is None
+    assert store.claim_with_state(job_id, 1, 0, "w1", lease_s=5, cached_seq=None)[1] is None
+    stale, blob = store.claim_with_state(job_id, 0, 0, "w1", lease_s=5)
+    assert isinstance(stale, str) and blob is None
+    # and a batch's claims say the same, per job, in one round trip
+    claims, _, blobs = store.claim_chunks([(job_id, 1, 0)], "w3", 5.0)
+    assert not isinstance(claims[0], str) and blobs == {job_id: b"state-1"}
+    claims, _, blobs = store.claim_chunks([(job_id, 1, 0)], "w3", 5.0,
+                                          cached_seqs={job_id: hop.seq})
+    assert not isinstance(claims[0], str) and blobs == {}
+
+
+def test_a_hop_commit_pushes_the_next_message_and_a_stop_or_a_stale_one_pushes_none(
+        redis_client: redis.Redis) -> None:
+    from tasks.store import NextMessage
+
+    store = JobStore(redis_client)
+    job_id, _ = _create(store)
+    store.transition(job_id, JobState.QUEUED, by="test")
+    job = store.claim_chunk(job_id, 0, 0, "w1", lease_s=5)
+    assert not isinstance(job, str)
+    message = NextMessage(f"{job_id}.1.0.abc", '{"q": ', "}")
+    # when the chunk commits and the job hops, to the worker's own queue for its class
+    hop = store.commit_chunk(job_id, chunk=0, epoch=0, seq=job.seq, complete=True,
+                             checkpoint=b"s", service_s=0.01, worker="w1",
+                             hop_queues={"interactive": "w1.interactive"}, next_message=message)
+    # then the message is on that queue's list, the record says it was published
+    assert hop.status is CommitStatus.HOP and hop.published == message.task_id
+    assert redis_client.lrange("w1.interactive", 0, -1) == [b'{"q": "w1.interactive"}']
+    assert message.for_queue("w1.interactive") == '{"q": "w1.interactive"}'
+    record = store.record(job_id)
+    assert (record.published, record.last_task_id, record.queue) == (1, message.task_id,
+                                                                     "w1.interactive")
+    # a duplicate commit of the same chunk pushes nothing
+    stale = store.commit_chunk(job_id, chunk=0, epoch=0, seq=job.seq, complete=True,
+                               checkpoint=b"s", service_s=0.01, worker="w1",
+                               next_message=message)
+    assert stale.status is CommitStatus.STALE and redis_client.llen("w1.interactive") == 1
+    # nor does a commit that stops the job (a preempt flag)
+    job = store.claim_chunk(job_id, 1, 0, "w1", lease_s=5)
+    assert not isinstance(job, str)
+    store.set_fields(job_id, preempt=True)
+    stop = store.commit_chunk(job_id, chunk=1, epoch=0, seq=job.seq, complete=True,
+                              checkpoint=b"s", service_s=0.01, worker="w1",
+                              next_message=NextMessage(f"{job_id}.2.0.def", "[", "]"))
+    assert stop.status is CommitStatus.PREEMPTED and stop.published is None
+    assert redis_client.llen("w1.interactive") == 1 and redis_client.llen("interactive") == 0
