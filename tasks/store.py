@@ -366,6 +366,43 @@ class NextMessage:
         return self.before + json.dumps(queue) + self.after
 
 
+class _ScriptPipeline:
+    """A pipeline of script calls (and plain commands) in one round trip. redis-py sends a
+    ``SCRIPT EXISTS`` for a pipeline's scripts before the pipeline itself — one more round trip
+    each time; here scripts go as bare ``EVALSHA``, and a call the server refuses as
+    ``NOSCRIPT`` (a restarted or flushed Redis: the call did not run) is sent again with its
+    script loaded."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self.pipe = client.pipeline(transaction=False)
+        self.calls: list[tuple[Any, list[str], list[Any]] | None] = []
+
+    def script(self, script: Any, keys_: list[str], args: list[Any]) -> None:
+        self.pipe.evalsha(script.sha, len(keys_), *keys_, *args)
+        self.calls.append((script, keys_, args))
+
+    def command(self, name: str, *args: Any, **kwargs: Any) -> None:
+        getattr(self.pipe, name)(*args, **kwargs)
+        self.calls.append(None)
+
+    def execute(self) -> list[Any]:
+        replies = self.pipe.execute(raise_on_error=False)
+        again = [i for i, reply in enumerate(replies)
+                 if isinstance(reply, redis.exceptions.NoScriptError) and self.calls[i]]
+        if again:
+            retry = self.client.pipeline(transaction=False)
+            for i in again:
+                script, keys_, args = cast(tuple[Any, list[str], list[Any]], self.calls[i])
+                script(keys=keys_, args=args, client=retry)  # redis-py loads it first
+            for i, reply in zip(again, retry.execute(raise_on_error=False), strict=True):
+                replies[i] = reply
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return list(replies)
+
+
 class JobStore:
     """Jobs in Redis. All methods are safe to call from any process."""
 
@@ -646,15 +683,14 @@ class JobStore:
         caller holds its state (a job missing from it: none held). With ``take_joiners_of``,
         that batch's joiners are taken in the same round trip, the batch going on
         (:meth:`take_joiners`); returns (claims, joiners, checkpoints by job id)."""
-        pipe = self.redis.pipeline(transaction=False)
+        pipe = _ScriptPipeline(self.redis)
         self._take_in(pipe, take_joiners_of, lease_s)
         now = repr(time.time())
         held = cached_seqs or {}
         for job_id, chunk, epoch in members:
-            self._claim(keys=[keys.job(job_id), keys.job_events(job_id),
-                              keys.job_checkpoint(job_id)],
-                        args=[chunk, epoch, worker, now, lease_s, held.get(job_id, -1)],
-                        client=pipe)
+            pipe.script(self._claim, [keys.job(job_id), keys.job_events(job_id),
+                                      keys.job_checkpoint(job_id)],
+                        [chunk, epoch, worker, now, lease_s, held.get(job_id, -1)])
         replies = pipe.execute()
         joiners = _joiners(replies.pop(0)) if take_joiners_of is not None else []
         claimed: list[JobRecord | str] = []
@@ -666,10 +702,10 @@ class JobStore:
                 checkpoints[job_id] = blob
         return claimed, joiners, checkpoints
 
-    def _take_in(self, pipe: Any, batch_id: str | None, lease_s: float) -> None:
+    def _take_in(self, pipe: _ScriptPipeline, batch_id: str | None, lease_s: float) -> None:
         if batch_id is not None:
-            self._batch_take(keys=[keys.batch_open(batch_id), keys.batch_joins(batch_id)],
-                             args=["1", max(int(lease_s * 1000), 1)], client=pipe)
+            pipe.script(self._batch_take, [keys.batch_open(batch_id), keys.batch_joins(batch_id)],
+                        ["1", max(int(lease_s * 1000), 1)])
 
     def join_batch(self, batch_id: str, job_id: str, chunk: int, epoch: int) -> bool:
         """Put a released job into an in-flight batch: its worker takes it at the batch's next
@@ -732,15 +768,14 @@ class JobStore:
         it with :meth:`take_joiners` if nothing does); returns (commits, joiners). ``timing``
         (cost key, device, seconds per unit) is one more sample for the cost model (a batched
         step's)."""
-        pipe = self.redis.pipeline(transaction=False)
+        pipe = _ScriptPipeline(self.redis)
         for job_id, kwargs in requests:
-            keys_, args = _commit_call(job_id, **kwargs)
-            self._commit(keys=keys_, args=args, client=pipe)
+            pipe.script(self._commit, *_commit_call(job_id, **kwargs))
         if timing is not None:
             cost_key, device, s_per_unit = timing
-            pipe.xadd(keys.TIMINGS, {"cost_key": cost_key, "device": device,
-                                     "s_per_unit": repr(s_per_unit)},
-                      maxlen=10000, approximate=True)
+            pipe.command("xadd", keys.TIMINGS, {"cost_key": cost_key, "device": device,
+                                                "s_per_unit": repr(s_per_unit)},
+                         maxlen=10000, approximate=True)
         self._take_in(pipe, take_joiners_of, lease_s)
         replies = pipe.execute()
         joiners = _joiners(replies.pop()) if take_joiners_of is not None else []

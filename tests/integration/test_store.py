@@ -275,3 +275,23 @@ def test_a_hop_commit_pushes_the_next_message_and_a_stop_or_a_stale_one_pushes_n
                               next_message=NextMessage(f"{job_id}.2.0.def", "[", "]"))
     assert stop.status is CommitStatus.PREEMPTED and stop.published is None
     assert redis_client.llen("w1.interactive") == 1 and redis_client.llen("interactive") == 0
+
+
+def test_pipelined_claims_and_commits_survive_a_server_that_forgot_its_scripts(
+        redis_client: redis.Redis) -> None:
+    # given a queued job and a Redis that lost its script cache (restarted, SCRIPT FLUSH)
+    store = JobStore(redis_client)
+    job_id, _ = _create(store)
+    store.transition(job_id, JobState.QUEUED, by="test")
+    redis_client.script_flush()
+    # when a batch claims and commits it in pipelines of bare EVALSHA calls
+    claims, _, _ = store.claim_chunks([(job_id, 0, 0)], "w1", 5.0)
+    job = claims[0]
+    assert not isinstance(job, str)
+    redis_client.script_flush()
+    commits, _ = store.commit_chunks([(job_id, {
+        "chunk": 0, "epoch": 0, "seq": job.seq, "complete": True, "checkpoint": b"s",
+        "service_s": 0.01, "worker": "w1"})], timing=("sim#step@b2", "cpu", 0.5))
+    # then each call ran once, after its script was loaded again
+    assert commits[0].status is CommitStatus.HOP and store.record(job_id).seq == 1
+    assert len(redis_client.xrange(keys.TIMINGS)) == 1
