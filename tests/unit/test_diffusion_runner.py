@@ -86,3 +86,11 @@ def test_given_a_yield_request_at_every_boundary_then_the_step_still_completes()
     # then each call makes one group of progress and the step finishes
     assert stops == 3
     assert state.meta["next_chunk"] == 2 and state.meta["partial"] is None
+
+
+def test_a_chunks_name_is_its_entry_in_the_plans_names() -> None:
+    from workers.diffusion.runner import chunk_name, chunk_names
+
+    for evaluations in (1, 2, 7, 50):
+        names = chunk_names(evaluations)
+        assert [chunk_name(evaluations, i) for i in range(len(names))] == list(names)

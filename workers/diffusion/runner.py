@@ -64,6 +64,13 @@ def chunk_names(evaluations: int) -> tuple[str, ...]:
     return ("encode", *(f"denoise[{i}]" for i in range(evaluations)), "decode")
 
 
+def chunk_name(evaluations: int, index: int) -> str:
+    """Chunk ``index``'s name in :func:`chunk_names` (without building them all each step)."""
+    if index == 0:
+        return "encode"
+    return f"denoise[{index - 1}]" if index <= evaluations else "decode"
+
+
 class DiffusionRunner:
     """Runs image or video jobs (``kind``) with parameters from :func:`validate_params`;
     ``max_batch`` bounds how many jobs' chunks :meth:`run_batch` runs together."""
@@ -115,7 +122,7 @@ class DiffusionRunner:
                     result = self._decode(params, job)
             else:
                 raise ParamsError(f"chunk index {index} is out of range; this job has {evals + 2}")
-        result.metrics.update(chunk=chunk_names(evals)[index],
+        result.metrics.update(chunk=chunk_name(evals, index),
                               compute_s=time.perf_counter() - started_s)
         return result
 
@@ -343,7 +350,7 @@ class DiffusionRunner:
 
     def _add_metrics(self, result: ChunkResult, item: BatchItem, compute_s: float,
                      batch_size: int) -> None:
-        result.metrics.update(chunk=chunk_names(self.evaluations(item.params))[item.index],
+        result.metrics.update(chunk=chunk_name(self.evaluations(item.params), item.index),
                               compute_s=compute_s, batch_size=batch_size)
 
     def _decode(self, params: Mapping[str, Any], job: JobState) -> ChunkResult:
