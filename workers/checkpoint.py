@@ -46,6 +46,11 @@ class Checkpoint:
 
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
+    live: Any = field(default=None, compare=False, repr=False)
+    """The runner's own in-memory state this checkpoint was written from, never serialised: a
+    runner handed this object back (the worker's checkpoint cache, the job's next step on the
+    same worker) may resume from it instead of rebuilding the state from the tensors, once —
+    it takes it (sets None), so a second resume from the same checkpoint rebuilds."""
 
     def encode(self) -> bytes:
         """Serialise to safetensors bytes with the JSON metadata in the header."""

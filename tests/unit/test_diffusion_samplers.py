@@ -166,6 +166,44 @@ def test_every_offered_sampler_resumes_to_the_pipelines_own_output(
     assert_equals_pipeline(params, f"{model}/{scheduler}")
 
 
+def run_hot(params: Mapping[str, Any], rng: random.Random) -> tuple[Checkpoint,
+                                                                    DiffusionRunner]:
+    """Every chunk on one runner from the previous chunk's own Checkpoint object, as a worker
+    continuing the job does: the runner resumes from the live state riding on it (each one
+    taken once), with one stop inside a model evaluation; the global RNG reseeded before
+    every chunk."""
+    kind = "video" if params["num_frames"] > 1 else "image"
+    runner = get_runner(kind, block_groups=3)
+    last = runner.plan(params).num_chunks - 1
+    yield_at = rng.randrange(1, last)
+    state: Checkpoint | None = None
+    index = 0
+    while index < last:
+        torch.manual_seed(rng.randrange(2**31))
+        stop = _yield_once_at(rng.randrange(2)) if index == yield_at else (lambda: False)
+        assert state is None or state.live is not None
+        result = runner.run_chunk(params, index, state, stop)
+        assert state is None or state.live is None, "the live state is taken once"
+        state = result.state
+        index, yield_at = (index + 1, yield_at) if result.complete else (index, -1)
+    assert state is not None
+    return state, runner
+
+
+@pytest.mark.parametrize(("model", "scheduler"), PAIRS)
+def test_every_offered_sampler_resumed_from_its_live_state_equals_the_pipeline(
+    model: str, scheduler: str
+) -> None:
+    # given a job run on one worker, each chunk resuming from the state the last one left
+    params = _params(model, scheduler, seed=5)
+    state, runner = run_hot(params, random.Random(f"hot/{model}/{scheduler}"))
+    # then its output is bit-identical to the pipeline's, as the resume from bytes is
+    ref = pipeline_output(runner.components(params), params)
+    ours = (runner.decode_pixels(params, state) if runner.recipe(params).family == "dit"
+            else state.tensors["latents"])
+    assert torch.equal(ours, ref) and ours.std() > 0
+
+
 def test_every_diffusers_scheduler_class_is_run_exactly_or_refused_with_a_reason() -> None:
     # given every scheduler class diffusers exports
     exported = exported_scheduler_classes()

@@ -176,6 +176,10 @@ class DiffusionRunner:
     def _restore(self, params: Mapping[str, Any], index: int, state: Checkpoint | None) -> JobState:
         if state is None:
             raise CheckpointError(f"chunk {index} needs the state the previous chunk wrote")
+        live, state.live = state.live, None  # taken once: a second resume rebuilds
+        if isinstance(live, JobState) and live.next_chunk == index \
+                and live.model == params["model"]:
+            return live  # the state this runner saved it from: equal to a rebuild, and cheaper
         job = state_from_checkpoint(state, copy_scheduler(self._baseline(params)),
                                     self.components(params).device)
         if job.next_chunk != index or job.model != params["model"]:
@@ -186,7 +190,11 @@ class DiffusionRunner:
         return job
 
     def _save(self, params: Mapping[str, Any], job: JobState) -> Checkpoint:
-        return state_to_checkpoint(job, self._baseline(params))
+        """The checkpoint of ``job`` (its tensors copies: the job runs on); the job itself
+        rides along as its ``live`` state for a resume on this worker."""
+        checkpoint = state_to_checkpoint(job, self._baseline(params))
+        checkpoint.live = job
+        return checkpoint
 
     def _encode(self, params: Mapping[str, Any]) -> ChunkResult:
         return self._encoded(params, self._family(params).encode(self.components(params), params))
