@@ -13,6 +13,7 @@ of a small model's step. Here a checkpoint is one header and one join of the ten
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,22 +61,17 @@ class Checkpoint:
             raise CheckpointError(f"checkpoint metadata is not JSON-serialisable: {exc}") from exc
         # Widest elements first, so every tensor starts at a multiple of its element size.
         order = sorted(self.tensors.items(), key=lambda kv: (-kv[1].element_size(), kv[0]))
-        header: dict[str, Any] = {"__metadata__": {_META_KEY: meta_json}}
         chunks: list[memoryview] = []
-        offset = 0
         for name, tensor in order:
-            dtype = _DTYPES.get(tensor.dtype)
-            if dtype is None:
+            if tensor.dtype not in _DTYPES:
                 raise CheckpointError(f"tensor {name!r} has unsupported dtype {tensor.dtype}")
             flat = tensor.detach().to("cpu").reshape(-1)
             if flat.numel() and flat.stride(0) != 1:  # strided, or a broadcast element
                 flat = flat.clone(memory_format=torch.contiguous_format)
-            data = flat.view(torch.uint8).numpy().data if flat.numel() else memoryview(b"")
-            header[name] = {"dtype": dtype, "shape": list(tensor.shape),
-                            "data_offsets": [offset, offset + data.nbytes]}
-            offset += data.nbytes
-            chunks.append(data)
-        text = json.dumps(header, separators=(",", ":")).encode()
+            chunks.append(flat.view(torch.uint8).numpy().data if flat.numel() else memoryview(b""))
+        layout = _layout(tuple((name, t.dtype, tuple(t.shape)) for name, t in order))
+        text = ('{"__metadata__":{"' + _META_KEY + '":' + json.dumps(meta_json) + "}"
+                + layout + "}").encode()
         text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as the library writes
         return b"".join([len(text).to_bytes(8, "little"), text, *chunks])
 
@@ -101,6 +97,30 @@ class Checkpoint:
     def nbytes(self) -> int:
         """Size of the tensors in bytes (the metadata is negligible beside them)."""
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+
+_LAYOUTS: OrderedDict[tuple[tuple[str, torch.dtype, tuple[int, ...]], ...], str] = OrderedDict()
+_LAYOUTS_MAX = 256
+
+
+def _layout(tensors: tuple[tuple[str, torch.dtype, tuple[int, ...]], ...]) -> str:
+    """The header's entries of ``tensors`` (name, dtype, shape, in file order), each led by a
+    comma: a job writes the same layout every step, so it is built once (a small LRU)."""
+    text = _LAYOUTS.get(tensors)
+    if text is None:
+        parts, offset = [], 0
+        for name, dtype, shape in tensors:
+            size = _ITEMSIZE[dtype]
+            for dim in shape:
+                size *= dim
+            parts.append(f",{json.dumps(name)}:{{\"dtype\":\"{_DTYPES[dtype]}\",\"shape\":"
+                         f"{json.dumps(list(shape))},\"data_offsets\":[{offset},{offset + size}]}}")
+            offset += size
+        text = _LAYOUTS[tensors] = "".join(parts)
+        while len(_LAYOUTS) > _LAYOUTS_MAX:
+            _LAYOUTS.popitem(last=False)
+    _LAYOUTS.move_to_end(tensors)
+    return text
 
 
 def _tensors(header: dict[str, Any], buffer: bytearray) -> dict[str, torch.Tensor]:

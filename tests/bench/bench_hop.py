@@ -197,22 +197,19 @@ def breakdown(store: JobStore, service: JobService, step_ms: float, jobs: int,
 
 def loaded(service: JobService, floor: Floor, step_ms: float, jobs: int, load: float,
            workers: int) -> tuple[list[str], list[float]]:
-    """Per-hop overheads of probe jobs run while the mixed workload plays at ``load``, and of
-    floor chains run meanwhile (on the same cores, against the same Redis). The probes are
-    realtime, so their hops are not spent waiting behind other jobs by design: what remains
-    is what a hop costs on a busy stack."""
+    """Probe jobs run while the mixed workload plays at ``load`` (their ids), then floor chains
+    while it still plays (their per-hop overheads): each under the same load, on the same
+    cores and Redis, neither competing with the other."""
     workload = load_workload("mixed")
     trace = generate_trace(workload, workers=workers, load=load, duration_s=None)
     background = threading.Thread(target=replay, args=(service, trace),
                                   kwargs={"drain_timeout_s": 120}, daemon=True)
     background.start()
     time.sleep(2.0)
-    bare: list[float] = []
-    chains = threading.Thread(target=lambda: bare.extend(floor.overheads(step_ms, STEPS, jobs)),
-                              daemon=True)
-    chains.start()  # the floor's chains run beside the probes
     ids = run_jobs(service, step_ms, jobs, SloClass.REALTIME)
-    chains.join(timeout=300)
+    if not background.is_alive():
+        raise RuntimeError("the workload ended before the floor ran under it; raise its load")
+    bare = floor.overheads(step_ms, STEPS, jobs)
     background.join(timeout=300)
     return ids, bare
 

@@ -88,9 +88,14 @@ class DiffusionRunner:
         self.device = device
         self.registry = registry
         self.video_fps = video_fps
+        self._recipes: dict[str, DiffusionRecipe] = {}
 
     def recipe(self, params: Mapping[str, Any]) -> DiffusionRecipe:
-        return diffusion_recipe(str(params["model"]), self.registry)
+        name = str(params["model"])
+        recipe = self._recipes.get(name)  # a step asks several times; parsed once anyway
+        if recipe is None:
+            recipe = self._recipes[name] = diffusion_recipe(name, self.registry)
+        return recipe
 
     def components(self, params: Mapping[str, Any]) -> DiffusionComponents:
         return load_components(self.recipe(params), self.device)
