@@ -59,33 +59,27 @@ def _send(store: JobStore, task_name: str, task_id: str, args: list[Any],
     joiners first. Directly (:func:`direct_publish`): all of it in one MULTI, one round trip.
     Else Celery's ``send_task``, then the writes."""
     started = time.perf_counter()
-    if direct_publish():
-        message = wire_message(task_name, task_id, args, kwargs)
-        pipe = store.redis.pipeline(transaction=True)
-        if open_batch is not None:
-            pipe.set(keys.batch_open(open_batch[0]), "1", px=max(int(open_batch[1] * 1000), 1))
-        pipe.lpush(queue, message.for_queue(queue))  # priority 0: the queue's own list
-        for job_id, fields in records:
-            pipe.hset(keys.job(job_id), mapping=fields)  # type: ignore[arg-type]
-        pipe.execute()
-        if profile is not None:
-            profile.add("publish", started)
-        return
+    direct = direct_publish()
+    pipe = store.redis.pipeline(transaction=direct)
     if open_batch is not None:
-        store.redis.set(keys.batch_open(open_batch[0]), "1",
-                        px=max(int(open_batch[1] * 1000), 1))
-    # argsrepr / kwargsrepr: what Flower shows as the task's arguments, as Celery would write
-    # them; plain repr of strings and ints, instead of Celery's recursive saferepr.
-    celery().send_task(task_name, args=args, kwargs=kwargs, queue=declared_queue(queue),
-                       task_id=task_id, argsrepr=repr(args), kwargsrepr=repr(kwargs))
-    if profile is not None:
-        started = profile.add("publish", started)
-    pipe = store.redis.pipeline(transaction=False)
+        batch_id, lease_s = open_batch
+        pipe.set(keys.batch_open(batch_id), "1", px=max(int(lease_s * 1000), 1))
+    if direct:
+        message = wire_message(task_name, task_id, args, kwargs)
+        pipe.lpush(queue, message.for_queue(queue))  # priority 0: the queue's own list
+    else:
+        pipe.execute()  # the batch is open before its message can be taken
+        # argsrepr / kwargsrepr: what Flower shows as the task's arguments, as Celery would
+        # write them; plain repr of strings and ints, instead of Celery's recursive saferepr.
+        celery().send_task(task_name, args=args, kwargs=kwargs, queue=declared_queue(queue),
+                           task_id=task_id, argsrepr=repr(args), kwargsrepr=repr(kwargs))
+        if profile is not None:
+            started = profile.add("publish", started)
     for job_id, fields in records:
         pipe.hset(keys.job(job_id), mapping=fields)  # type: ignore[arg-type]
     pipe.execute()
     if profile is not None:
-        profile.add("bookkeeping", started)
+        profile.add("publish" if direct else "bookkeeping", started)
 
 
 def chunk_task(job: JobRecord, chunk: int, epoch: int) -> tuple[str, list[Any], dict[str, Any]]:
@@ -109,7 +103,7 @@ def wire_message(task_name: str, task_id: str, args: list[Any], kwargs: dict[str
     as ``Producer.publish`` and ``Channel.basic_publish`` write it (JSON body, base64 body
     encoding, persistent delivery, priority 0 — the queue's own list —, a fresh delivery tag,
     the anonymous exchange with the queue as routing key), its queue left open for the commit
-    script to fill in once it has chosen where the job hops. ``tests/unit/test_wire_message.py``
+    script to fill in once it has chosen where the job hops. ``tests/integration/test_transport.py``
     holds it equal to what kombu writes, field by field."""
     app = celery()
     argsrepr, kwargsrepr = repr(args), repr(kwargs)

@@ -61,9 +61,16 @@ def _batch_tasks(store: JobStore, job_id: str) -> set[str]:
     return {c["task"] for c in _commits(store, job_id) if c["task"].startswith("batch.")}
 
 
+@pytest.mark.parametrize("direct", [True, False], ids=["direct-publish", "celery-publish"])
 def test_compatible_jobs_run_together_and_each_commits_every_chunk_once(
-    processes: Processes, redis_client: redis.Redis
+    processes: Processes, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch,
+    direct: bool,
 ) -> None:
+    # given a tick and a worker that put batch messages on the queues themselves, or through
+    # Celery's send_task
+    processes.env["STEPLINE_BROKER__DIRECT_PUBLISH"] = str(direct).lower()
+    monkeypatch.setenv("STEPLINE_BROKER__DIRECT_PUBLISH", str(direct).lower())
+    current_settings.cache_clear()
     service = _stack(processes, redis_client, workers=1)
 
     job_ids = [service.submit(_batchable(steps=12, step_ms=40))[0] for _ in range(4)]
