@@ -75,16 +75,14 @@ def execute_batch(ctx: WorkerContext, batch_id: str, members: Sequence[BatchMemb
     """Run one step of the batch; returns what happened, for logs and tests."""
     store, lease_s = ctx.store, ctx.settings.broker.chunk_lease
     started = time.perf_counter()
-    held = {job_id: seq for job_id, _, _ in members
-            if (seq := ctx.cache.seq_of(job_id)) is not None}
     claimed, joiners, blobs = store.claim_chunks(members, ctx.name, lease_s,
-                                                 take_joiners_of=batch_id, cached_seqs=held)
+                                                 take_joiners_of=batch_id,
+                                                 cached_seqs=_held(ctx, members))
     named = {job_id for job_id, _, _ in members}
     joiners = [m for m in joiners if m[0] not in named]
     if joiners:  # released into the batch since its last step: they run in this one
-        more, _, more_blobs = store.claim_chunks(joiners, ctx.name, lease_s, cached_seqs={
-            job_id: seq for job_id, _, _ in joiners
-            if (seq := ctx.cache.seq_of(job_id)) is not None})
+        more, _, more_blobs = store.claim_chunks(joiners, ctx.name, lease_s,
+                                                 cached_seqs=_held(ctx, joiners))
         claimed += more
         blobs.update(more_blobs)
     wanted = [*members, *joiners]
@@ -116,6 +114,13 @@ def execute_batch(ctx: WorkerContext, batch_id: str, members: Sequence[BatchMemb
         ctx.busy_job, ctx.batch_jobs = None, ()
         if ctx.runner_loaded("text"):
             ctx.refresh_residency()
+
+
+def _held(ctx: WorkerContext, members: Sequence[BatchMember]) -> dict[str, int]:
+    """The sequence number of each member's state this worker holds in memory (the claim
+    brings the durable checkpoint of the others)."""
+    return {job_id: seq for job_id, _, _ in members
+            if (seq := ctx.cache.seq_of(job_id)) is not None}
 
 
 def _runnable(ctx: WorkerContext, job: JobRecord) -> bool:

@@ -61,7 +61,7 @@ class RestoredChunk:
 
 def chunk_names(evaluations: int) -> tuple[str, ...]:
     """``encode``, ``denoise[0]`` … ``denoise[evaluations-1]``, ``decode``."""
-    return ("encode", *(f"denoise[{i}]" for i in range(evaluations)), "decode")
+    return tuple(chunk_name(evaluations, index) for index in range(evaluations + 2))
 
 
 def chunk_name(evaluations: int, index: int) -> str:
