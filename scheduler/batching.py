@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from scheduler.cost import CostModel
 from scheduler.errors import InvalidPolicy
+from scheduler.model import JobView
 
 
 def _default_growth() -> dict[str, float]:
@@ -90,9 +91,45 @@ def learned_growth(cost: CostModel, chunk_key: str, max_batch: int,
     return min(max(weighted / weights, 0.0), 4.0)
 
 
+class GrowthTable:
+    """Each job's batched-step growth for one tick: its own figure (a simulated job), else as
+    measured for its main chunk kind, else the policy's table. The measured figure of a chunk
+    kind is worked out once a tick (a memo of a pure function of the cost model: the answers do
+    not depend on the order of the questions)."""
+
+    __slots__ = ("_config", "_cost", "_learned", "_min_samples")
+
+    def __init__(self, cost: CostModel, config: BatchingConfig, min_samples: int) -> None:
+        self._cost, self._config, self._min_samples = cost, config, min_samples
+        self._learned: dict[str, float | None] = {}
+
+    def of(self, job: JobView) -> float:
+        if job.batch_growth is not None:
+            return job.batch_growth
+        config = self._config
+        if config.learn and job.remaining_units_by_key:
+            key = max(job.remaining_units_by_key, key=lambda pair: pair[1])[0]
+            if key not in self._learned:
+                self._learned[key] = learned_growth(self._cost, key, config.max_batch,
+                                                    self._min_samples)
+            found = self._learned[key]
+            if found is not None:
+                return found
+        return config.growth_of(job.cost_key)
+
+
 def batch_slowdown(growth: float, size: int) -> float:
     """A batched step of ``size`` members over a lone step."""
     return 1.0 + growth * (max(size, 1) - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class PlacedSlot:
+    """One slot of a finished packing: its members best first, its group and running batch."""
+
+    members: tuple[int, ...]
+    group: tuple[str, str] | None
+    batch_id: str | None
 
 
 @dataclass(slots=True)
@@ -132,6 +169,11 @@ class SlotPacker:
     slots: list[Slot] = field(default_factory=list)
     _open: dict[tuple[str, str], list[Slot]] = field(default_factory=dict)
     _by_batch: dict[str, Slot] = field(default_factory=dict)
+
+    def placed(self) -> tuple[PlacedSlot, ...]:
+        """The slots as packed so far, as values."""
+        return tuple(PlacedSlot(tuple(slot.members), slot.group, slot.batch_id)
+                     for slot in self.slots)
 
     @property
     def full(self) -> bool:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
 
 from scheduler.cost import CostModel
 from scheduler.lifecycle import JobState, SloClass
@@ -54,38 +55,63 @@ class _RateTable:
         return total, sure
 
 
-@dataclass(slots=True)
-class Survey:
-    """Live jobs and index lists into them (internal to one tick; never handed out)."""
+JOB_VALUE: Mapping[tuple[SloClass, Tier], float] = MappingProxyType({
+    (cls, tier): value * (2.0 if tier is Tier.GOLD else 1.0)
+    for cls, value in ((SloClass.REALTIME, 4.0), (SloClass.INTERACTIVE, 2.0),
+                       (SloClass.BATCH, 1.0))
+    for tier in Tier})
+"""What meeting a job's deadline is worth relative to others, by (class, tier): its class,
+doubled for a gold tenant. The order weighs remaining work by it, and deferral drops the least
+value per second of work first."""
 
-    live: list[JobView] = field(default_factory=list)
-    remaining_s: list[float] = field(default_factory=list)
-    scores: list[float] = field(default_factory=list)
-    """Each live job's origin score (:func:`scheduler.scoring.score_jobs`, computed inline)."""
-    waiting_realtime: list[int] = field(default_factory=list)
+
+@dataclass(frozen=True, slots=True)
+class Survey:
+    """Live jobs, what each is estimated to need and be worth, and index tuples into them."""
+
+    live: tuple[JobView, ...]
+    remaining_s: tuple[float, ...]
+    values: tuple[float, ...]
+    """Each live job's :data:`JOB_VALUE`."""
+    scores: tuple[float, ...]
+    """Each live job's origin score (:func:`scheduler.scoring.score_jobs`, computed inline), as
+    the survey found it (the judgement lowers those of late and deferred work)."""
+    waiting_realtime: tuple[int, ...]
     """PENDING or PREEMPTED realtime-class jobs."""
-    waiting_other: list[int] = field(default_factory=list)
-    suspended: list[int] = field(default_factory=list)
-    inflight: list[int] = field(default_factory=list)
+    waiting_other: tuple[int, ...]
+    suspended: tuple[int, ...]
+    inflight: tuple[int, ...]
     """QUEUED or RUNNING, not on standby and not being preempted: they hold a slot."""
-    standby: list[int] = field(default_factory=list)
-    aged: list[int] = field(default_factory=list)
+    standby: tuple[int, ...]
+    aged: tuple[int, ...]
     """Waiting jobs that have waited at least the aging bound."""
-    late: list[int] = field(default_factory=list)
+    late: tuple[int, ...]
     """Jobs whose estimated finish passes deadline + grace, on estimates backed by enough
     measurements (``policy.cost_min_samples`` of each chunk kind still to run)."""
-    with_deps: list[int] = field(default_factory=list)
-    outstanding_s: float = 0.0
+    with_deps: tuple[int, ...]
+    outstanding_s: float
     """Remaining work of every live job not suspended that is due within the load horizon
     (work due later counts pro rata: horizon ÷ time to its deadline)."""
-    incumbent: int | None = None
+    incumbent: int | None
+    """Last tick's origin, if it is still live."""
 
 
 def survey_jobs(snapshot: ClusterSnapshot, alive: Sequence[WorkerView], policy: PolicyConfig,
                 now_s: float) -> Survey:
     """Walk the jobs once, estimating, partitioning and scoring them (the tick's hot path: every
     attribute read here costs 10 000 times, so each is read once into a local)."""
-    sv = Survey()
+    live: list[JobView] = []
+    remaining_s: list[float] = []
+    scores: list[float] = []
+    waiting_rt: list[int] = []
+    waiting_other: list[int] = []
+    inflight: list[int] = []
+    standby: list[int] = []
+    suspended_jobs: list[int] = []
+    with_deps: list[int] = []
+    aged: list[int] = []
+    late: list[int] = []
+    incumbent: int | None = None
     table = _RateTable(snapshot.cost, [w.device for w in alive], policy.cost_min_samples)
     rates, confident = table.rates, table.confident
     incumbent_id = snapshot.state.origin_id
@@ -95,11 +121,11 @@ def survey_jobs(snapshot: ClusterSnapshot, alive: Sequence[WorkerView], policy: 
     queued, running, realtime = JobState.QUEUED, JobState.RUNNING, SloClass.REALTIME
     interactive, gold, memory = SloClass.INTERACTIVE, Tier.GOLD, ResourceProfile.MEMORY
     # bound appends: one attribute lookup per tick instead of one per job
-    add_live, add_remaining, add_score = sv.live.append, sv.remaining_s.append, sv.scores.append
-    add_waiting_rt, add_waiting_other = sv.waiting_realtime.append, sv.waiting_other.append
-    add_inflight, add_standby = sv.inflight.append, sv.standby.append
-    add_suspended, add_with_deps = sv.suspended.append, sv.with_deps.append
-    add_aged, add_late = sv.aged.append, sv.late.append
+    add_live, add_remaining, add_score = live.append, remaining_s.append, scores.append
+    add_waiting_rt, add_waiting_other = waiting_rt.append, waiting_other.append
+    add_inflight, add_standby = inflight.append, standby.append
+    add_suspended, add_with_deps = suspended_jobs.append, with_deps.append
+    add_aged, add_late = aged.append, late.append
     # score_jobs' formula, term for term (test_survey_scores_equal_score_jobs holds them equal)
     t = ScoreTerms.from_policy(policy)
     w_gold, w_rt, w_ia, w_mem = t.gold, t.realtime, t.interactive, t.memory
@@ -163,7 +189,7 @@ def survey_jobs(snapshot: ClusterSnapshot, alive: Sequence[WorkerView], policy: 
         if job.depends_on:
             add_with_deps(index)
         if job.job_id == incumbent_id:
-            sv.incumbent = index
+            incumbent = index
         # Each term is >= 0.0 and x + 0.0 == x exactly: a zero term is skipped, not added, and
         # the sum is still score_jobs' float, term for term, in the same order.
         score = w_gold if job.tier is gold else 0.0
@@ -193,5 +219,10 @@ def survey_jobs(snapshot: ClusterSnapshot, alive: Sequence[WorkerView], policy: 
         if pre:
             tail += w_pre_max if pre >= max_pre else w_pre * pre
         add_score(score + tail)
-    sv.outstanding_s = outstanding
-    return sv
+    return Survey(
+        live=tuple(live), remaining_s=tuple(remaining_s),
+        values=tuple([JOB_VALUE[job.slo_class, job.tier] for job in live]),
+        scores=tuple(scores), waiting_realtime=tuple(waiting_rt),
+        waiting_other=tuple(waiting_other), suspended=tuple(suspended_jobs),
+        inflight=tuple(inflight), standby=tuple(standby), aged=tuple(aged), late=tuple(late),
+        with_deps=tuple(with_deps), outstanding_s=outstanding, incumbent=incumbent)

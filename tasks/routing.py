@@ -1,8 +1,24 @@
-"""Queue and task names, and how a class maps to its queue: defined here once."""
+"""Task names, and the queue names the tasks layer uses (defined once, in ``scheduler.queues``)."""
 
 from __future__ import annotations
 
-from scheduler.lifecycle import SloClass
+from scheduler.queues import (
+    ALL_QUEUES,
+    BATCH_QUEUE,
+    CLASS_QUEUE,
+    CONTROL_QUEUE,
+    FIFO_QUEUE,
+    INTERACTIVE_QUEUE,
+    NORMAL_WORKER_QUEUES,
+    REALTIME_QUEUE,
+    STANDBY_QUEUE,
+)
+
+__all__ = [
+    "AFFINITY_CLASSES", "ALL_QUEUES", "BATCH", "BATCH_TASK", "CHUNK_TASK", "CLASS_QUEUE",
+    "CONTROL", "FIFO_QUEUE", "INTERACTIVE", "REALTIME", "STANDBY", "TICK_TASK", "WORK_QUEUES",
+    "affinity_queue", "affinity_worker", "class_queue_of", "with_affinity",
+]
 
 TICK_TASK = "scheduler.tick"
 CHUNK_TASK = "stepline.chunk"
@@ -10,17 +26,10 @@ BATCH_TASK = "stepline.batch"
 """Several jobs' next chunks in one task, run as one batched forward (step-level batching)."""
 
 REALTIME, INTERACTIVE, BATCH, CONTROL, STANDBY = (
-    "realtime", "interactive", "batch", "control", "standby",
+    REALTIME_QUEUE, INTERACTIVE_QUEUE, BATCH_QUEUE, CONTROL_QUEUE, STANDBY_QUEUE,
 )
-ALL_QUEUES = (REALTIME, INTERACTIVE, BATCH, CONTROL, STANDBY)
-WORK_QUEUES = (REALTIME, INTERACTIVE, BATCH, STANDBY)
+WORK_QUEUES = NORMAL_WORKER_QUEUES
 """What a normal worker consumes, in strict priority order."""
-
-CLASS_QUEUE = {
-    SloClass.REALTIME: REALTIME, SloClass.INTERACTIVE: INTERACTIVE, SloClass.BATCH: BATCH,
-}
-FIFO_QUEUE = BATCH
-"""Under the fifo baseline every job is one atomic task on this one queue."""
 
 AFFINITY_CLASSES = (INTERACTIVE, BATCH)
 """Class queues with a per-worker affinity queue in front of them. Not realtime: a realtime

@@ -74,17 +74,18 @@ def test_released_job_gets_its_level_recorded() -> None:
 
 def test_fast_level_paths_agree_with_the_full_level_computation() -> None:
     # given new jobs of every class and size, some aged, planned while converging
-    from scheduler.planner import _Planner
+    from scheduler.ordering import order_jobs
 
     jobs = [make_job(f"{cls.value}-{work}-{wait}", slo_class=cls, work_s=work,
                      waiting_since_s=NOW_S - wait)
             for cls in SloClass for work in (0.5, 3.0, 30.0) for wait in (0.0, 11.0)]
-    planner = _Planner(make_snapshot(jobs, 2), POLICY, NOW_S)
+    order = order_jobs(make_snapshot(jobs, 2), POLICY, NOW_S)
+    levels = order.levels
     # then the fast checks match level() for each job
-    for i, job in enumerate(planner.sv.live):
-        assert planner._at_lowest_level(i) == (planner.level(i) == 2), job.job_id
-        if job.slo_class is SloClass.REALTIME and planner.sv.remaining_s[i] <= 1.0:
-            assert planner.level(i) == 0, job.job_id
+    for i, job in enumerate(order.survey.live):
+        assert levels.at_lowest(i) == (levels.level(i) == 2), job.job_id
+        if job.slo_class is SloClass.REALTIME and order.survey.remaining_s[i] <= 1.0:
+            assert levels.level(i) == 0, job.job_id
 
 
 @settings(max_examples=100, deadline=None)

@@ -101,4 +101,4 @@ def test_survey_scores_equal_score_jobs(snapshot) -> None:  # type: ignore[no-un
     alive = [w for w in snapshot.workers if w.alive]
     sv = survey_jobs(snapshot, alive, POLICY, NOW_S)
     # then its inline scores are exactly score_jobs' (the same floats, not just close)
-    assert sv.scores == score_jobs(sv.live, sv.remaining_s, POLICY, NOW_S)
+    assert list(sv.scores) == score_jobs(sv.live, sv.remaining_s, POLICY, NOW_S)
