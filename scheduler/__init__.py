@@ -15,6 +15,7 @@ from scheduler.plan import (
 )
 from scheduler.policy import PolicyConfig, PolicyKind, ScoreWeights
 from scheduler.state import AdmissionState, PolicyState
+from scheduler.submission import SubmitAction, SubmitDecision, decide_submit
 from scheduler.tick import check_plan_invariants, plan_tick
 
 __all__ = [
@@ -39,10 +40,13 @@ __all__ = [
     "Retarget",
     "ScoreWeights",
     "SloClass",
+    "SubmitAction",
+    "SubmitDecision",
     "TickPlan",
     "Tier",
     "WorkerView",
     "admit",
     "check_plan_invariants",
+    "decide_submit",
     "plan_tick",
 ]

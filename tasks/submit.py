@@ -10,21 +10,20 @@ from typing import Any
 from pydantic import ValidationError
 
 from scheduler import (
-    Admission,
-    AdmissionDecision,
-    AdmissionStatus,
     JobKind,
     JobView,
+    PolicyConfig,
     ResourceProfile,
+    SubmitAction,
+    SubmitDecision,
     Tier,
-    admit,
+    decide_submit,
 )
 from scheduler.lifecycle import JobState, SloClass
 from tasks.adapter import load_admission, policy_config
 from tasks.affinity import WorkerDirectory, release_queue
 from tasks.dispatch import release
 from tasks.errors import InvalidJob, Overloaded
-from tasks.routing import CLASS_QUEUE, FIFO_QUEUE
 from tasks.settings import Settings
 from tasks.spec import JobSpec, SimulatedParams
 from tasks.store import JobStore
@@ -63,11 +62,6 @@ def validate_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
     raise InvalidJob(f"unknown job kind {kind!r}; use simulated, image, video or text")
 
 
-TICK_RELEASED = frozenset({"edf", "srpt", "least_slack"})
-"""Baselines that keep exactly their top jobs in flight: the tick releases each job, the submit
-path never does (as the simulator models them)."""
-
-
 class JobService:
     """The one path every client (CLI, REST, Python) takes into the store."""
 
@@ -78,7 +72,9 @@ class JobService:
     def submit(
         self, spec: JobSpec, *, tenant: str = "default", tier: str = "standard"
     ) -> tuple[str, bool]:
-        """Store and release a job; returns (job id, created). Raises :class:`InvalidJob`."""
+        """Store and release a job as :func:`scheduler.decide_submit` decides (the simulator
+        decides with the same function); returns (job id, created). Raises
+        :class:`InvalidJob`, or :class:`Overloaded` when admission sheds it."""
         raw = dict(spec.params)
         if spec.kind == "text":  # decode chunk length adapts to the class: short for realtime
             raw.setdefault("chunk_tokens", TEXT_CHUNK_TOKENS[spec.slo])
@@ -86,37 +82,30 @@ class JobService:
         spec = spec.model_copy(update={"params": params})
         runner = get_runner(spec.kind)
         plan = runner.plan(params)
-        policy = self.store.active_policy(self.settings.scheduler.policy)
-        group = self._batch_group(spec, runner, params, plan, policy)
+        policy = policy_config(self.settings, self.store)
+        group = self._batch_group(spec, runner, params, plan, policy.policy.value)
         target_s = self.settings.scheduler.slo_classes[spec.slo.value].target_s
         for dep in spec.depends_on:
             self.store.state(dep)  # raises JobNotFound for an unknown dependency
         now_s = time.time()
         deadline_s = spec.deadline_s or target_s
-        status = load_admission(self.store)
-        decision = self._admission(spec, tier, plan, deadline_s, now_s, policy, status)
-        if decision.verdict is Admission.SHED_OVERLOAD:
+        decision = self._decide(spec, tier, plan, deadline_s, group, policy, now_s)
+        if decision.action is SubmitAction.SHED:
             raise Overloaded(decision.reason, retry_after_s=decision.retry_after_s)
         job_id, created = self.store.create(
             spec, tenant=tenant, tier=tier, num_chunks=plan.num_chunks, cost_key=plan.cost_key,
             cost_units=plan.cost_units, deadline_s=deadline_s, now_s=now_s,
-            queue=FIFO_QUEUE if policy == "fifo" else CLASS_QUEUE[spec.slo],
-            atomic=policy == "fifo", chunk_names=plan.names,
+            queue=decision.queue, atomic=decision.atomic, chunk_names=plan.names,
             resource_profile=ResourceProfile(plan.resource_profile),
             events_ttl_s=self.settings.broker.event_retention, batch_group=group,
             batch_growth=params.get("batch_growth") if spec.kind == "simulated" else None,
         )
-        ticking = status is not None and now_s - status.measured_at_s \
-            <= self.settings.scheduler.admission_status_ttl
-        if not created or spec.depends_on or policy in TICK_RELEASED or (
-                group is not None and ticking):
-            # released by the tick: dependencies, top-cap baselines, and batchable work while a
-            # tick runs (it packs the job with compatible ones; it is at most one tick away)
+        if not created:  # the same job submitted again: it stands where it is
             return job_id, created
-        if decision.verdict is Admission.SUSPEND:
+        if decision.action is SubmitAction.SUSPEND:
             self.store.try_transition(job_id, JobState.SUSPENDED, by="submit",
                                       reason=decision.reason)
-        else:
+        elif decision.action is SubmitAction.RELEASE:
             self._release_now(job_id)
         return job_id, created
 
@@ -136,20 +125,20 @@ class JobService:
                 return str(key)
         return None
 
-    def _admission(
-        self, spec: JobSpec, tier: str, plan: ChunkPlan, deadline_s: float, now_s: float,
-        policy: str, status: AdmissionStatus | None,
-    ) -> AdmissionDecision:
-        """The overload gate, from the last tick's admission status (fails open without one)."""
-        if status is None:
-            return AdmissionDecision(Admission.ADMIT, 0.0, "no scheduler status yet")
+    def _decide(
+        self, spec: JobSpec, tier: str, plan: ChunkPlan, deadline_s: float, group: str | None,
+        policy: PolicyConfig, now_s: float,
+    ) -> SubmitDecision:
+        """The submit decision from the job as it will be stored and the last tick's admission
+        status (admitted without one)."""
         view = JobView(
             job_id="new", tenant="-", tier=Tier(tier), slo_class=spec.slo,
             kind=JobKind(spec.kind), state=JobState.PENDING, submitted_at_s=now_s,
             deadline_s=now_s + deadline_s, cost_key=plan.cost_key, num_chunks=plan.num_chunks,
             next_chunk=0, remaining_cost_units=float(sum(plan.cost_units)),
+            depends_on=tuple(spec.depends_on), batch_group=group,
         )
-        return admit(view, status, policy_config(self.settings, self.store), now_s)
+        return decide_submit(view, policy, load_admission(self.store), now_s)
 
     def _release_now(self, job_id: str) -> None:
         """Admitted work goes straight to its class queue; the tick re-plans from there."""

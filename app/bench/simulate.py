@@ -25,7 +25,6 @@ from app.bench.oracle import Discipline, OracleJob, mean_response_lower_bound_s,
 from app.bench.report import percentile
 from app.bench.workload import Arrivals, arrival_times
 from scheduler import (
-    Admission,
     AdmissionStatus,
     ClusterSnapshot,
     JobKind,
@@ -37,15 +36,17 @@ from scheduler import (
     PolicyState,
     ResourceProfile,
     SloClass,
+    SubmitAction,
+    SubmitDecision,
     TickPlan,
     Tier,
     WorkerView,
-    admit,
     check_plan_invariants,
+    decide_submit,
     plan_tick,
 )
 from scheduler.plan import Release
-from scheduler.queues import NORMAL_WORKER_QUEUES, STANDBY_QUEUE
+from scheduler.queues import CLASS_QUEUE, NORMAL_WORKER_QUEUES, STANDBY_QUEUE
 from scheduler.recovery import Failure, Recovery
 from tasks.apply import apply_plan
 
@@ -58,12 +59,6 @@ ALL_POLICIES = (*SIM_POLICIES, *ORACLES)
 GROUPS = ("urgent", "realtime", "interactive", "batch", "all")
 """Report rows: ``urgent`` is the realtime jobs with an SLO under 100 ms (stress test only)."""
 
-TOP_CAP_POLICIES = frozenset({PolicyKind.EDF, PolicyKind.SRPT, PolicyKind.LEAST_SLACK})
-"""Baselines that keep at most their capacity in flight: a job arriving to a full cluster
-waits for the tick (the others are released to their class queue at once)."""
-
-CLASS_QUEUE = {SloClass.REALTIME: "realtime", SloClass.INTERACTIVE: "interactive",
-               SloClass.BATCH: "batch"}
 CLASS_TARGET_S = {SloClass.REALTIME: 1.0, SloClass.INTERACTIVE: 5.0, SloClass.BATCH: 60.0}
 
 
@@ -370,7 +365,7 @@ class ClusterSim:
         if self.config.fail_at_s is not None:
             self._push(self.config.fail_at_s, _FAIL, None)
         end_s = self.config.end_s
-        handlers = (self._arrive, self._tick, self._wake, self._end, self._fail)
+        handlers = (self.arrive, self._tick, self._wake, self._end, self._fail)
         while self.events:
             at_s, _, kind, payload = heapq.heappop(self.events)
             if at_s > end_s:
@@ -398,31 +393,19 @@ class ClusterSim:
 
     # -- submission (JobService.submit) -----------------------------------------------------
 
-    def _arrive(self, job: _Job) -> None:
+    def arrive(self, job: _Job) -> SubmitDecision:
+        """The job is submitted now: the live submit path's own decision
+        (:func:`scheduler.decide_submit`), applied to the simulated store."""
         self.live[job.id] = job
-        if self.kind is PolicyKind.FIFO:
-            job.atomic = True
-            self._release(job, "batch")
-            return
-        if self.kind is PolicyKind.STEPLINE and self.admission is not None:
-            verdict = admit(job.job_view(), self.admission, self.policy, self.now).verdict
-            if verdict is Admission.SHED_OVERLOAD:
-                self._end_job(job, JobState.EXPIRED, "shed")
-                return
-            if verdict is Admission.SUSPEND:
-                self._set_state(job, JobState.SUSPENDED)
-                return
-        if self.kind in TOP_CAP_POLICIES and self._in_flight() >= self._capacity():
-            return  # PENDING: the next tick ranks it against the jobs in flight
-        self._release(job, CLASS_QUEUE[job.arrival.shape.slo])
-
-    def _capacity(self) -> int:
-        return sum(w.alive for w in self.workers) * self.policy.slots_per_worker
-
-    def _in_flight(self) -> int:
-        queued, running = JobState.QUEUED, JobState.RUNNING
-        return sum(1 for j in self.live.values() if (j.state is queued or j.state is running)
-                   and not j.preempt and j.queue != STANDBY_QUEUE)
+        decision = decide_submit(job.job_view(), self.policy, self.admission, self.now)
+        job.atomic = decision.atomic
+        if decision.action is SubmitAction.SHED:
+            self._end_job(job, JobState.EXPIRED, "shed")
+        elif decision.action is SubmitAction.SUSPEND:
+            self._set_state(job, JobState.SUSPENDED)
+        elif decision.action is SubmitAction.RELEASE:
+            self._release(job, decision.queue)
+        return decision
 
     # -- queues and workers -----------------------------------------------------------------
 
