@@ -60,7 +60,8 @@ def policy_config(settings: Settings, store: JobStore) -> PolicyConfig:
 def run_tick(ctx: WorkerContext, now_s: float) -> TickPlan:
     store, settings = ctx.store, ctx.settings
     policy = policy_config(settings, store)
-    seen = read_snapshot(store, learned_cost_model(store, policy), policy, now_s)
+    seen = read_snapshot(store, learned_cost_model(store, policy), policy, now_s,
+                         settings.diffusion.block_groups)
     plan = plan_tick(seen.snapshot, policy, now_s)
     try:
         check_plan_invariants(plan, seen.snapshot)

@@ -1,5 +1,6 @@
-"""Reading the world for the tick: live job records, worker heartbeats, the learned cost model and
-the policy's memory, turned into the pure policy's ``ClusterSnapshot`` (facts only, no decisions).
+"""Reading the world for the tick: live job records, worker heartbeats, the learned cost model
+(new chunk timings folded in and written back) and the policy's memory, turned into the pure
+policy's ``ClusterSnapshot``: facts only, every ``JobView`` field the planner reads written here.
 """
 
 from __future__ import annotations
@@ -10,19 +11,31 @@ import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from scheduler import ClusterSnapshot, CostModel, JobView, PolicyConfig, PolicyState, WorkerView
+from scheduler import (
+    ClusterSnapshot,
+    CostModel,
+    JobKind,
+    JobView,
+    PolicyConfig,
+    PolicyState,
+    WorkerView,
+)
 from scheduler.errors import SchedulerError
 from scheduler.lifecycle import JobState
 from tasks import keys
 from tasks.errors import JobNotFound
 from tasks.record import JobRecord, UnreadableRecord
 from tasks.routing import CONTROL, affinity_worker, class_queue_of
+from tasks.settings.diffusion import DiffusionSettings
 from tasks.store import JobStore
 
 log = logging.getLogger(__name__)
 
 OWN_MEDIAN_MIN_COMMITS = 3
 """Commits a job needs before its own median chunk time is trusted as the expected time."""
+
+DIFFUSION_BLOCK_GROUPS: int = DiffusionSettings.model_fields["block_groups"].default
+"""The settings' default ``diffusion.block_groups``, for callers that plan without settings."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,9 +47,11 @@ class Seen:
     records: Mapping[str, JobRecord]
 
 
-def read_snapshot(store: JobStore, cost: CostModel, policy: PolicyConfig,
-                  now_s: float) -> Seen:
-    """Everything ``plan_tick`` reads, in a handful of round trips."""
+def read_snapshot(store: JobStore, cost: CostModel, policy: PolicyConfig, now_s: float,
+                  diffusion_block_groups: int = DIFFUSION_BLOCK_GROUPS) -> Seen:
+    """Everything ``plan_tick`` reads: the live records, heartbeats and policy state in a
+    handful of round trips, plus one per dependency of a waiting job and one event-stream read
+    per long-running job. ``diffusion_block_groups``: the workers' ``diffusion.block_groups``."""
     records: dict[str, JobRecord] = {}
     unreadable: list[tuple[str, str]] = []
     for item in store.records(store.active_ids()):
@@ -48,15 +63,16 @@ def read_snapshot(store: JobStore, cost: CostModel, policy: PolicyConfig,
     failed_deps = failed_dependencies(store, records.values())
     long_running = _long_running(records.values(), policy.recovery.stuck_min_s, now_s)
     own = {job_id: own_s_per_unit(store, records[job_id]) for job_id in long_running}
-    views = tuple(job_view(r, failed_deps.get(r.job_id), own.get(r.job_id))
-                  for r in records.values())
+    views = tuple(job_view(r, failed_deps.get(r.job_id), own.get(r.job_id),
+                           diffusion_block_groups) for r in records.values())
     snapshot = ClusterSnapshot(jobs=views, workers=worker_views(store), cost=cost,
                                state=load_policy_state(store), unreadable=tuple(unreadable))
     return Seen(snapshot, records)
 
 
 def job_view(r: JobRecord, failed_dependency: str | None = None,
-             own_s_per_unit: float | None = None) -> JobView:
+             own_s_per_unit: float | None = None,
+             diffusion_block_groups: int = DIFFUSION_BLOCK_GROUPS) -> JobView:
     """A job's view for the policy. A job parked in a worker's affinity queue shows its class
     queue (the policy plans classes) and names the worker in ``parked_on``."""
     published = _published(r)
@@ -66,6 +82,7 @@ def job_view(r: JobRecord, failed_dependency: str | None = None,
         cost_key=r.cost_key, num_chunks=r.num_chunks, next_chunk=r.next_chunk,
         remaining_cost_units=r.remaining_cost_units,
         remaining_units_by_key=r.remaining_units_by_key,
+        block_groups=block_groups(r, diffusion_block_groups),
         queue=class_queue_of(r.queue) or None, running_on=r.running_on,
         service_s=r.service_s,
         waiting_since_s=r.queued_at_s or r.preempted_at_s or r.submitted_at_s,
@@ -81,6 +98,20 @@ def job_view(r: JobRecord, failed_dependency: str | None = None,
         shed_if_late=r.shed_if_late, estimated=r.first_estimate_s is not None,
         batch_group=r.batch_group, batch_id=r.batch, batch_growth=r.batch_growth,
     )
+
+
+def block_groups(r: JobRecord, diffusion_block_groups: int) -> int:
+    """Block groups of the job's next chunk, where a preempted chunk stops (its worker is free
+    within one group's time), as the runners ask ``should_yield``: a simulated step sleeps in
+    its ``block_groups`` slices; a denoise step runs its transformer in the workers'
+    ``diffusion.block_groups`` groups; a text decode chunk asks before each of its
+    ``chunk_tokens`` tokens; any other chunk (encode, prefill, VAE decode) runs whole."""
+    if r.kind is JobKind.SIMULATED:
+        return int(r.params.get("block_groups", 1))
+    name = r.chunk_name
+    if r.kind is JobKind.TEXT:
+        return int(r.params.get("chunk_tokens", 1)) if name.startswith("decode") else 1
+    return diffusion_block_groups if name.startswith("denoise") else 1
 
 
 def _published(r: JobRecord) -> tuple[int, int]:
