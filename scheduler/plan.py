@@ -1,4 +1,6 @@
-"""TickPlan: one tick's decision, the only thing the adapter applies."""
+"""One tick's decision as values: the ``TickPlan``, its actions (release, requeue, retarget,
+expiry, level marks) and the admission status it publishes for the submit path. ``tasks.apply``
+applies a plan, to the live stack or to the simulator."""
 
 from __future__ import annotations
 

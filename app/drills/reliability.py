@@ -48,6 +48,7 @@ from scheduler.lifecycle import JobState, SloClass
 from tasks import keys
 from tasks.artifacts import ArtifactStore
 from tasks.dispatch import publish_chunk
+from tasks.routing import BATCH, CONTROL, INTERACTIVE, REALTIME
 from tasks.runtime import current_settings
 from tasks.settings import Settings
 from tasks.store import JobStore
@@ -178,7 +179,7 @@ class Drill:
         if name in WORKERS:
             self.stack.spawn(name, worker_command(f"{name}@%h"))
         elif name in SCHEDULERS:
-            self.stack.spawn(name, worker_command(f"{name}@%h", queues=("control",),
+            self.stack.spawn(name, worker_command(f"{name}@%h", queues=(CONTROL,),
                                                   loglevel="WARNING"))
         elif name == "beat":
             self.stack.spawn(name, beat_command(self.stack.run_dir))
@@ -369,9 +370,9 @@ class Drill:
 
         with self.fault("poison_messages") as fault:
             canary = self.stack.run_dir / "unpickled-canary"
-            for queue in ("realtime", "batch", "control"):
+            for queue in (REALTIME, BATCH, CONTROL):
                 publish_pickle(celery_app, queue, canary=canary)
-            sent = publish_malformed(celery_app, "interactive")
+            sent = publish_malformed(celery_app, INTERACTIVE)
             fault.injected = True
             names = WORKERS + SCHEDULERS
             refused = _wait(lambda: sum(REFUSAL_LOG in self.log_text(n) for n in names) >= 2
@@ -567,7 +568,7 @@ def _drill(settings: Settings, run_dir: Path, burst_s: float,
     the report, or None if the stack did not start."""
     stack = Stack(settings=settings, run_dir=run_dir, workers=len(WORKERS))
     with stack:
-        stack.spawn("scheduler2", worker_command("scheduler2@%h", queues=("control",),
+        stack.spawn("scheduler2", worker_command("scheduler2@%h", queues=(CONTROL,),
                                                  loglevel="WARNING"))
         drill = Drill(stack, settings)
         if not (_wait(drill.workers_ready, 90, 0.2) and wait_for_api(stack.api_url, 60)):
