@@ -14,7 +14,7 @@ import logging
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any, cast
 
@@ -261,28 +261,41 @@ for _source, _target in ((JobState.RUNNING, JobState.DONE), (JobState.RUNNING, J
     assert _target in TRANSITIONS[_source], "the commit script's moves must be legal"
 
 
-def _commit_call(
-    job_id: str, *, chunk: int, epoch: int, seq: int, complete: bool, checkpoint: bytes | None,
-    service_s: float, worker: str, task_id: str = "",
-    hop_queues: Mapping[str, str] | None = None, then_continue: bool = False,
-    artifact: tuple[str, str] | None = None, timing: tuple[str, float] | None = None,
-    timing_key: str = "", next_message: NextMessage | None = None,
-) -> tuple[list[str], list[Any]]:
+def _commit_call(request: CommitRequest) -> tuple[list[str], list[Any]]:
     """The keys and arguments of the commit script (see ``_COMMIT``)."""
-    pairs = [x for pair in (hop_queues or {}).items() for x in pair]
-    name, media_type = artifact or ("", "")
-    device, s_per_unit = timing or ("", None)
+    job_id = request.job_id
+    pairs = [x for pair in request.hop_queues.items() for x in pair]
+    name, media_type = request.artifact or ("", "")
+    device, s_per_unit = request.timing or ("", None)
     keys_ = [keys.job(job_id), keys.job_checkpoint(job_id), keys.job_events(job_id),
              keys.ACTIVE, keys.DONE, keys.TIMINGS]
     args = [
-        chunk, epoch, seq, int(complete), int(checkpoint is not None), checkpoint or b"",
-        repr(service_s), repr(time.time()), worker, task_id,
-        "continue" if then_continue else "hop", name, media_type, device,
-        "" if s_per_unit is None else repr(s_per_unit), len(pairs) // 2, *pairs, timing_key,
+        request.chunk, request.epoch, request.seq, int(request.complete),
+        int(request.checkpoint is not None), request.checkpoint or b"",
+        repr(request.service_s), repr(time.time()), request.worker, request.task_id,
+        "continue" if request.then_continue else "hop", name, media_type, device,
+        "" if s_per_unit is None else repr(s_per_unit), len(pairs) // 2, *pairs,
+        request.timing_key,
     ]
-    if next_message is not None:
-        args += [next_message.task_id, next_message.before, next_message.after]
+    if request.next_message is not None:
+        message = request.next_message
+        args += [message.task_id, message.before, message.after]
     return keys_, args
+
+
+def _claim_call(request: ClaimRequest, now: str) -> tuple[list[str], list[Any]]:
+    """The keys and arguments of the claim script (see ``_CLAIM``)."""
+    job_id = request.job_id
+    held = "" if request.cached_seq is None else request.cached_seq
+    return ([keys.job(job_id), keys.job_events(job_id), keys.job_checkpoint(job_id)],
+            [request.chunk, request.epoch, request.worker, now, request.lease_s, held])
+
+
+def _as_request(request: CommitRequest | tuple[str, Mapping[str, Any]]) -> CommitRequest:
+    if isinstance(request, CommitRequest):
+        return request
+    job_id, fields = request
+    return CommitRequest(job_id, **fields)
 
 
 def _joiners(raw: Any) -> list[tuple[str, int, int]]:
@@ -364,6 +377,59 @@ class NextMessage:
     def for_queue(self, queue: str) -> str:
         """The message as it lands on ``queue``."""
         return self.before + json.dumps(queue) + self.after
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    """A worker's claim of one chunk message: the message's fence (job, chunk, epoch), who
+    claims it and for how long, and the sequence number of the job's state the worker holds in
+    memory (-1: it holds none, so the claim brings the durable checkpoint; None: it wants
+    none)."""
+
+    job_id: str
+    chunk: int
+    epoch: int
+    worker: str
+    lease_s: float
+    cached_seq: int | None = -1
+
+
+@dataclass(frozen=True, slots=True)
+class CommitRequest:
+    """One chunk's commit and the job's next step (:meth:`JobStore.commit`)."""
+
+    job_id: str
+    chunk: int
+    epoch: int
+    seq: int
+    """The sequence number the worker claimed: the commit is a compare-and-set on it."""
+    complete: bool
+    """The chunk ran to its end (False: it yielded inside, and the job stops here)."""
+    checkpoint: bytes | None
+    """The job's durable state after the chunk, or None when this commit writes none."""
+    service_s: float
+    """Worker time charged to the job."""
+    worker: str
+    task_id: str = ""
+    hop_queues: Mapping[str, str] = field(default_factory=dict)
+    """Class queue → where this worker sends the job's next chunk of that class (its own
+    affinity queue); a class not named hops to its class queue."""
+    then_continue: bool = False
+    """An atomic job stays RUNNING and this worker runs its next chunk."""
+    artifact: tuple[str, str] | None = None
+    """(name, media type) of the last chunk's stored output."""
+    timing: tuple[str, float] | None = None
+    """(device, seconds per cost unit) for the cost model, learned under ``timing_key``."""
+    timing_key: str = ""
+    """The chunk kind's cost key (:func:`scheduler.cost.chunk_cost_key`); the job's cost key
+    when empty."""
+    next_message: NextMessage | None = None
+    """The next chunk's message, pushed by the commit when the job hops
+    (``Commit.published``), so a hop is one round trip."""
+
+    def with_checkpoint(self, checkpoint: bytes) -> CommitRequest:
+        """The same commit carrying the job's durable state (the store asked for one)."""
+        return replace(self, checkpoint=checkpoint)
 
 
 class _ScriptPipeline:
@@ -655,42 +721,44 @@ class JobStore:
         return any(flag == b"1" for flag in flags)
 
     # chunks -----------------------------------------------------------------------------------
+    def claim(self, request: ClaimRequest) -> tuple[JobRecord | str, bytes | None]:
+        """Fence a chunk message: the job's record as claimed (or why the claim is stale), and
+        its durable checkpoint in the same round trip unless the worker holds the job's state
+        at ``request.cached_seq`` in memory. The checkpoint is None too for a job with no
+        state yet (sequence 0)."""
+        return _claimed(self._claim(*_claim_call(request, repr(time.time()))))
+
     def claim_chunk(
         self, job_id: str, chunk: int, epoch: int, worker: str, lease_s: float
     ) -> JobRecord | str:
-        """Fence a chunk message; returns the job's record as claimed, or why it is stale."""
-        return self.claim_with_state(job_id, chunk, epoch, worker, lease_s, cached_seq=None)[0]
+        """:meth:`claim` wanting no checkpoint: the job's record as claimed, or why it is
+        stale."""
+        return self.claim(ClaimRequest(job_id, chunk, epoch, worker, lease_s, None))[0]
 
     def claim_with_state(
         self, job_id: str, chunk: int, epoch: int, worker: str, lease_s: float, *,
         cached_seq: int | None = -1,
     ) -> tuple[JobRecord | str, bytes | None]:
-        """:meth:`claim_chunk`, and the job's durable checkpoint in the same round trip unless
-        the caller holds the job's state at ``cached_seq`` in memory (-1: it holds none; None:
-        it wants none). The checkpoint is None too for a job with no state yet (sequence 0)."""
-        reply = self._claim(keys=[keys.job(job_id), keys.job_events(job_id),
-                                  keys.job_checkpoint(job_id)],
-                            args=[chunk, epoch, worker, repr(time.time()), lease_s,
-                                  "" if cached_seq is None else cached_seq])
-        return _claimed(reply)
+        """:meth:`claim` of ``ClaimRequest(job_id, chunk, epoch, worker, lease_s,
+        cached_seq)``."""
+        return self.claim(ClaimRequest(job_id, chunk, epoch, worker, lease_s, cached_seq))
 
     def claim_chunks(
         self, members: Sequence[tuple[str, int, int]], worker: str, lease_s: float, *,
         take_joiners_of: str | None = None, cached_seqs: Mapping[str, int] | None = None,
     ) -> tuple[list[JobRecord | str], list[tuple[str, int, int]], dict[str, bytes]]:
-        """:meth:`claim_with_state` for each (job id, chunk, epoch), in one round trip; each
-        job is fenced on its own and comes with its checkpoint unless ``cached_seqs`` says the
-        caller holds its state (a job missing from it: none held). With ``take_joiners_of``,
-        that batch's joiners are taken in the same round trip, the batch going on
-        (:meth:`take_joiners`); returns (claims, joiners, checkpoints by job id)."""
+        """:meth:`claim` of each (job id, chunk, epoch), in one round trip; each job is fenced
+        on its own and comes with its checkpoint unless ``cached_seqs`` says the caller holds
+        its state (a job missing from it: none held). With ``take_joiners_of``, that batch's
+        joiners are taken in the same round trip, the batch going on (:meth:`take_joiners`);
+        returns (claims, joiners, checkpoints by job id)."""
         pipe = _ScriptPipeline(self.redis)
         self._take_in(pipe, take_joiners_of, lease_s)
         now = repr(time.time())
         held = cached_seqs or {}
         for job_id, chunk, epoch in members:
-            pipe.script(self._claim, [keys.job(job_id), keys.job_events(job_id),
-                                      keys.job_checkpoint(job_id)],
-                        [chunk, epoch, worker, now, lease_s, held.get(job_id, -1)])
+            request = ClaimRequest(job_id, chunk, epoch, worker, lease_s, held.get(job_id, -1))
+            pipe.script(self._claim, *_claim_call(request, now))
         replies = pipe.execute()
         joiners = _joiners(replies.pop(0)) if take_joiners_of is not None else []
         claimed: list[JobRecord | str] = []
@@ -722,55 +790,30 @@ class JobStore:
                                args=["1" if keep else "0", max(int(lease_s * 1000), 1)])
         return _joiners(raw)
 
-    def commit_chunk(
-        self,
-        job_id: str,
-        *,
-        chunk: int,
-        epoch: int,
-        seq: int,
-        complete: bool,
-        checkpoint: bytes | None,
-        service_s: float,
-        worker: str,
-        task_id: str = "",
-        hop_queues: Mapping[str, str] | None = None,
-        then_continue: bool = False,
-        artifact: tuple[str, str] | None = None,
-        timing: tuple[str, float] | None = None,
-        timing_key: str = "",
-        next_message: NextMessage | None = None,
-    ) -> Commit:
-        """Compare-and-set the job's cursor and take its next step in one script.
+    def commit(self, request: CommitRequest) -> Commit:
+        """Compare-and-set the job's cursor and take its next step in one script: the last
+        chunk's commit is its DONE, a flagged job stops, any other job hops to its next chunk's
+        queue (pushing ``request.next_message`` there when given) or, atomic, keeps running."""
+        return _commit_of(self._commit(*_commit_call(request)))
 
-        ``hop_queues`` maps a class queue to where this worker sends the job's next chunk of
-        that class (its own affinity queue); ``then_continue`` keeps an atomic job RUNNING;
-        ``artifact`` is (name, media type) of the last chunk's output; ``timing`` is (device,
-        seconds per cost unit) for the cost model, learned under ``timing_key`` (the chunk
-        kind's key, :func:`scheduler.cost.chunk_cost_key`; the job's cost key when empty);
-        ``next_message`` is the next chunk's message, pushed by the commit when the job hops
-        (``Commit.published``), so a hop is one round trip."""
-        keys_, args = _commit_call(
-            job_id, chunk=chunk, epoch=epoch, seq=seq, complete=complete, checkpoint=checkpoint,
-            service_s=service_s, worker=worker, task_id=task_id, hop_queues=hop_queues,
-            then_continue=then_continue, artifact=artifact, timing=timing,
-            timing_key=timing_key, next_message=next_message)
-        return _commit_of(self._commit(keys=keys_, args=args))
+    def commit_chunk(self, job_id: str, **fields: Any) -> Commit:
+        """:meth:`commit` of ``CommitRequest(job_id, **fields)``."""
+        return self.commit(CommitRequest(job_id, **fields))
 
     def commit_chunks(
-        self, requests: Sequence[tuple[str, Mapping[str, Any]]], *,
+        self, requests: Sequence[CommitRequest | tuple[str, Mapping[str, Any]]], *,
         take_joiners_of: str | None = None, lease_s: float = 10.0,
         timing: tuple[str, str, float] | None = None,
     ) -> tuple[list[Commit], list[tuple[str, int, int]]]:
-        """:meth:`commit_chunk` for each (job id, its keyword arguments), in one round trip;
-        each job's commit is its own script, as alone. With ``take_joiners_of``, that batch's
+        """:meth:`commit` of each request (or (job id, its fields)), in one round trip; each
+        job's commit is its own script, as alone. With ``take_joiners_of``, that batch's
         joiners are taken after the commits in the same round trip, the batch going on (close
         it with :meth:`take_joiners` if nothing does); returns (commits, joiners). ``timing``
         (cost key, device, seconds per unit) is one more sample for the cost model (a batched
         step's)."""
         pipe = _ScriptPipeline(self.redis)
-        for job_id, kwargs in requests:
-            pipe.script(self._commit, *_commit_call(job_id, **kwargs))
+        for request in requests:
+            pipe.script(self._commit, *_commit_call(_as_request(request)))
         if timing is not None:
             cost_key, device, s_per_unit = timing
             pipe.command("xadd", keys.TIMINGS, {"cost_key": cost_key, "device": device,
