@@ -229,24 +229,24 @@ def _commit_and_hop(ctx: WorkerContext, batch_id: str, members: list[_Member],
     for m in ran:
         assert m.result is not None
         # a batched chunk teaches the batched key below, never the lone step's
-        requests.append((m.job.job_id, commit_request(
+        requests.append(commit_request(
             ctx, m.job, m.job.next_chunk, m.job.seq, m.result,
             elapsed_s * m.job.cost_units[m.job.next_chunk] / total_units,  # its share
-            task_id, learn=_size(m) == 1, push_next=False)))
+            task_id, learn=_size(m) == 1, push_next=False))
     committing = time.perf_counter()
     commits, joiners = store.commit_chunks(requests, take_joiners_of=batch_id,
                                            lease_s=ctx.settings.broker.chunk_lease,
                                            timing=_batch_timing(ctx, ran, elapsed_s))
     ctx.profile.add("commit", committing)
     hops: dict[str, list[BatchMember]] = {}
-    for m, (_, request), commit in zip(ran, requests, commits, strict=True):
+    for m, request, commit in zip(ran, requests, commits, strict=True):
         job = m.job
         assert m.result is not None
         if job.next_chunk > 0:
             record_text_outcome(ctx, job, m.version, m.result)
         if commit.status is CommitStatus.NEEDS_CHECKPOINT:  # stopped here: write one
             commit = commit_result(ctx, job, job.next_chunk, job.seq, m.result,
-                                   request["service_s"], task_id, learn=_size(m) == 1,
+                                   request.service_s, task_id, learn=_size(m) == 1,
                                    push_next=False)
         ctx.chunks_run += 1
         outcomes.append(commit.status.value)

@@ -24,7 +24,14 @@ from tasks.context import WorkerContext, worker_context
 from tasks.dispatch import direct_publish, next_chunk_message, publish_chunk
 from tasks.record import JobRecord, encode
 from tasks.routing import CHUNK_TASK
-from tasks.store import Commit, CommitStatus, JobStore, NextMessage
+from tasks.store import (
+    ClaimRequest,
+    Commit,
+    CommitRequest,
+    CommitStatus,
+    JobStore,
+    NextMessage,
+)
 from workers.checkpoint import Checkpoint
 from workers.errors import CheckpointError
 from workers.runner import ChunkResult, JobRunner
@@ -65,9 +72,9 @@ def execute_chunk(
     store = ctx.store
     started = time.perf_counter()
     held = ctx.cache.seq_of(job_id)
-    claimed, blob = store.claim_with_state(job_id, chunk, epoch, ctx.name,
-                                           ctx.settings.broker.chunk_lease,
-                                           cached_seq=-1 if held is None else held)
+    claimed, blob = store.claim(ClaimRequest(job_id, chunk, epoch, ctx.name,
+                                             ctx.settings.broker.chunk_lease,
+                                             cached_seq=-1 if held is None else held))
     ctx.profile.add("claim", started)
     if isinstance(claimed, str):
         log.info("job %s chunk %d epoch %d: stale (%s)", job_id, chunk, epoch, claimed)
@@ -145,20 +152,20 @@ def commit_result(
     request = commit_request(ctx, job, chunk, seq, result, elapsed_s, task_id, learn, push_next)
     while True:
         committing = time.perf_counter()
-        commit = ctx.store.commit_chunk(job.job_id, **request)
+        commit = ctx.store.commit(request)
         ctx.profile.add("commit", committing)
         if commit.status is not CommitStatus.NEEDS_CHECKPOINT:
             return commit
-        if request["checkpoint"] is not None:
+        if request.checkpoint is not None:
             raise AssertionError("a commit with a checkpoint never asks for one")
-        request["checkpoint"] = _encode(ctx, result)
+        request = request.with_checkpoint(_encode(ctx, result))
 
 
 def commit_request(
     ctx: WorkerContext, job: JobRecord, chunk: int, seq: int, result: ChunkResult,
     elapsed_s: float, task_id: str, learn: bool = True, push_next: bool = True,
-) -> dict[str, Any]:
-    """The arguments of the job's :meth:`JobStore.commit_chunk` (see :func:`commit_result`):
+) -> CommitRequest:
+    """The job's commit (:meth:`JobStore.commit`, see :func:`commit_result`):
     the artifact stored, the checkpoint encoded when this commit writes one; no timing for the
     cost model unless ``learn``; the next chunk's message when the commit may hop the job and
     push it (:func:`pushes_next_message`), unless ``push_next`` is off (the caller publishes:
@@ -172,17 +179,17 @@ def commit_request(
     units = job.cost_units[chunk]
     timing = (ctx.settings.device, elapsed_s / max(units, 1e-9)) \
         if result.complete and learn else None
-    return {
-        "chunk": chunk, "epoch": job.epoch, "seq": seq, "complete": result.complete,
-        "checkpoint": _encode(ctx, result) if durable else None,
-        "service_s": elapsed_s, "worker": ctx.name, "task_id": task_id,
-        "hop_queues": hop_queues(ctx.settings, ctx.name, ctx.consuming(), job.kind.value),
-        "then_continue": job.atomic, "artifact": artifact, "timing": timing,
-        "timing_key": chunk_cost_key(job.cost_key, job.chunk_name),
-        "next_message": _next_message(ctx, job, chunk + 1)
+    return CommitRequest(
+        job.job_id, chunk=chunk, epoch=job.epoch, seq=seq, complete=result.complete,
+        checkpoint=_encode(ctx, result) if durable else None,
+        service_s=elapsed_s, worker=ctx.name, task_id=task_id,
+        hop_queues=hop_queues(ctx.settings, ctx.name, ctx.consuming(), job.kind.value),
+        then_continue=job.atomic, artifact=artifact, timing=timing,
+        timing_key=chunk_cost_key(job.cost_key, job.chunk_name),
+        next_message=_next_message(ctx, job, chunk + 1)
         if push_next and result.complete and not last and pushes_next_message(ctx, job)
         else None,
-    }
+    )
 
 
 def pushes_next_message(ctx: WorkerContext, job: JobRecord) -> bool:
