@@ -170,5 +170,5 @@ def worker_context() -> WorkerContext:
     """The context of this process (built on first use)."""
     settings = current_settings()
     store = JobStore(connect(redis_url(settings)))
-    artifacts = ArtifactStore(settings.artifacts_path)
+    artifacts = ArtifactStore.from_settings(settings)
     return WorkerContext(settings=settings, store=store, artifacts=artifacts)

@@ -34,7 +34,7 @@ class ApiContext:
         store = JobStore(connect(redis_url(settings)))
         return cls(
             settings=settings, store=store, service=JobService(store, settings),
-            artifacts=ArtifactStore(settings.artifacts_path),
+            artifacts=ArtifactStore.from_settings(settings),
             tenants=TenantDirectory.from_settings(settings), limits=TenantLimits(store.redis),
         )
 

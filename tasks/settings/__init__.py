@@ -19,6 +19,7 @@ from pydantic_settings import SettingsError as EnvSourceError
 from tasks.errors import SettingsError
 from tasks.settings.affinity import AffinitySettings
 from tasks.settings.api import ApiSettings
+from tasks.settings.artifacts import ArtifactSettings
 from tasks.settings.autoscale import AutoscaleSettings
 from tasks.settings.diffusion import DiffusionSettings
 from tasks.settings.durations import Seconds
@@ -114,7 +115,10 @@ class Settings(BaseSettings):
     run_dir: Path = Path(".stepline")
     """Where the embedded Redis, logs, the API key and artifacts live."""
     artifact_dir: Path | None = None
-    """Where finished artifacts go; unset → ``<run_dir>/artifacts``."""
+    """Where finished artifacts go; unset → ``<run_dir>/artifacts`` (``artifacts.url`` outranks
+    it, and may name a shared store)."""
+    artifacts: ArtifactSettings = Field(default_factory=ArtifactSettings)
+    """The artifact store: a local directory, or an fsspec URL (``s3://``) all hosts share."""
     device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d+)?|simulated)$")
     """Device the worker runs models on."""
     torch_threads: int = Field(default=1, ge=0, le=256)
@@ -149,6 +153,11 @@ class Settings(BaseSettings):
     @property
     def artifacts_path(self) -> Path:
         return self.artifact_dir or self.run_dir / "artifacts"
+
+    @property
+    def artifacts_url(self) -> str:
+        """The artifact store's fsspec URL (a plain path for the local default)."""
+        return self.artifacts.url or str(self.artifacts_path)
 
 
 def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
