@@ -36,7 +36,7 @@ from app.schemas import JobSpec
 from app.stack import Stack, run_until_signalled, up_banner, wait_for_api, worker_command
 from scheduler.lifecycle import JobState, SloClass
 from tasks.errors import SteplineError
-from tasks.runtime import connect, current_settings, redis_url
+from tasks.runtime import current_settings, store_client
 from tasks.settings.moe import cache_config
 
 cli = typer.Typer(
@@ -460,7 +460,7 @@ def _expert_updates() -> Any:
     from tasks.expert_updates import ExpertUpdates, update_policy  # deferred: loads torch
 
     settings = current_settings()
-    return ExpertUpdates(connect(redis_url(settings)), update_policy(settings.moe.versions))
+    return ExpertUpdates(store_client(settings), update_policy(settings.moe.versions))
 
 
 @experts_cli.command("update")

@@ -256,7 +256,8 @@ class Stack:
             url = self.redis.url if self.redis is not None else self.settings.redis_url
             if url is None:
                 raise StackNotRunning("the stack has not started: no Redis to read")
-            self._store = JobStore(connect(url))
+            master = self.settings.broker.sentinel_master
+            self._store = JobStore(connect(url, sentinel_master=master))
         return self._store
 
     def dead(self) -> list[str]:

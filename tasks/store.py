@@ -406,8 +406,11 @@ class _ScriptPipeline:
 class JobStore:
     """Jobs in Redis. All methods are safe to call from any process."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, *, commit_replicas: int = 0,
+                 commit_replica_timeout_s: float = 0.5) -> None:
         self.redis = client
+        self.commit_replicas = commit_replicas  # a commit waits for them (WAIT); 0: none
+        self.commit_replica_timeout_ms = max(1, round(commit_replica_timeout_s * 1000))
         self._transition = client.register_script(_TRANSITION)
         self._create = client.register_script(_CREATE)
         self._claim = client.register_script(_CLAIM)
@@ -755,7 +758,25 @@ class JobStore:
             service_s=service_s, worker=worker, task_id=task_id, hop_queues=hop_queues,
             then_continue=then_continue, artifact=artifact, timing=timing,
             timing_key=timing_key, next_message=next_message)
-        return _commit_of(self._commit(keys=keys_, args=args))
+        if not self.commit_replicas:
+            return _commit_of(self._commit(keys=keys_, args=args))
+        pipe = _ScriptPipeline(self.redis)
+        pipe.script(self._commit, keys_, args)
+        self._wait_for_replicas(pipe)
+        reply, replicas = pipe.execute()
+        self._check_replicas([job_id], replicas)
+        return _commit_of(reply)
+
+    def _wait_for_replicas(self, pipe: _ScriptPipeline) -> None:
+        """``WAIT`` on the commit's own connection (WAIT counts that client's writes), last."""
+        pipe.command("execute_command", "WAIT", self.commit_replicas,
+                     self.commit_replica_timeout_ms)
+
+    def _check_replicas(self, job_ids: Sequence[str], replicas: Any) -> None:
+        if int(replicas) < self.commit_replicas:
+            log.warning("jobs %s: the commit reached %s of %d replicas in %d ms; a failover now "
+                        "replays the chunk from its previous checkpoint", ",".join(job_ids),
+                        replicas, self.commit_replicas, self.commit_replica_timeout_ms)
 
     def commit_chunks(
         self, requests: Sequence[tuple[str, Mapping[str, Any]]], *,
@@ -777,7 +798,11 @@ class JobStore:
                                                 "s_per_unit": repr(s_per_unit)},
                          maxlen=10000, approximate=True)
         self._take_in(pipe, take_joiners_of, lease_s)
+        if self.commit_replicas:
+            self._wait_for_replicas(pipe)
         replies = pipe.execute()
+        if self.commit_replicas:
+            self._check_replicas([job_id for job_id, _ in requests], replies.pop())
         joiners = _joiners(replies.pop()) if take_joiners_of is not None else []
         if timing is not None:
             replies.pop()

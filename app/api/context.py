@@ -12,7 +12,7 @@ from tasks import keys
 from tasks.artifacts import ArtifactStore
 from tasks.errors import JobNotFound
 from tasks.record import JobRecord, UnreadableRecord
-from tasks.runtime import connect, redis_url
+from tasks.runtime import store_client
 from tasks.settings import Settings
 from tasks.store import JobStore
 from tasks.submit import JobService
@@ -31,7 +31,7 @@ class ApiContext:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ApiContext:
-        store = JobStore(connect(redis_url(settings)))
+        store = JobStore(store_client(settings))
         return cls(
             settings=settings, store=store, service=JobService(store, settings),
             artifacts=ArtifactStore.from_settings(settings),

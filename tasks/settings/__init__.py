@@ -79,6 +79,16 @@ class BrokerSettings(BaseModel):
     event_retention: Seconds | None = Field(default=7 * 86400.0, gt=0)
     """How long a job's event history (every transition, preemption and commit) is kept after
     the job ends; null keeps it for ever. It is never trimmed while the job lives."""
+    sentinel_master: str = Field(default="stepline", min_length=1, max_length=200)
+    """With a Sentinel ``REDIS_URL`` (``sentinel://h1:26379;sentinel://h2:26379``): the name
+    the sentinels monitor the master under (kombu's ``master_name``)."""
+    commit_replicas: int = Field(default=0, ge=0, le=16)
+    """After each commit, wait until this many replicas hold it (Redis ``WAIT``, in the same
+    round trip) before the worker acknowledges the chunk, so a failover promoting one of them
+    cannot lose it. 0 (one server): no wait. With Sentinel, 1."""
+    commit_replica_timeout: Seconds = Field(default=0.5, gt=0, le=60)
+    """The longest a commit waits for its replicas; past it the worker goes on (logged): a
+    commit a failover then loses is replayed from the previous checkpoint (the fences)."""
     redis_appendfsync: Literal["always", "everysec", "no"] = "everysec"
     """fsync policy of the embedded Redis's append-only file: ``everysec`` may lose about the
     last second of writes to a machine crash (not to a killed redis-server); ``always`` loses
