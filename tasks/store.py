@@ -24,7 +24,7 @@ from scheduler.errors import IllegalTransition
 from scheduler.lifecycle import TRANSITIONS, JobState
 from scheduler.model import ResourceProfile
 from tasks import keys
-from tasks.errors import JobNotFound
+from tasks.errors import JobNotFound, RedisUnavailable
 from tasks.record import JobRecord, UnreadableRecord, encode, field_name
 from tasks.spec import JobSpec
 
@@ -457,10 +457,19 @@ class JobStore:
         )
         idem = keys.idempotency(tenant, spec.idempotency_key) if spec.idempotency_key else ""
         flat = [item for pair in fields.items() for item in pair]
-        status, value = self._create(
-            keys=[keys.job(job_id), keys.job_events(job_id), keys.ACTIVE, keys.INDEX, idem],
-            args=[job_id, repr(now_s), len(fields), *flat],
-        )
+        keys_ = [keys.job(job_id), keys.job_events(job_id), keys.ACTIVE, keys.INDEX, idem]
+        args = [job_id, repr(now_s), len(fields), *flat]
+        if not self.commit_replicas:
+            status, value = self._create(keys=keys_, args=args)
+            return _text(value), _text(status) == "ok"
+        pipe = _ScriptPipeline(self.redis)
+        pipe.script(self._create, keys_, args)
+        self._wait_for_replicas(pipe)
+        (status, value), replicas = pipe.execute()
+        if int(replicas) < self.commit_replicas:  # a failover could drop it: never accept it
+            raise RedisUnavailable(
+                f"job {_text(value)} reached {replicas} of {self.commit_replicas} replicas; "
+                "submit again (with the same idempotency key, to get this job if it survived)")
         return _text(value), _text(status) == "ok"
 
     # read -------------------------------------------------------------------------------------

@@ -31,7 +31,8 @@ class ApiContext:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ApiContext:
-        store = JobStore(store_client(settings))
+        store = JobStore(store_client(settings), commit_replicas=settings.broker.commit_replicas,
+                         commit_replica_timeout_s=settings.broker.commit_replica_timeout)
         return cls(
             settings=settings, store=store, service=JobService(store, settings),
             artifacts=ArtifactStore.from_settings(settings),

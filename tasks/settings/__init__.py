@@ -85,7 +85,9 @@ class BrokerSettings(BaseModel):
     commit_replicas: int = Field(default=0, ge=0, le=16)
     """After each commit, wait until this many replicas hold it (Redis ``WAIT``, in the same
     round trip) before the worker acknowledges the chunk, so a failover promoting one of them
-    cannot lose it. 0 (one server): no wait. With Sentinel, 1."""
+    cannot lose it; a new job the API creates likewise, else it answers 503 (retry with the
+    same idempotency key) instead of accepting a job a failover could drop. 0 (one server): no
+    wait. With Sentinel, 1."""
     commit_replica_timeout: Seconds = Field(default=0.5, gt=0, le=60)
     """The longest a commit waits for its replicas; past it the worker goes on (logged): a
     commit a failover then loses is replayed from the previous checkpoint (the fences)."""

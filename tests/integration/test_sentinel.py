@@ -15,6 +15,7 @@ from app.schemas import JobSpec
 from scheduler.lifecycle import SloClass
 from tasks import keys
 from tasks.artifacts import ArtifactStore
+from tasks.errors import RedisUnavailable
 from tasks.runtime import current_settings, store_client
 from tasks.store import JobStore
 from tasks.submit import JobService
@@ -100,3 +101,19 @@ def test_a_sentinel_failover_mid_run_finishes_every_job_exactly_once(
         assert all(promoted.script_exists(store._commit.sha))
     finally:
         processes.stop_all()
+
+
+def test_a_job_no_replica_holds_is_refused_rather_than_accepted(
+    stack_env: dict[str, str], redis_client: redis.Redis
+) -> None:
+    # given a store that wants one replica per write, on a server that has none
+    store = JobStore(redis_client, commit_replicas=1, commit_replica_timeout_s=0.05)
+    service = JobService(store, current_settings())
+    spec = JobSpec(kind="simulated", slo=SloClass.BATCH, params={"steps": 2, "step_ms": 1},
+                   idempotency_key="retry-me")
+    # when a job is submitted, then it is refused as a retryable outage, not silently accepted
+    with pytest.raises(RedisUnavailable, match="replicas"):
+        service.submit(spec)
+    # and a retry with the same key finds the job the server did keep (nothing runs twice)
+    job_id, created = JobService(JobStore(redis_client), current_settings()).submit(spec)
+    assert not created and store.state(job_id).value == "PENDING"
