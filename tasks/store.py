@@ -458,7 +458,7 @@ class JobStore:
         idem = keys.idempotency(tenant, spec.idempotency_key) if spec.idempotency_key else ""
         flat = [item for pair in fields.items() for item in pair]
         keys_ = [keys.job(job_id), keys.job_events(job_id), keys.ACTIVE, keys.INDEX, idem]
-        args = [job_id, repr(now_s), len(fields), *flat]
+        args: list[Any] = [job_id, repr(now_s), len(fields), *flat]
         if not self.commit_replicas:
             status, value = self._create(keys=keys_, args=args)
             return _text(value), _text(status) == "ok"
