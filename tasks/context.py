@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from tasks import keys
 from tasks.artifacts import ArtifactStore
 from tasks.record import encode
-from tasks.runtime import connect, current_settings, redis_url
+from tasks.runtime import current_settings, store_client
 from tasks.settings import Settings
 from tasks.settings.moe import cache_config, router_config
 from tasks.store import JobStore
@@ -169,6 +169,7 @@ class WorkerContext:
 def worker_context() -> WorkerContext:
     """The context of this process (built on first use)."""
     settings = current_settings()
-    store = JobStore(connect(redis_url(settings)))
-    artifacts = ArtifactStore(settings.artifacts_path)
+    store = JobStore(store_client(settings), commit_replicas=settings.broker.commit_replicas,
+                     commit_replica_timeout_s=settings.broker.commit_replica_timeout)
+    artifacts = ArtifactStore.from_settings(settings)
     return WorkerContext(settings=settings, store=store, artifacts=artifacts)

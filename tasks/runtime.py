@@ -3,13 +3,18 @@ the Celery app the composition root (``app.celery``) configured for this process
 
 from __future__ import annotations
 
+import socket
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 import redis
 from celery import Celery
+from redis.sentinel import Sentinel
 
 from tasks.errors import SettingsError, SteplineError
+from tasks.redact import mask_url
 from tasks.settings import Settings, load_settings
 
 SOCKET_NAME = "redis.sock"
@@ -45,10 +50,53 @@ def kombu_url(url: str) -> str:
     return url
 
 
-def connect(url: str) -> redis.Redis:
-    """A client for the store (binary-safe: checkpoints are bytes)."""
-    return redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5,
-                                health_check_interval=30)
+def is_sentinel_url(url: str) -> bool:
+    """kombu's Sentinel form: ``sentinel://[:password@]host:port[/db];sentinel://host:port``."""
+    return url.startswith("sentinel://")
+
+
+@dataclass(frozen=True)
+class SentinelAddress:
+    """The sentinels of a Sentinel URL, and the master's password and database."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    password: str | None
+    db: int
+
+    @classmethod
+    def parse(cls, url: str) -> SentinelAddress:
+        parts = [urlsplit(part) for part in url.split(";") if part]
+        if not parts or any(p.scheme != "sentinel" or not p.hostname for p in parts):
+            raise SettingsError(f"{mask_url(url)} is not sentinel://host:port;sentinel://...")
+        password = next((unquote(p.password) for p in parts if p.password), None)
+        path = next((p.path.strip("/") for p in parts if p.path.strip("/")), "0")
+        return cls(tuple((p.hostname or "", p.port or 26379) for p in parts), password,
+                   int(path))
+
+
+# A hung master (or one behind a dead link) is noticed within ~socket_timeout: TCP keepalive
+# probes an idle connection after 10 s, every 5 s, 3 times, so a half-open one is dropped too.
+KEEPALIVE_OPTIONS = {socket.TCP_KEEPIDLE: 10, socket.TCP_KEEPINTVL: 5, socket.TCP_KEEPCNT: 3}
+_TIMEOUTS = {"socket_timeout": 10, "socket_connect_timeout": 5, "health_check_interval": 30}
+_KEEPALIVE = {"socket_keepalive": True, "socket_keepalive_options": KEEPALIVE_OPTIONS}
+
+
+def connect(url: str, *, sentinel_master: str = "stepline") -> redis.Redis:
+    """A client for the store (binary-safe: checkpoints are bytes). A Sentinel URL gives a
+    client of the current master of ``sentinel_master``, which follows a failover."""
+    if is_sentinel_url(url):
+        address = SentinelAddress.parse(url)
+        sentinel = Sentinel(list(address.sentinels), sentinel_kwargs={**_TIMEOUTS, **_KEEPALIVE},
+                            **_TIMEOUTS, **_KEEPALIVE)
+        return sentinel.master_for(sentinel_master, redis_class=redis.Redis,
+                                   password=address.password, db=address.db)
+    tcp = not url.startswith("unix://")
+    return redis.Redis.from_url(url, **_TIMEOUTS, **(_KEEPALIVE if tcp else {}))
+
+
+def store_client(settings: Settings) -> redis.Redis:
+    """The store's client for ``settings`` (a plain URL, a socket or Sentinel)."""
+    return connect(redis_url(settings), sentinel_master=settings.broker.sentinel_master)
 
 
 _celery_app: Celery | None = None

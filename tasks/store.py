@@ -25,7 +25,7 @@ from scheduler.errors import IllegalTransition
 from scheduler.lifecycle import TRANSITIONS, JobState
 from scheduler.model import ResourceProfile
 from tasks import keys, scripts
-from tasks.errors import JobNotFound
+from tasks.errors import JobNotFound, RedisUnavailable
 from tasks.record import JobRecord, UnreadableRecord, encode, field_name
 from tasks.spec import JobSpec
 
@@ -261,8 +261,11 @@ class _ScriptPipeline:
 class JobStore:
     """Jobs in Redis. All methods are safe to call from any process."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, *, commit_replicas: int = 0,
+                 commit_replica_timeout_s: float = 0.5) -> None:
         self.redis = client
+        self.commit_replicas = commit_replicas  # a commit waits for them (WAIT); 0: none
+        self.commit_replica_timeout_ms = max(1, round(commit_replica_timeout_s * 1000))
         self._transition = scripts.register(client, "transition")
         self._create = scripts.register(client, "create")
         self._claim = scripts.register(client, "claim")
@@ -308,10 +311,19 @@ class JobStore:
             batch_growth=batch_growth,
         )
         idem = keys.idempotency(tenant, spec.idempotency_key) if spec.idempotency_key else ""
-        status, value = self._create(
-            keys=[keys.job(job_id), keys.job_events(job_id), keys.ACTIVE, keys.INDEX, idem],
-            args=[job_id, repr(now_s), _flat_json(fields)],
-        )
+        keys_ = [keys.job(job_id), keys.job_events(job_id), keys.ACTIVE, keys.INDEX, idem]
+        args: list[Any] = [job_id, repr(now_s), _flat_json(fields)]
+        if not self.commit_replicas:
+            status, value = self._create(keys=keys_, args=args)
+            return _text(value), _text(status) == "ok"
+        pipe = _ScriptPipeline(self.redis)
+        pipe.script(self._create, keys_, args)
+        self._wait_for_replicas(pipe)
+        (status, value), replicas = pipe.execute()
+        if int(replicas) < self.commit_replicas:  # a failover could drop it: never accept it
+            raise RedisUnavailable(
+                f"job {_text(value)} reached {replicas} of {self.commit_replicas} replicas; "
+                "submit again (with the same idempotency key, to get this job if it survived)")
         return _text(value), _text(status) == "ok"
 
     # read -------------------------------------------------------------------------------------
@@ -574,7 +586,26 @@ class JobStore:
         """Compare-and-set the job's cursor and take its next step in one script: the last
         chunk's commit is its DONE, a flagged job stops, any other job hops to its next chunk's
         queue (pushing ``request.next_message`` there when given) or, atomic, keeps running."""
-        return _commit_of(self._commit(*_commit_call(request)))
+        keys_, args = _commit_call(request)
+        if not self.commit_replicas:
+            return _commit_of(self._commit(keys=keys_, args=args))
+        pipe = _ScriptPipeline(self.redis)
+        pipe.script(self._commit, keys_, args)
+        self._wait_for_replicas(pipe)
+        reply, replicas = pipe.execute()
+        self._check_replicas([request.job_id], replicas)
+        return _commit_of(reply)
+
+    def _wait_for_replicas(self, pipe: _ScriptPipeline) -> None:
+        """``WAIT`` on the commit's own connection (WAIT counts that client's writes), last."""
+        pipe.command("execute_command", "WAIT", self.commit_replicas,
+                     self.commit_replica_timeout_ms)
+
+    def _check_replicas(self, job_ids: Sequence[str], replicas: Any) -> None:
+        if int(replicas) < self.commit_replicas:
+            log.warning("jobs %s: the commit reached %s of %d replicas in %d ms; a failover now "
+                        "replays the chunk from its previous checkpoint", ",".join(job_ids),
+                        replicas, self.commit_replicas, self.commit_replica_timeout_ms)
 
     def commit_chunk(self, job_id: str, **fields: Any) -> Commit:
         """:meth:`commit` of ``CommitRequest(job_id, **fields)``."""
@@ -592,15 +623,20 @@ class JobStore:
         (cost key, device, seconds per unit) is one more sample for the cost model (a batched
         step's)."""
         pipe = _ScriptPipeline(self.redis)
-        for request in requests:
-            pipe.script(self._commit, *_commit_call(_as_request(request)))
+        commits = [_as_request(request) for request in requests]
+        for request in commits:
+            pipe.script(self._commit, *_commit_call(request))
         if timing is not None:
             cost_key, device, s_per_unit = timing
             pipe.command("xadd", keys.TIMINGS, {"cost_key": cost_key, "device": device,
                                                 "s_per_unit": repr(s_per_unit)},
                          maxlen=10000, approximate=True)
         self._take_in(pipe, take_joiners_of, lease_s)
+        if self.commit_replicas:
+            self._wait_for_replicas(pipe)
         replies = pipe.execute()
+        if self.commit_replicas:
+            self._check_replicas([request.job_id for request in commits], replies.pop())
         joiners = _joiners(replies.pop()) if take_joiners_of is not None else []
         if timing is not None:
             replies.pop()

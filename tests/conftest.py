@@ -26,6 +26,7 @@ from tasks.runtime import current_settings
 from tasks.settings import Settings
 from tasks.snapshot import read_snapshot
 from tasks.store import JobStore
+from tests.object_store import SeaweedS3
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -165,3 +166,12 @@ def recover_once(store: JobStore, settings: Settings, now_s: float,
     for failure in plan.failures:
         target.fail(failure)
     return [r.job_id for r in plan.recoveries if target.recover(r)]
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
+    """A real S3-compatible server (SeaweedFS) on loopback, one per test session."""
+    server = SeaweedS3(tmp_path_factory.mktemp("s3"))
+    server.start()
+    yield server
+    server.stop()

@@ -12,7 +12,7 @@ from tasks import keys
 from tasks.artifacts import ArtifactStore
 from tasks.errors import JobNotFound
 from tasks.record import JobRecord, UnreadableRecord
-from tasks.runtime import connect, redis_url
+from tasks.runtime import store_client
 from tasks.settings import Settings
 from tasks.store import JobStore
 from tasks.submit import JobService
@@ -31,10 +31,11 @@ class ApiContext:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ApiContext:
-        store = JobStore(connect(redis_url(settings)))
+        store = JobStore(store_client(settings), commit_replicas=settings.broker.commit_replicas,
+                         commit_replica_timeout_s=settings.broker.commit_replica_timeout)
         return cls(
             settings=settings, store=store, service=JobService(store, settings),
-            artifacts=ArtifactStore(settings.artifacts_path),
+            artifacts=ArtifactStore.from_settings(settings),
             tenants=TenantDirectory.from_settings(settings), limits=TenantLimits(store.redis),
         )
 

@@ -148,16 +148,25 @@ def cancel_job(job_id: JobId, ctx: Ctx, tenant: Caller) -> JobDetail:
                **COMMON_RESPONSES},
     response_class=FileResponse, summary="The job's artifact",
 )
-def get_result(job_id: JobId, ctx: Ctx, tenant: Caller) -> FileResponse:
+def get_result(job_id: JobId, ctx: Ctx, tenant: Caller) -> Response:
     record = ctx.owned_record(tenant, job_id)
     if record.state is not JobState.DONE:
         raise ResultNotReady(_not_ready_detail(record))
     if not record.artifact:
         raise JobNotFound(f"job {job_id} finished without an artifact")
-    path = ctx.artifacts.path(record.artifact)
-    if not path.is_file():
-        raise JobNotFound(f"the artifact of job {job_id} is missing from the artifact store")
-    return FileResponse(path, media_type=record.media_type or None, filename=path.name)
+    name, media_type = record.artifact, record.media_type or None
+    try:
+        if ctx.artifacts.local:  # a local file is sent as one (ranges, sendfile)
+            path = ctx.artifacts.path(name)
+            if not path.is_file():
+                raise FileNotFoundError(name)
+            return FileResponse(path, media_type=media_type, filename=name)
+        body = ctx.artifacts.read(name)  # any API process serves any artifact of a shared store
+    except FileNotFoundError:
+        raise JobNotFound(f"the artifact of job {job_id} is missing from the artifact store "
+                          f"{ctx.artifacts!r}") from None
+    return Response(body, media_type=media_type,
+                    headers={"content-disposition": f'attachment; filename="{name}"'})
 
 
 def _not_ready_detail(r: JobRecord) -> str:

