@@ -8,9 +8,9 @@ from fastapi import HTTPException, Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from app.tenants import Tenant, TenantDirectory, TenantLimits
-from tasks import keys
 from tasks.artifacts import ArtifactStore
 from tasks.errors import JobNotFound
+from tasks.read_model import ReadModel
 from tasks.record import JobRecord, UnreadableRecord
 from tasks.runtime import connect, redis_url
 from tasks.settings import Settings
@@ -20,10 +20,12 @@ from tasks.submit import JobService
 
 @dataclass
 class ApiContext:
-    """The API's long-lived collaborators (one Redis connection pool per process)."""
+    """The API's long-lived collaborators (one Redis connection pool per process): it reads
+    through ``reads`` and changes jobs through ``service`` and ``store``'s commands."""
 
     settings: Settings
     store: JobStore
+    reads: ReadModel
     service: JobService
     artifacts: ArtifactStore
     tenants: TenantDirectory
@@ -31,18 +33,19 @@ class ApiContext:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ApiContext:
-        store = JobStore(connect(redis_url(settings)))
+        client = connect(redis_url(settings))
+        store = JobStore(client)
         return cls(
-            settings=settings, store=store, service=JobService(store, settings),
-            artifacts=ArtifactStore(settings.artifacts_path),
-            tenants=TenantDirectory.from_settings(settings), limits=TenantLimits(store.redis),
+            settings=settings, store=store, reads=ReadModel(store),
+            service=JobService(store, settings), artifacts=ArtifactStore(settings.artifacts_path),
+            tenants=TenantDirectory.from_settings(settings), limits=TenantLimits(client),
         )
 
     def owned_record(self, tenant: Tenant, job_id: str) -> JobRecord:
         """The job's record; :class:`JobNotFound` also for another tenant's job, so a caller
         cannot learn that someone else's job id exists."""
         try:
-            record = self.store.record(job_id)
+            record = self.reads.record(job_id)
         except UnreadableRecord:
             if not self._tenant_field_is(job_id, tenant):
                 raise JobNotFound(f"no job {job_id}") from None
@@ -54,7 +57,7 @@ class ApiContext:
     def _tenant_field_is(self, job_id: str, tenant: Tenant) -> bool:
         """Whether an unparseable job is ``tenant``'s, from its raw tenant field: it must read as
         missing to any other tenant, as a readable one does (its owner gets the parse error)."""
-        return self.store.redis.hget(keys.job(job_id), "tenant") == tenant.name.encode()
+        return self.reads.owners([job_id]).get(job_id) == tenant.name
 
 
 def api_context(request: Request) -> ApiContext:

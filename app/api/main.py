@@ -13,6 +13,8 @@ from app.api.errors import install_error_handlers
 from app.celery import configure as configure_celery
 from tasks.runtime import current_settings
 from tasks.settings import Settings
+from workers.kinds import get_runner
+from workers.registry import default_registry
 
 DESCRIPTION = """Submit diffusion, MoE and simulated jobs, follow them, fetch their results.
 
@@ -25,6 +27,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     if settings is None:
         settings = current_settings()
     configure_celery(settings)  # admitting a job publishes its first chunk
+    import_job_kinds()
     api = FastAPI(title="Stepline", version="0.1.0", description=DESCRIPTION)
     api.state.ctx = ApiContext.from_settings(settings)
     api.state.registry = observe.registry_for(api.state.ctx)
@@ -34,6 +37,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     api.include_router(openai.router)
     api.include_router(dashboard.router)
     return api
+
+
+def import_job_kinds() -> None:
+    """Import and build, before the app serves, what validating a job of each model kind loads
+    (torch, transformers, diffusers: seconds). Imported by a request instead, even on the thread
+    pool, they would hold the GIL for long stretches and stall the event loop, ``/healthz``
+    included."""
+    for kind in ("text", "image", "video"):
+        get_runner(kind)
+    registry = default_registry()
+    if any(registry.get(name).spec.get("weights") for name in registry.names()
+           if registry.get(name).kind == "text"):
+        from transformers import PreTrainedTokenizerFast  # noqa: F401  # a chat template's tokenizer
 
 
 def __getattr__(name: str) -> Any:
