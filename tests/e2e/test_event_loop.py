@@ -28,7 +28,7 @@ from app.embedded_redis import EmbeddedRedis
 from tasks.settings import load_settings
 from tests.conftest import PY, Processes, wait_for, wait_for_workers
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 KEY = "loop-key-0123456789ab"
 HEALTHZ_MAX_S = 0.050
@@ -66,7 +66,7 @@ def fresh_api(redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[FreshApi]
     procs = Processes(env, tmp_path / "logs")
     try:
         procs.worker("w1")
-        wait_for_workers(client, ["w1"], timeout_s=90)
+        wait_for_workers(client, ["w1"], timeout_s=180)
         control_port = _free_port()
         procs.start("control", [PY, "-m", "uvicorn", "--factory",
                                 "tests.e2e.control_api:create_app", "--port", str(control_port),
@@ -74,7 +74,7 @@ def fresh_api(redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[FreshApi]
         procs.start("api", api_command(settings))
         url, control = (f"http://127.0.0.1:{port}"
                         for port in (settings.service.api_port, control_port))
-        wait_for(lambda: _answers(url) and _answers(control), 90, "the APIs to answer")
+        wait_for(lambda: _answers(url) and _answers(control), 300, "the APIs to answer")
         yield FreshApi(url, control)
     finally:
         procs.stop_all()
