@@ -14,7 +14,7 @@ from scheduler import AdmissionStatus
 from scheduler.lifecycle import JobState
 from tasks import keys
 from tasks.adapter import load_admission
-from tasks.errors import SteplineError
+from tasks.errors import AdmissionStatusError, SteplineError
 from tasks.record import JobRecord, UnreadableRecord
 from tasks.settings.autoscale import AutoscaleSettings
 from tasks.store import JobStore
@@ -406,8 +406,8 @@ def read_signals(store: JobStore, now_s: float, load_ttl_s: float) -> ScalingSig
                if not isinstance(r, UnreadableRecord)]
     try:
         admission = load_admission(store)
-    except (ValueError, KeyError, TypeError):  # a status nobody can parse is no reading
-        log.warning("the admission status is unreadable; scaling without the load")
+    except AdmissionStatusError as exc:  # a status nobody can parse is no reading
+        log.warning("%s; scaling without the load", exc)
         admission = None
     return signals_from(records, admission, now_s, load_ttl_s)
 

@@ -15,7 +15,6 @@ from dataclasses import replace
 from typing import cast
 
 from scheduler import (
-    AdmissionState,
     AdmissionStatus,
     PolicyConfig,
     PolicyKind,
@@ -29,10 +28,12 @@ from scheduler.model import JobKind
 from scheduler.plan import LevelMark, Release
 from scheduler.recovery import Failure, Recovery, RecoveryCause, RecoveryConfig
 from tasks import keys
+from tasks.admission import PublishedAdmission
 from tasks.affinity import WorkerDirectory, common_prefix, expand_worker_queues, release_queue
 from tasks.apply import apply_plan
 from tasks.context import WorkerContext
 from tasks.dispatch import release, release_batch, requeue_from_checkpoint
+from tasks.heartbeat import Heartbeat
 from tasks.record import JobRecord, encode
 from tasks.routing import STANDBY, class_queue_of
 from tasks.runtime import celery
@@ -86,14 +87,10 @@ def advance_expert_updates(store: JobStore, settings: Settings, now_s: float) ->
 
 
 def load_admission(store: JobStore) -> AdmissionStatus | None:
-    """The last tick's admission status (None before the first tick)."""
+    """The last tick's admission status (None before the first tick); raises
+    :class:`AdmissionStatusError` for one that cannot be read."""
     raw = store.redis.get(keys.ADMISSION)
-    if raw is None:
-        return None
-    body = json.loads(raw)
-    return AdmissionStatus(state=AdmissionState(body["state"]), load=float(body["load"]),
-                           retry_after_s=float(body["retry_after_s"]),
-                           measured_at_s=float(body["measured_at_s"]))
+    return None if raw is None else PublishedAdmission.decode(raw).status
 
 
 # apply ----------------------------------------------------------------------------------------
@@ -187,17 +184,12 @@ class LiveTarget:
 
 
 def _publish_decisions(store: JobStore, plan: TickPlan) -> None:
-    a = plan.admission
     pipe = store.redis.pipeline(transaction=False)
     if plan.origin_id is None:
         pipe.delete(keys.ORIGIN)
     else:
         pipe.set(keys.ORIGIN, plan.origin_id)
-    pipe.set(keys.ADMISSION, json.dumps({
-        "state": a.state.value, "load": a.load, "retry_after_s": a.retry_after_s,
-        "measured_at_s": a.measured_at_s, "policy": plan.policy.value,
-        "reserved_workers": sorted(plan.reserved_workers),
-    }))
+    pipe.set(keys.ADMISSION, PublishedAdmission.of_plan(plan).encode())
     pipe.set(keys.POLICY_STATE, json.dumps(plan.state.to_json()))
     pipe.set(keys.SCORES, json.dumps([[job_id, score] for job_id, score in plan.top_scores]))
     pipe.execute()
@@ -224,7 +216,7 @@ def apply_worker_queues(store: JobStore, wanted: Mapping[str, tuple[str, ...]]) 
 
 def _heartbeat_queues(store: JobStore, worker: str) -> tuple[str, ...]:
     raw = store.redis.get(keys.worker(worker))
-    return tuple(json.loads(raw).get("queues", ())) if raw else ()
+    return Heartbeat.decode(raw, worker).queues if raw else ()
 
 
 def _reconsume(worker: str, current: Iterable[str], wanted: tuple[str, ...]) -> None:

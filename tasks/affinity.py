@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler.model import JobKind
+from tasks.heartbeat import Heartbeat
 from tasks.record import JobRecord
 from tasks.routing import (
     AFFINITY_CLASSES,
@@ -72,7 +73,7 @@ def common_prefix(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
 class WorkerDirectory:
     """The alive workers' heartbeats, read once and used for several release decisions."""
 
-    bodies: dict[str, dict[str, Any]]
+    bodies: dict[str, Heartbeat]
     picked: set[str] = field(default_factory=set)
 
     @classmethod
@@ -94,10 +95,10 @@ class WorkerDirectory:
 
         expected = self._expected_experts(model)
         best: tuple[float, str] | None = None
-        for name, body in self.bodies.items():
-            summary = body.get("experts", {}).get(model)
-            idle = body.get("busy_job") is None and name not in self.picked
-            consumes = affinity_queue(name, class_queue) in body.get("queues", ())
+        for name, beat in self.bodies.items():
+            summary = beat.experts.get(model)
+            idle = beat.busy_job is None and name not in self.picked
+            consumes = affinity_queue(name, class_queue) in beat.queues
             if summary is None or not idle or not consumes:
                 continue
             fit = residency_fit(signature_from_masks(summary["resident"]), expected)
@@ -110,8 +111,8 @@ class WorkerDirectory:
 
     def _expected_experts(self, model: str) -> dict[tuple[int, int], float]:
         expected: dict[tuple[int, int], float] = {}
-        for body in self.bodies.values():
-            for layer, expert, share in body.get("experts", {}).get(model, {}).get("hot", ()):
+        for beat in self.bodies.values():
+            for layer, expert, share in beat.experts.get(model, {}).get("hot", ()):
                 key = (int(layer), int(expert))
                 expected[key] = expected.get(key, 0.0) + float(share)
         return expected

@@ -6,7 +6,6 @@ chunk it is running, so the scheduler can tell a slow step from a dead worker.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from tasks import keys
 from tasks.artifacts import ArtifactStore
+from tasks.heartbeat import Heartbeat
 from tasks.record import encode
 from tasks.runtime import current_settings, store_client
 from tasks.settings import Settings
@@ -130,17 +130,17 @@ class WorkerContext:
 
     def heartbeat_once(self) -> None:
         lease_s = self.settings.broker.chunk_lease
-        body = {
-            "name": self.name, "busy_job": self.busy_job, "queues": list(self.consuming()),
-            "batch": len(self.batch_jobs) + 1 if self.batch_jobs else (1 if self.busy_job else 0),
-            "device": self.settings.device, "ts": time.time(), "chunks_run": self.chunks_run,
-            "ckpt_cache": {"hits": self.cache.hits, "misses": self.cache.misses,
-                           "hit_rate": round(self.cache.hit_rate, 4)},
-            "experts": self.experts, "hop_profile": self.profile.as_dict(),
-            **({"expert_cache": self.expert_cache} if self.expert_cache else {}),
-        }
+        beat = Heartbeat(
+            name=self.name, busy_job=self.busy_job, queues=self.consuming(),
+            batch=len(self.batch_jobs) + 1 if self.batch_jobs else (1 if self.busy_job else 0),
+            device=self.settings.device, ts=time.time(), chunks_run=self.chunks_run,
+            ckpt_cache={"hits": self.cache.hits, "misses": self.cache.misses,
+                        "hit_rate": round(self.cache.hit_rate, 4)},
+            experts=self.experts, hop_profile=self.profile.as_dict(),
+            expert_cache=self.expert_cache,
+        )
         pipe = self.store.redis.pipeline(transaction=False)
-        pipe.set(keys.worker(self.name), json.dumps(body), px=int(lease_s * 1000))
+        pipe.set(keys.worker(self.name), beat.encode(), px=int(lease_s * 1000))
         if self.busy_job is not None:
             lease = encode(lease_until_s=time.time() + lease_s)
             for job_id in {self.busy_job, *self.batch_jobs}:

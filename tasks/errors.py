@@ -1,5 +1,7 @@
 """Errors raised by the application layer (settings, store, stack, API)."""
 
+import redis
+
 
 class SteplineError(Exception):
     """Raised for any Stepline failure a user can act on; the base of this package's errors."""
@@ -31,3 +33,16 @@ class StackNotRunning(SteplineError):
 
 class RedisUnavailable(SteplineError):
     """Raised when Redis cannot be reached; the operation may be retried."""
+
+
+class HeartbeatError(SteplineError, ValueError):
+    """Raised when a worker's heartbeat cannot be read; the message names the worker and entry."""
+
+
+class AdmissionStatusError(SteplineError, ValueError):
+    """Raised when the published admission status cannot be read; the message names the entry."""
+
+
+STORE_UNAVAILABLE: tuple[type[Exception], ...] = (
+    redis.ConnectionError, redis.TimeoutError, RedisUnavailable)
+"""What a call into the store raises while Redis cannot be reached (answered 503)."""

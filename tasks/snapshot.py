@@ -163,12 +163,11 @@ def own_s_per_unit(store: JobStore, r: JobRecord) -> float | None:
 def worker_views(store: JobStore) -> tuple[WorkerView, ...]:
     """Chunk workers from their heartbeats (scheduler workers, on ``control``, run ticks)."""
     views = []
-    for body in store.heartbeats().values():
-        queues = tuple(body.get("queues", ()))
-        if CONTROL in queues:
+    for beat in store.heartbeats().values():
+        if CONTROL in beat.queues:
             continue
-        views.append(WorkerView(name=body["name"], alive=True, busy_job=body.get("busy_job"),
-                                queues=queues, device=body.get("device", "cpu")))
+        views.append(WorkerView(name=beat.name, alive=True, busy_job=beat.busy_job,
+                                queues=beat.queues, device=beat.device))
     return tuple(views)
 
 

@@ -25,7 +25,8 @@ from scheduler.errors import IllegalTransition
 from scheduler.lifecycle import TRANSITIONS, JobState
 from scheduler.model import ResourceProfile
 from tasks import keys, scripts
-from tasks.errors import JobNotFound, RedisUnavailable
+from tasks.errors import HeartbeatError, JobNotFound, RedisUnavailable
+from tasks.heartbeat import Heartbeat
 from tasks.record import JobRecord, UnreadableRecord, encode, field_name
 from tasks.spec import JobSpec
 
@@ -410,19 +411,21 @@ class JobStore:
                    self.redis.xrange(key, min=f"({after_id}", max="+", count=count))
         return [(eid.decode(), {k.decode(): v.decode() for k, v in f.items()}) for eid, f in raw]
 
-    def heartbeats(self) -> dict[str, dict[str, Any]]:
+    def heartbeats(self) -> dict[str, Heartbeat]:
         """The live workers' heartbeats by worker name (a key expires when its worker stops
-        renewing it; an unreadable body is skipped)."""
+        renewing it; an unreadable one is logged and skipped)."""
         names = sorted(self.redis.scan_iter(keys.WORKER_PREFIX + "*", count=1000))
         bodies = cast(list[bytes | None], self.redis.mget(names)) if names else []
-        beats: dict[str, dict[str, Any]] = {}
-        for name, raw in zip(names, bodies, strict=True):
-            try:
-                body = json.loads(raw) if raw is not None else None
-            except ValueError:
+        beats: dict[str, Heartbeat] = {}
+        for key, raw in zip(names, bodies, strict=True):
+            if raw is None:  # expired between the scan and the read
                 continue
-            if isinstance(body, dict):
-                beats[str(body.get("name") or _text(name).removeprefix(keys.WORKER_PREFIX))] = body
+            try:
+                beat = Heartbeat.decode(raw, _text(key).removeprefix(keys.WORKER_PREFIX))
+            except HeartbeatError as exc:
+                log.warning("%s; skipped", exc)
+                continue
+            beats[beat.name] = beat
         return beats
 
     # lifecycle --------------------------------------------------------------------------------

@@ -8,9 +8,9 @@ from fastapi import HTTPException, Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from app.tenants import Tenant, TenantDirectory, TenantLimits
-from tasks import keys
 from tasks.artifacts import ArtifactStore
 from tasks.errors import JobNotFound
+from tasks.read_model import ReadModel
 from tasks.record import JobRecord, UnreadableRecord
 from tasks.runtime import store_client
 from tasks.settings import Settings
@@ -20,10 +20,12 @@ from tasks.submit import JobService
 
 @dataclass
 class ApiContext:
-    """The API's long-lived collaborators (one Redis connection pool per process)."""
+    """The API's long-lived collaborators (one Redis connection pool per process): it reads
+    through ``reads`` and changes jobs through ``service`` and ``store``'s commands."""
 
     settings: Settings
     store: JobStore
+    reads: ReadModel
     service: JobService
     artifacts: ArtifactStore
     tenants: TenantDirectory
@@ -34,8 +36,8 @@ class ApiContext:
         store = JobStore(store_client(settings), commit_replicas=settings.broker.commit_replicas,
                          commit_replica_timeout_s=settings.broker.commit_replica_timeout)
         return cls(
-            settings=settings, store=store, service=JobService(store, settings),
-            artifacts=ArtifactStore.from_settings(settings),
+            settings=settings, store=store, reads=ReadModel(store),
+            service=JobService(store, settings), artifacts=ArtifactStore.from_settings(settings),
             tenants=TenantDirectory.from_settings(settings), limits=TenantLimits(store.redis),
         )
 
@@ -43,7 +45,7 @@ class ApiContext:
         """The job's record; :class:`JobNotFound` also for another tenant's job, so a caller
         cannot learn that someone else's job id exists."""
         try:
-            record = self.store.record(job_id)
+            record = self.reads.record(job_id)
         except UnreadableRecord:
             if not self._tenant_field_is(job_id, tenant):
                 raise JobNotFound(f"no job {job_id}") from None
@@ -55,7 +57,7 @@ class ApiContext:
     def _tenant_field_is(self, job_id: str, tenant: Tenant) -> bool:
         """Whether an unparseable job is ``tenant``'s, from its raw tenant field: it must read as
         missing to any other tenant, as a readable one does (its owner gets the parse error)."""
-        return self.store.redis.hget(keys.job(job_id), "tenant") == tenant.name.encode()
+        return self.reads.owners([job_id]).get(job_id) == tenant.name
 
 
 def api_context(request: Request) -> ApiContext:

@@ -171,9 +171,9 @@ def dashboard_data(
     now_s = time.time()
     return DashboardData(
         viewer="operator" if viewer.tenant is None else f"tenant {viewer.tenant}",
-        stats=live_stats(ctx.store, ctx.settings, viewer, now_s),
+        stats=live_stats(ctx.reads, ctx.settings, viewer, now_s),
         slo_targets_s={name: c.target_s for name, c in ctx.settings.scheduler.slo_classes.items()},
-        timeline=read_timeline(ctx.store, viewer, now_s - timeline_s, now_s),
+        timeline=read_timeline(ctx.reads, viewer, now_s - timeline_s, now_s),
     )
 
 

@@ -9,13 +9,12 @@ import math
 import uuid
 from typing import Any
 
-import redis
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from tasks.artifacts import UnsafeArtifactPath
-from tasks.errors import InvalidJob, JobNotFound, Overloaded, RedisUnavailable
+from tasks.errors import STORE_UNAVAILABLE, InvalidJob, JobNotFound, Overloaded
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +95,7 @@ def install_error_handlers(app: FastAPI, retry_after_s: int) -> None:
         return _body("the job store (Redis) is unavailable; retry shortly", 503,
                      {"Retry-After": str(retry_after_s)})
 
-    for kind in (redis.ConnectionError, redis.TimeoutError, RedisUnavailable):
+    for kind in STORE_UNAVAILABLE:
         app.add_exception_handler(kind, _redis_down)
 
     @app.exception_handler(Exception)

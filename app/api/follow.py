@@ -10,16 +10,14 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, cast
 
 import anyio
-import redis
 from fastapi.concurrency import run_in_threadpool
 
 from app.api.context import ApiContext
 from scheduler.lifecycle import JobState
-from tasks import keys
-from tasks.record import JobRecord, field_name
+from tasks.read_model import ReadModel
+from tasks.record import JobRecord
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +76,10 @@ async def follow(
         if disconnected is not None and await disconnected():
             await cancel_unfinished(ctx, job_id)
             raise ClientGone(f"the client of job {job_id} went away; the job was cancelled")
-        record = await run_in_threadpool(ctx.store.record, job_id)
+        record = await run_in_threadpool(ctx.reads.record, job_id)
         text = None
         if read_text and record.seq > text_seq and record.ckpt_seq == record.seq:
-            text = await run_in_threadpool(read_text_so_far, ctx.store.redis, job_id, record.seq)
+            text = await run_in_threadpool(read_text_so_far, ctx.reads, job_id, record.seq)
             text_seq = record.seq
         beat = heartbeat_s is not None and time.monotonic() - yielded_at >= heartbeat_s
         if text is not None or (record.state, record.seq) != last or beat or \
@@ -120,17 +118,17 @@ def _cancel_unfinished(ctx: ApiContext, job_id: str) -> None:
         log.info("job %s: its client went away; cancel requested (%s)", job_id, state.value)
 
 
-def read_text_so_far(client: redis.Redis, job_id: str, seq: int) -> TextSoFar | None:
+def read_text_so_far(reads: ReadModel, job_id: str, seq: int) -> TextSoFar | None:
     """The generated text in the job's durable checkpoint, if that checkpoint is the one of
     commit ``seq`` and a text job's (None otherwise: none yet, a later commit replaced it, or a
     worker that does not write the text). Reads only the checkpoint's header, never its
     tensors, and the header and the checkpoint's sequence number in one transaction."""
-    head = _fenced_range(client, job_id, seq, 0, _HEAD_BYTES - 1)
+    head = reads.checkpoint_bytes(job_id, seq, 0, _HEAD_BYTES - 1)
     if head is None or len(head) < 8:
         return None
     size = int.from_bytes(head[:8], "little")
     header = head[8 : 8 + size] if 8 + size <= len(head) else \
-        _fenced_range(client, job_id, seq, 8, 8 + size - 1)
+        reads.checkpoint_bytes(job_id, seq, 8, 8 + size - 1)
     if header is None:
         return None
     try:
@@ -142,14 +140,3 @@ def read_text_so_far(client: redis.Redis, job_id: str, seq: int) -> TextSoFar | 
         log.warning("job %s: checkpoint header at seq %d is unreadable: %s", job_id, seq, exc)
         return None
 
-
-def _fenced_range(client: redis.Redis, job_id: str, seq: int, start: int,
-                  end: int) -> bytes | None:
-    """Bytes ``start..end`` of the job's checkpoint, if it is still the one of commit ``seq``."""
-    pipe = client.pipeline(transaction=True)
-    pipe.hget(keys.job(job_id), field_name("ckpt_seq"))
-    pipe.getrange(keys.job_checkpoint(job_id), start, end)
-    stored_seq, data = cast(list[Any], pipe.execute())
-    if not stored_seq or int(stored_seq) != seq:
-        return None
-    return bytes(data)

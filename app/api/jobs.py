@@ -8,7 +8,7 @@ import logging
 import re
 import time
 from collections.abc import Iterator
-from typing import Annotated, Any, cast
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Response
 from fastapi.concurrency import run_in_threadpool
@@ -28,7 +28,6 @@ from app.schemas import (
 )
 from app.tenants import Tenant
 from scheduler.lifecycle import JobState, SloClass
-from tasks import keys
 from tasks.errors import InvalidJob, JobNotFound
 from tasks.record import JobRecord, UnreadableRecord
 from workers.errors import WorkerError
@@ -74,11 +73,9 @@ def job_detail(record: JobRecord, origin_id: str | None) -> JobDetail:
 # submit ---------------------------------------------------------------------------------------
 def submit_for(ctx: ApiContext, tenant: Tenant, spec: JobSpec) -> tuple[str, bool]:
     """The one submit path of the API: replay, rate limit, quota, dependencies, submit."""
-    if spec.idempotency_key:
-        raw = ctx.store.redis.get(keys.idempotency(tenant.name, spec.idempotency_key))
-        existing = cast(bytes, raw).decode() if raw is not None else None
-        if existing is not None and ctx.store.redis.exists(keys.job(existing)):
-            return existing, False
+    if spec.idempotency_key and (
+            existing := ctx.reads.replayed_job(tenant.name, spec.idempotency_key)):
+        return existing, False
     wait_s = ctx.limits.take_token(tenant)
     if wait_s > 0:
         raise TooManyRequests(
@@ -122,13 +119,13 @@ def create_job(spec: JobSpec, ctx: Ctx, tenant: Caller, response: Response) -> J
     if not created:
         response.status_code = 200
     response.headers["Location"] = f"/v1/jobs/{job_id}"
-    return job_detail(ctx.store.record(job_id), ctx.store.origin_id())
+    return job_detail(ctx.reads.record(job_id), ctx.reads.origin_id())
 
 
 # read -----------------------------------------------------------------------------------------
 @router.get("/jobs/{job_id}", response_model=JobDetail, responses=COMMON_RESPONSES, summary="A job")
 def get_job(job_id: JobId, ctx: Ctx, tenant: Caller) -> JobDetail:
-    return job_detail(ctx.owned_record(tenant, job_id), ctx.store.origin_id())
+    return job_detail(ctx.owned_record(tenant, job_id), ctx.reads.origin_id())
 
 
 @router.delete("/jobs/{job_id}", response_model=JobDetail, responses=COMMON_RESPONSES,
@@ -136,7 +133,7 @@ def get_job(job_id: JobId, ctx: Ctx, tenant: Caller) -> JobDetail:
 def cancel_job(job_id: JobId, ctx: Ctx, tenant: Caller) -> JobDetail:
     ctx.owned_record(tenant, job_id)
     ctx.store.request_cancel(job_id)
-    return job_detail(ctx.store.record(job_id), ctx.store.origin_id())
+    return job_detail(ctx.reads.record(job_id), ctx.reads.origin_id())
 
 
 @router.get(
@@ -185,9 +182,8 @@ def _scan(ctx: ApiContext, cursor: tuple[float, str] | None) -> Iterator[tuple[f
     high = "+inf" if cursor is None else repr(cursor[0])
     after = cursor
     while budget > 0:
-        rows = cast(list[tuple[bytes, float]], ctx.store.redis.zrevrangebyscore(
-            keys.INDEX, high, "-inf", start=0, num=min(batch, budget), withscores=True))
-        fresh = [(score, member.decode()) for member, score in rows]
+        rows = ctx.reads.index_before(high, min(batch, budget))
+        fresh = list(rows)
         if after is not None:  # equal scores come in reverse member order
             fresh = [(s, m) for s, m in fresh if s < after[0] or m < after[1]]
         if not fresh:
@@ -220,7 +216,7 @@ def list_jobs(
     cursor: Annotated[str | None, Query(max_length=100, description="next_cursor of the "
                                         "previous page (replaces offset).")] = None,
 ) -> JobPage:
-    origin_id = ctx.store.origin_id()
+    origin_id = ctx.reads.origin_id()
     picked: list[JobDetail] = []
     skipped, last = 0, None
     for score, record in _matching(ctx, _parse_cursor(cursor), tenant, state, slo):
@@ -244,7 +240,7 @@ def _matching(
     read 128 at a time, so a page stops reading once it is full."""
     rows = _scan(ctx, cursor)
     while batch := [row for _, row in zip(range(128), rows, strict=False)]:
-        by_id = {r.job_id: r for r in readable_records(ctx.store, [i for _, i in batch],
+        by_id = {r.job_id: r for r in readable_records(ctx.reads, [i for _, i in batch],
                                                        "GET /v1/jobs")}
         for score, job_id in batch:
             r = by_id.get(job_id)
@@ -280,7 +276,7 @@ async def infer(body: InferenceRequest, ctx: Ctx, tenant: Caller) -> InferenceRe
 
 async def _await_end(ctx: ApiContext, job_id: str) -> JobRecord:
     """Poll the job until it ends or its deadline (plus grace) passes."""
-    record = await run_in_threadpool(ctx.store.record, job_id)
+    record = await run_in_threadpool(ctx.reads.record, job_id)
     give_up_at = record.deadline_at_s + ctx.settings.api.inference_grace
     while not record.state.is_terminal:
         if time.time() >= give_up_at:
@@ -289,7 +285,7 @@ async def _await_end(ctx: ApiContext, job_id: str) -> JobRecord:
                 f"{record.next_chunk}/{record.num_chunks} chunks); it keeps running: "
                 f"poll /v1/jobs/{job_id}", job_id, 504)
         await asyncio.sleep(ctx.settings.api.poll_interval)
-        record = await run_in_threadpool(ctx.store.record, job_id)
+        record = await run_in_threadpool(ctx.reads.record, job_id)
     return record
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Iterator
-from typing import cast
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -16,7 +15,6 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
-from redis.client import Pipeline
 
 from app.api.stats import (
     ENDED,
@@ -33,67 +31,56 @@ from app.api.stats import (
 )
 from scheduler.lifecycle import JobState, SloClass
 from tasks import keys
+from tasks.read_model import FinishedCount, ReadModel
 from tasks.record import JobRecord
 from tasks.settings import Settings
-from tasks.store import JobStore
 
 LATENCY_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 SEEN_KEEP = 50_000
 
 
-def account_finished(store: JobStore, jobs: list[JobRecord]) -> None:
+def account_finished(reads: ReadModel, jobs: list[JobRecord]) -> None:
     """Fold jobs that ended since the last scrape into the Redis counters (each one once)."""
-    terminal = [r for r in jobs if r.state.is_terminal and r.finished_at_s is not None]
-    if not terminal:
-        return
-    pipe = store.redis.pipeline(transaction=False)
-    for r in terminal:
-        pipe.zadd(keys.METRICS_SEEN, {r.job_id: cast(float, r.finished_at_s)}, nx=True)
-    added = pipe.execute()
-    pipe = store.redis.pipeline(transaction=False)
-    for r, new in zip(terminal, added, strict=True):
-        if new:
-            _count(pipe, r)
-    pipe.zremrangebyrank(keys.METRICS_SEEN, 0, -SEEN_KEEP - 1)
-    pipe.execute()
+    reads.count_finished([FinishedCount(r.job_id, r.finished_at_s, _increments(r))
+                          for r in jobs if r.state.is_terminal and r.finished_at_s is not None],
+                         keep=SEEN_KEEP)
 
 
-def _count(p: Pipeline, r: JobRecord) -> None:
+def _increments(r: JobRecord) -> tuple[tuple[str, str, int | float], ...]:
+    """What one ended job adds to the counters: its state, its latency bucket, its deadline."""
     state, slo = r.state.value, r.slo.value
-    p.hincrby(keys.METRICS_FINISHED, f"{state}|{slo}", 1)
+    adds: list[tuple[str, str, int | float]] = [(keys.METRICS_FINISHED, f"{state}|{slo}", 1)]
     if r.state is JobState.DONE and (seconds := r.latency_s) is not None:
         key = keys.metrics_latency(slo)
-        for bound in LATENCY_BUCKETS_S:
-            if seconds <= bound:
-                p.hincrby(key, repr(bound), 1)
-        p.hincrby(key, "+Inf", 1)
-        p.hincrbyfloat(key, "sum", seconds)
+        adds += [(key, repr(bound), 1) for bound in LATENCY_BUCKETS_S if seconds <= bound]
+        adds += [(key, "+Inf", 1), (key, "sum", float(seconds))]
     if r.state in ENDED and met_deadline(r):
-        p.hincrby(keys.METRICS_FINISHED, f"met|{slo}", 1)
+        adds.append((keys.METRICS_FINISHED, f"met|{slo}", 1))
+    return tuple(adds)
 
 
 class StoreCollector(Collector):
     """Everything ``/metrics`` shows, collected from Redis on each scrape."""
 
-    def __init__(self, store: JobStore, settings: Settings) -> None:
-        self.store = store
+    def __init__(self, reads: ReadModel, settings: Settings) -> None:
+        self.reads = reads
         self.settings = settings
 
     def collect(self) -> Iterator[Metric]:
         now_s = time.time()
-        jobs = recent_jobs(self.store, self.settings.api.stats_window_jobs)
-        account_finished(self.store, jobs)
+        jobs = recent_jobs(self.reads, self.settings.api.stats_window_jobs)
+        account_finished(self.reads, jobs)
         yield from self._finished()
         yield self._active()
         yield from self._latency()
         yield self._attainment(jobs)
-        beats = self.store.heartbeats()
+        beats = self.reads.heartbeats()
         yield from self._queues(observed_queues(beats), now_s)
-        yield from self._window(window_stats(self.store, self.settings, now_s))
+        yield from self._window(window_stats(self.reads, self.settings, now_s))
         workers, counters = worker_views(beats, now_s, busy_visible={})
         yield GaugeMetricFamily("stepline_workers", "Workers with a live heartbeat",
                                 value=len(workers))
-        busy = sum(1 for beat in beats.values() if beat.get("busy_job"))
+        busy = sum(1 for beat in beats.values() if beat.busy_job)
         yield GaugeMetricFamily("stepline_workers_busy", "Workers running a chunk", value=busy)
         hit = GaugeMetricFamily("stepline_cache_hit_ratio", "Cache hit ratio over live workers",
                                 labels=["cache"])
@@ -110,19 +97,19 @@ class StoreCollector(Collector):
                     per_worker.add_metric([worker.name, name], rate)
         yield per_worker
         yield GaugeMetricFamily("stepline_origin_active", "1 while a job is the origin",
-                                value=1 if self.store.origin_id() else 0)
+                                value=1 if self.reads.origin_id() else 0)
 
     def _queues(self, queues: list[str], now_s: float) -> Iterator[Metric]:
         depths = GaugeMetricFamily("stepline_queue_depth", "Messages waiting per queue",
                                    labels=["queue"])
-        for queue, depth in queue_depths(self.store, queues).items():
+        for queue, depth in queue_depths(self.reads, queues).items():
             depths.add_metric([queue], depth)
         yield depths
         ages = GaugeMetricFamily(
             "stepline_queue_oldest_age_seconds",
             "Seconds since the oldest message still waiting in the queue was queued (0: none)",
             labels=["queue"])
-        for queue, age in oldest_waits(self.store, queues, now_s).items():
+        for queue, age in oldest_waits(self.reads, queues, now_s).items():
             ages.add_metric([queue], age or 0.0)
         yield ages
 
@@ -151,13 +138,13 @@ class StoreCollector(Collector):
         yield from (attained, ended, latency)
 
     def _finished(self) -> Iterator[Metric]:
-        raw = cast(dict[bytes, bytes], self.store.redis.hgetall(keys.METRICS_FINISHED))
+        raw = self.reads.counters(keys.METRICS_FINISHED)
         ended = CounterMetricFamily("stepline_jobs_finished", "Jobs that ended, by state and class",
                                     labels=["state", "slo"])
         met = CounterMetricFamily("stepline_jobs_deadline_met",
                                   "Jobs DONE by their deadline, by class", labels=["slo"])
         for key, value in sorted(raw.items()):
-            state, _, slo = key.decode().partition("|")
+            state, _, slo = key.partition("|")
             if state == "met":
                 met.add_metric([slo], float(value))
             else:
@@ -166,7 +153,7 @@ class StoreCollector(Collector):
         yield met
 
     def _active(self) -> Metric:
-        active = readable_records(self.store, self.store.active_ids(), "/metrics")
+        active = readable_records(self.reads, self.reads.active_ids(), "/metrics")
         counts = Counter((r.state.value, r.slo.value) for r in active)
         gauge = GaugeMetricFamily("stepline_jobs_active", "Jobs not yet ended, by state and class",
                                   labels=["state", "slo"])
@@ -179,8 +166,7 @@ class StoreCollector(Collector):
                                        "Submit-to-done latency of DONE jobs", labels=["slo"])
         for slo in SloClass:
             key = keys.metrics_latency(slo.value)
-            raw = cast(dict[bytes, bytes], self.store.redis.hgetall(key))
-            got = {k.decode(): float(v) for k, v in raw.items()}
+            got = self.reads.counters(key)
             buckets = [(repr(b), got.get(repr(b), 0.0)) for b in LATENCY_BUCKETS_S]
             buckets.append(("+Inf", got.get("+Inf", 0.0)))
             family.add_metric([slo.value], buckets, sum_value=got.get("sum", 0.0))

@@ -25,12 +25,12 @@ Ctx = Annotated[ApiContext, Depends(api_context)]
                     "waits, origin, load, workers and cache hit rates")
 def stats(ctx: Ctx, tenant: Annotated[Tenant, Depends(current_tenant)]) -> LiveStatsView:
     """Another tenant's job ids (the origin, a worker's busy job) read as null."""
-    return live_stats(ctx.store, ctx.settings, Viewer(tenant.name), time.time())
+    return live_stats(ctx.reads, ctx.settings, Viewer(tenant.name), time.time())
 
 
 def registry_for(ctx: ApiContext) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(StoreCollector(ctx.store, ctx.settings))
+    registry.register(StoreCollector(ctx.reads, ctx.settings))
     return registry
 
 
@@ -46,5 +46,5 @@ def metrics(request: Request) -> PlainTextResponse:
 @router.get("/healthz", responses={503: {"model": ErrorBody, "description": "Redis is down."}},
             summary="Liveness: the API answers and Redis does")
 def healthz(ctx: Ctx) -> dict[str, str]:
-    ctx.store.redis.ping()
+    ctx.reads.ping()
     return {"status": "ok", "redis": "ok"}

@@ -57,6 +57,7 @@ from app.tenants import Tenant
 from scheduler.lifecycle import JobState, SloClass
 from tasks.record import JobRecord
 from workers.errors import ModelConfigError
+from workers.limits import MAX_NEW_TOKENS
 from workers.registry import RecipeFile, default_registry
 
 router = APIRouter(prefix="/v1", tags=["openai"], route_class=OpenAIRoute)
@@ -274,8 +275,6 @@ def _stop_sequences(stop: str | list[str] | None) -> tuple[str, ...]:
 
 def _text_ask(flavor: Literal["chat", "completion"], body: ChatCompletionRequest |
               CompletionRequest, prompt: str, max_tokens: int) -> TextAsk:
-    from workers.moe.params import MAX_NEW_TOKENS  # deferred: loads torch
-
     _refuse_unsupported(body)
     _only_one(body.n, "choice")
     if max_tokens > MAX_NEW_TOKENS:
@@ -316,16 +315,20 @@ async def create_chat_completion(
     body: ChatCompletionRequest, request: Request, ctx: Ctx, tenant: Caller,
     slo: SloHeader = None, deadline_s: DeadlineHeader = None,
 ) -> Response:
+    ask = await run_in_threadpool(_chat_ask, body)
+    return await _serve_text(ctx, tenant, request, ask, _options(body.stepline, slo, deadline_s))
+
+
+def _chat_ask(body: ChatCompletionRequest) -> TextAsk:
+    """The chat request as a text job (reads the recipes and maybe a tokenizer: off the loop)."""
     _require_kind(body.model, "text")
     if body.max_tokens and body.max_completion_tokens and \
             body.max_tokens != body.max_completion_tokens:
         raise OpenAIError(400, "max_tokens and max_completion_tokens differ; send one",
                           param="max_completion_tokens")
     messages = [_message_text(i, m) for i, m in enumerate(body.messages)]
-    tokenizer = await run_in_threadpool(chat_tokenizer, body.model)
-    ask = _text_ask("chat", body, render_chat(messages, tokenizer),
-                    body.max_completion_tokens or body.max_tokens or DEFAULT_CHAT_MAX_TOKENS)
-    return await _serve_text(ctx, tenant, request, ask, _options(body.stepline, slo, deadline_s))
+    return _text_ask("chat", body, render_chat(messages, chat_tokenizer(body.model)),
+                     body.max_completion_tokens or body.max_tokens or DEFAULT_CHAT_MAX_TOKENS)
 
 
 @router.post(
@@ -339,14 +342,19 @@ async def create_completion(
     body: CompletionRequest, request: Request, ctx: Ctx, tenant: Caller,
     slo: SloHeader = None, deadline_s: DeadlineHeader = None,
 ) -> Response:
+    ask = await run_in_threadpool(_completion_ask, body)
+    return await _serve_text(ctx, tenant, request, ask, _options(body.stepline, slo, deadline_s))
+
+
+def _completion_ask(body: CompletionRequest) -> TextAsk:
+    """The completion request as a text job (reads the recipes: off the loop)."""
     _require_kind(body.model, "text")
     prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
     if len(prompts) != 1:
         raise OpenAIError(400, "send one prompt per request", param="prompt",
                           code="unsupported_value")
-    ask = _text_ask("completion", body, prompts[0],
-                    body.max_tokens or DEFAULT_COMPLETION_MAX_TOKENS)
-    return await _serve_text(ctx, tenant, request, ask, _options(body.stepline, slo, deadline_s))
+    return _text_ask("completion", body, prompts[0],
+                     body.max_tokens or DEFAULT_COMPLETION_MAX_TOKENS)
 
 
 async def _serve_text(ctx: ApiContext, tenant: Tenant, request: Request, ask: TextAsk,
@@ -511,17 +519,7 @@ async def create_image(
     body: ImageRequest, request: Request, ctx: Ctx, tenant: Caller,
     slo: SloHeader = None, deadline_s: DeadlineHeader = None,
 ) -> Response:
-    _refuse_unsupported(body)
-    _only_one(body.n, "image")
-    if body.model is not None:
-        _require_kind(body.model, "image")
-    params: dict[str, Any] = {"prompt": body.prompt, **_size(body.size)}
-    params.update({k: v for k, v in (("model", body.model),
-                                     ("output_format", body.output_format)) if v is not None})
-    options = _options(body.stepline, slo, deadline_s)
-    if "seed" not in options.params:
-        params["seed"] = _seed(None)
-    spec = _job_spec(ctx, "image", options, params, _IMAGE_FIELDS)
+    spec = await run_in_threadpool(_image_spec, ctx, body, _options(body.stepline, slo, deadline_s))
     job_id, _ = await run_in_threadpool(submit_for, ctx, tenant, spec)
     record = await await_end(ctx, job_id, request.is_disconnected)
     if record.state is not JobState.DONE or not record.artifact:
@@ -532,6 +530,20 @@ async def create_image(
                             size=f"{p.get('width')}x{p.get('height')}",
                             output_format=p.get("output_format"), stepline=_report(record))
     return JSONResponse(answer.model_dump(mode="json"), headers={"X-Stepline-Job-Id": job_id})
+
+
+def _image_spec(ctx: ApiContext, body: ImageRequest, options: SteplineOptions) -> JobSpec:
+    """The image request as a job (reads the recipes: off the loop)."""
+    _refuse_unsupported(body)
+    _only_one(body.n, "image")
+    if body.model is not None:
+        _require_kind(body.model, "image")
+    params: dict[str, Any] = {"prompt": body.prompt, **_size(body.size)}
+    params.update({k: v for k, v in (("model", body.model),
+                                     ("output_format", body.output_format)) if v is not None})
+    if "seed" not in options.params:
+        params["seed"] = _seed(None)
+    return _job_spec(ctx, "image", options, params, _IMAGE_FIELDS)
 
 
 def _image_item(ctx: ApiContext, record: JobRecord, response_format: str | None,

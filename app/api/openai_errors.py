@@ -10,7 +10,6 @@ import uuid
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-import redis
 from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -20,7 +19,7 @@ from starlette.exceptions import HTTPException
 from app.api.errors import TooManyRequests
 from app.schemas import OpenAIErrorBody, OpenAIErrorDetail
 from scheduler.lifecycle import JobState
-from tasks.errors import InvalidJob, JobNotFound, Overloaded, RedisUnavailable
+from tasks.errors import STORE_UNAVAILABLE, InvalidJob, JobNotFound, Overloaded
 from tasks.record import JobRecord
 
 log = logging.getLogger(__name__)
@@ -76,7 +75,7 @@ def as_openai_error(exc: Exception, redis_retry_after_s: int) -> OpenAIError:
         return OpenAIError(429, f"shed under overload: {exc}; retry later",
                            kind="rate_limit_error", code="overloaded",
                            headers=_retry_after(exc.retry_after_s))
-    if isinstance(exc, redis.ConnectionError | redis.TimeoutError | RedisUnavailable):
+    if isinstance(exc, STORE_UNAVAILABLE):
         log.warning("redis unavailable: %s", exc)
         return OpenAIError(503, "the job store (Redis) is unavailable; retry shortly",
                            kind="server_error", code="store_unavailable",

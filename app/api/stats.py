@@ -12,17 +12,17 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, cast
+from typing import Any
 
 from pydantic import BaseModel, Field
 
 from app.schemas import ClassStats, StatsView, WorkerInfo
 from scheduler.lifecycle import JobState, SloClass
-from tasks import keys
+from tasks.heartbeat import Heartbeat
+from tasks.read_model import ReadModel
 from tasks.record import JobRecord, UnreadableRecord
 from tasks.routing import ALL_QUEUES, BATCH_TASK, CHUNK_TASK, affinity_worker
 from tasks.settings import Settings
-from tasks.store import JobStore
 
 log = logging.getLogger(__name__)
 
@@ -89,21 +89,17 @@ def queue_keys(queue: str) -> list[str]:
     return [queue if p == 0 else f"{queue}{KOMBU_PRIORITY_SEP}{p}" for p in KOMBU_PRIORITY_STEPS]
 
 
-def observed_queues(heartbeats: Mapping[str, Mapping[str, Any]]) -> list[str]:
+def observed_queues(heartbeats: Mapping[str, Heartbeat]) -> list[str]:
     """The class queues, then the affinity queue of every live worker that consumes one."""
-    own = {q for beat in heartbeats.values() for q in beat.get("queues") or ()
-           if isinstance(q, str) and affinity_worker(q) is not None}
+    own = {q for beat in heartbeats.values() for q in beat.queues
+           if affinity_worker(q) is not None}
     return [*ALL_QUEUES, *sorted(own)]
 
 
-def queue_depths(store: JobStore, queues: Iterable[str] = ALL_QUEUES) -> dict[str, int]:
+def queue_depths(reads: ReadModel, queues: Iterable[str] = ALL_QUEUES) -> dict[str, int]:
     """Messages waiting per Celery queue, summed over kombu's priority lists."""
     names = list(queues)
-    pipe = store.redis.pipeline(transaction=False)
-    for name in names:
-        for key in queue_keys(name):
-            pipe.llen(key)
-    sizes = pipe.execute()
+    sizes = reads.list_lengths([key for name in names for key in queue_keys(name)])
     steps = len(KOMBU_PRIORITY_STEPS)
     return {name: int(sum(sizes[i * steps:(i + 1) * steps])) for i, name in enumerate(names)}
 
@@ -174,7 +170,8 @@ def chunk_queued_at_s(ref: ChunkRef, fields: Sequence[bytes | None]) -> float | 
     return float(queued_at)
 
 
-def oldest_waits(store: JobStore, queues: Iterable[str], now_s: float) -> dict[str, float | None]:
+def oldest_waits(reads: ReadModel, queues: Iterable[str],
+                 now_s: float) -> dict[str, float | None]:
     """Per queue, the age of the oldest message still waiting in it (None if none waits).
 
     Kombu LPUSHes and BRPOPs, so each priority list's oldest messages are at its tail; the last
@@ -182,19 +179,13 @@ def oldest_waits(store: JobStore, queues: Iterable[str], now_s: float) -> dict[s
     chunk message's queued time is its job record's (``chunk_queued_at_s``: messages carry no
     timestamp of their own); a message with an expiry (the tick) dates itself."""
     names = list(queues)
-    pipe = store.redis.pipeline(transaction=False)
-    for name in names:
-        for key in queue_keys(name):
-            pipe.lrange(key, -TAIL_SCAN, -1)
-    lists = cast(list[list[bytes]], pipe.execute())
+    lists = reads.list_tails([key for name in names for key in queue_keys(name)], TAIL_SCAN)
     steps = len(KOMBU_PRIORITY_STEPS)
     tails = {name: [m for tail in lists[i * steps:(i + 1) * steps] for raw in tail
                     if (m := parse_message(raw)) is not None] for i, name in enumerate(names)}
-    refs = {ref for ms in tails.values() for m in ms if (ref := chunk_of(m)) is not None}
-    pipe = store.redis.pipeline(transaction=False)
-    for ref in refs:
-        pipe.hmget(keys.job(ref.job_id), RECORD_QUEUE_FIELDS)
-    fields = dict(zip(refs, cast(list[list[bytes | None]], pipe.execute()), strict=True))
+    refs = list({ref for ms in tails.values() for m in ms if (ref := chunk_of(m)) is not None})
+    fields = dict(zip(refs, reads.fields([r.job_id for r in refs], RECORD_QUEUE_FIELDS),
+                      strict=True))
     return {name: _oldest_age(messages, fields, now_s) for name, messages in tails.items()}
 
 
@@ -245,31 +236,29 @@ def window_class_stats(ended: list[JobRecord]) -> dict[str, WindowClassStats]:
             for slo, stats in class_stats(ended).items()}
 
 
-def ended_since(store: JobStore, since_s: float, limit: int) -> tuple[list[JobRecord], bool]:
+def ended_since(reads: ReadModel, since_s: float, limit: int) -> tuple[list[JobRecord], bool]:
     """The jobs that ended (DONE, FAILED, EXPIRED) at or after ``since_s``, newest first, at most
     ``limit`` of them, from the ``sl:done`` stream; and whether there were more."""
     start_ms = max(int((since_s - WINDOW_SLACK_S) * 1000), 0)
-    raw = cast(list[tuple[bytes, dict[bytes, bytes]]],
-               store.redis.xrevrange(keys.DONE, max="+", min=f"{start_ms}-0", count=limit + 1))
-    ids = list(dict.fromkeys(f[b"id"].decode() for _, f in raw[:limit] if b"id" in f))
-    ended = [r for r in readable_records(store, ids, "the stats window")
+    ids, more = reads.ended_ids_since(start_ms, limit)
+    ended = [r for r in readable_records(reads, ids, "the stats window")
              if r.state in ENDED and r.finished_at_s is not None and r.finished_at_s >= since_s]
-    return ended, len(raw) > limit
+    return ended, more
 
 
-def window_stats(store: JobStore, settings: Settings, now_s: float) -> WindowStats:
+def window_stats(reads: ReadModel, settings: Settings, now_s: float) -> WindowStats:
     """Per-class attainment and latency over the last ``api.stats_window`` seconds."""
     seconds = settings.api.stats_window
-    ended, truncated = ended_since(store, now_s - seconds, settings.api.stats_window_max_jobs)
+    ended, truncated = ended_since(reads, now_s - seconds, settings.api.stats_window_max_jobs)
     return WindowStats(seconds=seconds, classes=window_class_stats(ended), jobs=len(ended),
                        truncated=truncated)
 
 
-def readable_records(store: JobStore, job_ids: list[str], purpose: str) -> list[JobRecord]:
+def readable_records(reads: ReadModel, job_ids: list[str], purpose: str) -> list[JobRecord]:
     """The jobs' records, leaving out any that cannot be parsed: one bad hash must not take a
     whole listing or scrape down (the tick fails such a job with the parse error as reason)."""
     readable = []
-    for item in store.records(job_ids):
+    for item in reads.records(job_ids):
         if isinstance(item, UnreadableRecord):
             log.warning("%s leaves out %s", purpose, item)
         else:
@@ -277,33 +266,15 @@ def readable_records(store: JobStore, job_ids: list[str], purpose: str) -> list[
     return readable
 
 
-def recent_jobs(store: JobStore, window: int) -> list[JobRecord]:
+def recent_jobs(reads: ReadModel, window: int) -> list[JobRecord]:
     """The ``window`` most recently submitted jobs that can be read."""
-    return readable_records(store, store.list_ids(0, window), "recent jobs")
+    return readable_records(reads, reads.newest_ids(window), "recent jobs")
 
 
-def read_load(store: JobStore) -> dict[str, Any] | float | None:
-    """The admission state published by the scheduler (a JSON string, a number or a hash)."""
-    kind = store.redis.type(keys.ADMISSION)
-    kind = kind.decode() if isinstance(kind, bytes) else kind
-    if kind == "hash":
-        raw = cast(dict[bytes, bytes], store.redis.hgetall(keys.ADMISSION))
-        return {k.decode(): _number_or_text(v.decode()) for k, v in raw.items()}
-    if kind != "string":
-        return None
-    text = cast(bytes, store.redis.get(keys.ADMISSION)).decode()
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        return {"state": text}
-    return value if isinstance(value, dict | float | int) else {"state": value}
-
-
-def _number_or_text(text: str) -> Any:
-    try:
-        return float(text)
-    except ValueError:
-        return text
+def read_load(reads: ReadModel) -> dict[str, Any] | None:
+    """The admission status the last tick published (None before the first, or unreadable)."""
+    status = reads.admission()
+    return None if status is None else status.as_json()
 
 
 @dataclass
@@ -313,15 +284,13 @@ class CacheCounters:
     hits: dict[str, float] = field(default_factory=dict)
     misses: dict[str, float] = field(default_factory=dict)
 
-    def add(self, heartbeat: Mapping[str, Any]) -> dict[str, float | None]:
+    def add(self, heartbeat: Heartbeat) -> dict[str, float | None]:
         """Count one heartbeat in; returns that worker's own hit rates."""
         rates: dict[str, float | None] = {}
-        for name, value in heartbeat.items():
-            if isinstance(value, dict) and {"hits", "misses"} <= value.keys():
-                hits, misses = float(value["hits"]), float(value["misses"])
-                self.hits[name] = self.hits.get(name, 0.0) + hits
-                self.misses[name] = self.misses.get(name, 0.0) + misses
-                rates[name] = hits / (hits + misses) if hits + misses else None
+        for name, (hits, misses) in heartbeat.cache_counts().items():
+            self.hits[name] = self.hits.get(name, 0.0) + hits
+            self.misses[name] = self.misses.get(name, 0.0) + misses
+            rates[name] = hits / (hits + misses) if hits + misses else None
         return rates
 
     def rates(self) -> dict[str, float | None]:
@@ -329,11 +298,11 @@ class CacheCounters:
                 for name, h in self.hits.items()}
 
 
-def experts_resident(beat: Mapping[str, Any]) -> dict[str, int]:
+def experts_resident(beat: Heartbeat) -> dict[str, int]:
     """Experts resident on the device per loaded MoE model, from the heartbeat's residency
     summary (a hex bitmask of resident experts per layer)."""
     out = {}
-    for model, summary in (beat.get("experts") or {}).items():
+    for model, summary in beat.experts.items():
         masks = summary.get("resident") if isinstance(summary, dict) else None
         if isinstance(masks, dict):
             try:
@@ -343,51 +312,40 @@ def experts_resident(beat: Mapping[str, Any]) -> dict[str, int]:
     return out
 
 
-def worker_views(beats: Mapping[str, Mapping[str, Any]], now_s: float,
+def worker_views(beats: Mapping[str, Heartbeat], now_s: float,
                  busy_visible: Mapping[str, bool]) -> tuple[list[WorkerInfo], CacheCounters]:
     """Every heartbeat as a ``WorkerInfo`` (a busy job the viewer may not see reads as null),
     and the cache counters summed over them."""
     counters, views = CacheCounters(), []
     for name, beat in beats.items():
         rates = counters.add(beat)
-        busy = beat.get("busy_job")
+        busy, age_s = beat.busy_job, beat.age_s(now_s)
         views.append(WorkerInfo.model_validate({  # experts_resident: an extra WorkerInfo allows
             "name": name, "busy_job": busy if busy_visible.get(busy or "", False) else None,
-            "queues": list(beat.get("queues") or []), "device": beat.get("device"),
-            "chunks_run": beat.get("chunks_run"),
-            "age_s": round(now_s - float(beat["ts"]), 3) if beat.get("ts") else None,
+            "queues": list(beat.queues), "device": beat.device, "chunks_run": beat.chunks_run,
+            "age_s": None if age_s is None else round(age_s, 3),
             "cache_hit_rates": rates, "experts_resident": experts_resident(beat),
         }))
     return views, counters
 
 
-def job_owners(store: JobStore, job_ids: Iterable[str]) -> dict[str, str | None]:
-    """The tenant of each job (None for a job that is gone)."""
-    ids = sorted(set(job_ids))
-    pipe = store.redis.pipeline(transaction=False)
-    for job_id in ids:
-        pipe.hget(keys.job(job_id), "tenant")
-    owners = cast(list[bytes | None], pipe.execute()) if ids else []
-    return {job_id: o.decode() if o is not None else None
-            for job_id, o in zip(ids, owners, strict=True)}
-
-
-def live_stats(store: JobStore, settings: Settings, viewer: Viewer, now_s: float) -> LiveStatsView:
+def live_stats(reads: ReadModel, settings: Settings, viewer: Viewer,
+               now_s: float) -> LiveStatsView:
     """Everything GET /v1/stats answers, as ``viewer`` may see it: another tenant's job id (the
     origin, a worker's busy job) reads as null."""
-    jobs = recent_jobs(store, settings.api.stats_window_jobs)
-    beats = store.heartbeats()
-    origin = store.origin_id()
-    busy = [str(b["busy_job"]) for b in beats.values() if b.get("busy_job")]
-    owners = job_owners(store, [*busy, *([origin] if origin else [])])
+    jobs = recent_jobs(reads, settings.api.stats_window_jobs)
+    beats = reads.heartbeats()
+    origin = reads.origin_id()
+    busy = [b.busy_job for b in beats.values() if b.busy_job]
+    owners = reads.owners([*busy, *([origin] if origin else [])])
     visible = {job_id: viewer.sees(owner) for job_id, owner in owners.items()}
     workers, counters = worker_views(beats, now_s, visible)
     queues = observed_queues(beats)
     return LiveStatsView(
-        classes=class_stats(jobs), queues=queue_depths(store, queues),
+        classes=class_stats(jobs), queues=queue_depths(reads, queues),
         origin=origin if origin and visible.get(origin) else None,
-        origin_active=origin is not None, load=read_load(store), workers=workers,
+        origin_active=origin is not None, load=read_load(reads), workers=workers,
         cache_hit_rates=counters.rates(), window_jobs=len(jobs), measured_at=now_s,
-        window=window_stats(store, settings, now_s),
-        queue_oldest_age_s=oldest_waits(store, queues, now_s),
+        window=window_stats(reads, settings, now_s),
+        queue_oldest_age_s=oldest_waits(reads, queues, now_s),
     )

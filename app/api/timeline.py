@@ -7,17 +7,16 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
 
 from pydantic import BaseModel, Field
 
 from app.api.stats import WINDOW_SLACK_S, Viewer, ended_since, readable_records
 from app.bench.occupancy import Interval, merge, running_intervals
 from scheduler.lifecycle import JobState
-from tasks import keys
+from tasks.heartbeat import Heartbeat
+from tasks.read_model import ReadModel
 from tasks.record import JobRecord
 from tasks.routing import CONTROL
-from tasks.store import JobStore
 
 EVENTS_PER_JOB = 2_000
 """Newest events read per job: a window of a few minutes never holds more for one job."""
@@ -107,43 +106,32 @@ def build_timeline(jobs: Iterable[JobHistory], live_workers: Sequence[str], view
                     preemptions=preemptions)
 
 
-def chunk_workers(heartbeats: Mapping[str, Mapping[str, Any]]) -> list[str]:
+def chunk_workers(heartbeats: Mapping[str, Heartbeat]) -> list[str]:
     """Live workers that run chunks (a scheduler worker, on ``control``, runs ticks)."""
-    return sorted(name for name, beat in heartbeats.items()
-                  if CONTROL not in (beat.get("queues") or ()))
+    return sorted(name for name, beat in heartbeats.items() if CONTROL not in beat.queues)
 
 
-def read_timeline(store: JobStore, viewer: Viewer, since_s: float, until_s: float) -> Timeline:
+def read_timeline(reads: ReadModel, viewer: Viewer, since_s: float,
+                  until_s: float) -> Timeline:
     """Worker occupancy over ``[since_s, until_s]``: the jobs that ended in it and the active
     jobs that have run, with their events since shortly before ``since_s``."""
-    ended, _ = ended_since(store, since_s, JOBS_MAX)
-    records = {r.job_id: r for r in [*_active_that_ran(store, since_s), *ended][:JOBS_MAX]}
+    ended, _ = ended_since(reads, since_s, JOBS_MAX)
+    records = {r.job_id: r for r in [*_active_that_ran(reads, since_s), *ended][:JOBS_MAX]}
     start_ms = max(int((since_s - WINDOW_SLACK_S) * 1000), 0)
-    pipe = store.redis.pipeline(transaction=False)
-    for job_id in records:
-        pipe.xrevrange(keys.job_events(job_id), max="+", min=f"{start_ms}-0",
-                       count=EVENTS_PER_JOB)
-    streams = cast(list[list[tuple[bytes, dict[bytes, bytes]]]], pipe.execute())
-    jobs = [JobHistory(record, [_decoded(fields) for _, fields in reversed(stream)])
-            for record, stream in zip(records.values(), streams, strict=True)]
-    return build_timeline(jobs, chunk_workers(store.heartbeats()), viewer, since_s, until_s)
+    streams = reads.events_since(list(records), start_ms, EVENTS_PER_JOB)
+    jobs = [JobHistory(record, events)
+            for record, events in zip(records.values(), streams, strict=True)]
+    return build_timeline(jobs, chunk_workers(reads.heartbeats()), viewer, since_s, until_s)
 
 
-def _active_that_ran(store: JobStore, since_s: float) -> list[JobRecord]:
+def _active_that_ran(reads: ReadModel, since_s: float) -> list[JobRecord]:
     """Active jobs that may have held a worker since ``since_s``: RUNNING now, or started and
     updated since (a job between two chunks), read field by field before whole records."""
-    ids = store.active_ids()
-    pipe = store.redis.pipeline(transaction=False)
-    for job_id in ids:
-        pipe.hmget(keys.job(job_id), "state", "started_at", "updated_at")
+    ids = reads.active_ids()
     wanted = []
     for job_id, (state, started, updated) in zip(
-            ids, cast(list[list[bytes | None]], pipe.execute()), strict=True):
+            ids, reads.fields(ids, ("state", "started_at", "updated_at")), strict=True):
         if state == JobState.RUNNING.value.encode() or (
                 started is not None and updated is not None and float(updated) >= since_s):
             wanted.append(job_id)
-    return readable_records(store, wanted[:JOBS_MAX], "the dashboard timeline")
-
-
-def _decoded(fields: Mapping[bytes, bytes]) -> dict[str, str]:
-    return {k.decode(): v.decode() for k, v in fields.items()}
+    return readable_records(reads, wanted[:JOBS_MAX], "the dashboard timeline")

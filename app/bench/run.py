@@ -71,10 +71,9 @@ def checkpoint_cache_counts(store: JobStore) -> dict[str, int]:
     """Hits and misses of the workers' local checkpoint caches, from their heartbeats."""
 
     totals = {"hits": 0, "misses": 0}
-    for body in store.heartbeats().values():
-        cache = body.get("ckpt_cache", {})
-        totals["hits"] += int(cache.get("hits", 0))
-        totals["misses"] += int(cache.get("misses", 0))
+    for beat in store.heartbeats().values():
+        totals["hits"] += int(beat.ckpt_cache.get("hits", 0))
+        totals["misses"] += int(beat.ckpt_cache.get("misses", 0))
     return totals
 
 

@@ -161,8 +161,8 @@ def commandstats(client: Any) -> dict[str, int]:
 
 def profile_totals(store: JobStore) -> dict[str, dict[str, float]]:
     totals: dict[str, dict[str, float]] = {}
-    for body in store.heartbeats().values():
-        for phase, item in (body.get("hop_profile") or {}).items():
+    for beat in store.heartbeats().values():
+        for phase, item in beat.hop_profile.items():
             slot = totals.setdefault(phase, {"s": 0.0, "n": 0})
             slot["s"] += float(item["s"])
             slot["n"] += int(item["n"])

@@ -9,6 +9,7 @@ from app.schemas import JobSpec
 from scheduler.errors import IllegalTransition
 from scheduler.lifecycle import JobState
 from tasks import keys
+from tasks.heartbeat import Heartbeat
 from tasks.record import UnreadableRecord, encode
 from tasks.store import CommitStatus, JobStore
 
@@ -295,3 +296,19 @@ def test_pipelined_claims_and_commits_survive_a_server_that_forgot_its_scripts(
     # then each call ran once, after its script was loaded again
     assert commits[0].status is CommitStatus.HOP and store.record(job_id).seq == 1
     assert len(redis_client.xrange(keys.TIMINGS)) == 1
+
+
+def test_the_live_heartbeats_read_as_records_and_a_malformed_one_is_left_out(
+    redis_client: redis.Redis, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # given a current heartbeat, an older worker's partial one and a malformed one
+    redis_client.set(keys.worker("w1@h"), Heartbeat(name="w1@h", queues=("batch",), ts=5.0)
+                     .encode())
+    redis_client.set(keys.worker("w2@h"), b'{"busy_job": "j9"}')
+    redis_client.set(keys.worker("w3@h"), b'{"queues": "batch"}')
+    # when the store reads them
+    beats = JobStore(redis_client).heartbeats()
+    # then two read back, the partial one named by its key, and the third is logged
+    assert beats == {"w1@h": Heartbeat(name="w1@h", queues=("batch",), ts=5.0),
+                     "w2@h": Heartbeat(name="w2@h", busy_job="j9")}
+    assert "heartbeat of w3@h: queues is str" in caplog.text

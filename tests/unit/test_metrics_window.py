@@ -21,6 +21,7 @@ from app.api.stats import (
 )
 from scheduler.lifecycle import JobState, SloClass
 from scheduler.model import JobKind
+from tasks.heartbeat import Heartbeat
 from tasks.record import JobRecord
 
 pytestmark = pytest.mark.timeout(30)
@@ -122,8 +123,9 @@ def test_the_window_counts_ended_jobs_per_class_with_their_latency_percentiles()
 
 
 def test_experts_resident_counts_the_bits_of_each_layers_residency_mask() -> None:
-    beat = {"experts": {"qwen3-moe-tiny": {"resident": {"0": "f", "1": "101", "2": "0"},
-                                           "hot": []},
-                        "broken": "nonsense", "odd": {"resident": {"0": "zz"}}}}
+    beat = Heartbeat.decode(json.dumps({
+        "name": "w1", "experts": {"qwen3-moe-tiny": {"resident": {"0": "f", "1": "101", "2": "0"},
+                                                     "hot": []},
+                                  "broken": "nonsense", "odd": {"resident": {"0": "zz"}}}}))
     assert experts_resident(beat) == {"qwen3-moe-tiny": 4 + 2}
-    assert experts_resident({}) == {}
+    assert experts_resident(Heartbeat(name="w2")) == {}

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from workers.errors import ModelConfigError, ParamsError
+from workers.limits import MAX_NEW_TOKENS
 from workers.moe.recipes import DEFAULT_MODEL, load_recipe
 
 MAX_PROMPT_CHARS = 16_384
-MAX_NEW_TOKENS = 1024
 MAX_CHUNK_TOKENS = 256
 DEFAULT_CHUNK_TOKENS = 8
 Routing = Literal["configured", "native"]

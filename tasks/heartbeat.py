@@ -1,0 +1,120 @@
+"""A worker's heartbeat (``sl:worker:<name>``, JSON): one frozen record and its one codec, used by
+the worker that writes it and by every reader (tick, affinity, stats, metrics, dashboard, bench)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tasks.errors import HeartbeatError
+
+CACHE_ENTRIES = ("ckpt_cache", "expert_cache")
+"""Entries holding a cache's counters (``hits``, ``misses`` …), in wire order."""
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """What a worker advertises about itself every third of a chunk lease."""
+
+    name: str
+    """Celery node name (``w1@host``)."""
+    busy_job: str | None = None
+    """The job whose chunk it runs now (a batch's first member)."""
+    queues: tuple[str, ...] = ()
+    """The queues it consumes now (remote control may have changed them)."""
+    batch: int = 0
+    """Jobs in the chunk or batch it runs now (0: idle)."""
+    device: str = "cpu"
+    ts: float | None = None
+    """When it was written (the worker's clock, Unix seconds); None from a partial heartbeat."""
+    chunks_run: int = 0
+    ckpt_cache: Mapping[str, float] = field(default_factory=dict)
+    """The local checkpoint cache: ``hits``, ``misses``, ``hit_rate``."""
+    experts: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Per loaded MoE model, its expert cache's residency summary (``resident`` hex masks per
+    layer, ``hot`` experts)."""
+    hop_profile: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    """Seconds (``s``) and counts (``n``) per phase of a hop, cumulative."""
+    expert_cache: Mapping[str, float] = field(default_factory=dict)
+    """The expert caches' counters summed over models (absent from the wire while empty)."""
+
+    def age_s(self, now_s: float) -> float | None:
+        return None if self.ts is None else now_s - self.ts
+
+    def cache_counts(self) -> dict[str, tuple[float, float]]:
+        """(hits, misses) of each cache this worker reports counters for."""
+        counts = {}
+        for entry in CACHE_ENTRIES:
+            counters = getattr(self, entry)
+            if "hits" in counters and "misses" in counters:
+                counts[entry] = (float(counters["hits"]), float(counters["misses"]))
+        return counts
+
+    def encode(self) -> str:
+        """The wire form: a JSON object, keys as workers have always written them."""
+        body: dict[str, Any] = {
+            "name": self.name, "busy_job": self.busy_job, "queues": list(self.queues),
+            "batch": self.batch, "device": self.device, "ts": self.ts,
+            "chunks_run": self.chunks_run, "ckpt_cache": dict(self.ckpt_cache),
+            "experts": dict(self.experts), "hop_profile": dict(self.hop_profile),
+        }
+        if self.expert_cache:
+            body["expert_cache"] = dict(self.expert_cache)
+        return json.dumps(body)
+
+    @classmethod
+    def decode(cls, raw: bytes | str, name: str = "") -> Heartbeat:
+        """A heartbeat from its wire form. A missing entry (an older or partial heartbeat) takes
+        its default and ``name`` stands in for a missing name; an entry of the wrong type, or a
+        body that is no JSON object, raises :class:`HeartbeatError` naming it."""
+        try:
+            body = json.loads(raw)
+        except ValueError as exc:
+            raise HeartbeatError(f"heartbeat of {name or '?'} is not JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise HeartbeatError(f"heartbeat of {name or '?'} is not a JSON object")
+        fields = _Fields(body, str(body.get("name") or name))
+        return cls(
+            name=fields.who, busy_job=fields.get("busy_job", str, None),
+            queues=tuple(fields.strings("queues")), batch=fields.get("batch", int, 0),
+            device=fields.get("device", str, "cpu"), ts=fields.number("ts"),
+            chunks_run=fields.get("chunks_run", int, 0),
+            ckpt_cache=fields.get("ckpt_cache", dict, {}),
+            experts=fields.get("experts", dict, {}),
+            hop_profile=fields.get("hop_profile", dict, {}),
+            expert_cache=fields.get("expert_cache", dict, {}),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Fields:
+    """Typed access to the entries of one decoded body; wrong types raise naming the entry."""
+
+    body: Mapping[str, Any]
+    who: str
+
+    def get(self, key: str, kind: type, default: Any) -> Any:
+        value = self.body.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise HeartbeatError(f"heartbeat of {self.who}: {key} is {type(value).__name__}, "
+                                 f"not {kind.__name__}")
+        return value
+
+    def number(self, key: str) -> float | None:
+        value = self.body.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise HeartbeatError(f"heartbeat of {self.who}: {key} is {type(value).__name__}, "
+                                 "not a number")
+        return float(value)
+
+    def strings(self, key: str) -> list[str]:
+        values = self.get(key, list, [])
+        if not all(isinstance(v, str) for v in values):
+            raise HeartbeatError(f"heartbeat of {self.who}: {key} must be a list of strings")
+        return list(values)

@@ -1,0 +1,178 @@
+"""What the API reads from the store, as named queries: jobs and their owners, the index, events,
+heartbeats, the admission status, queue contents, a checkpoint's header and the metrics counters.
+The API calls no Redis command itself; every round trip it makes is one of these."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+from tasks import keys
+from tasks.admission import PublishedAdmission
+from tasks.errors import AdmissionStatusError
+from tasks.heartbeat import Heartbeat
+from tasks.record import JobRecord, UnreadableRecord, field_name
+from tasks.store import JobStore
+
+log = logging.getLogger(__name__)
+
+Fields = dict[str, str]
+"""One stream entry's fields, decoded."""
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedCount:
+    """How one ended job adds to the ``/metrics`` counters (``ReadModel.count_finished``)."""
+
+    job_id: str
+    finished_at_s: float
+    counter_increments: tuple[tuple[str, str, int | float], ...]
+    """(hash key, field, increment) to apply once for this job: an int counts, a float sums."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReadModel:
+    """Read-only queries over one store (plus the ``/metrics`` counters, kept exactly once)."""
+
+    store: JobStore
+
+    # jobs ---------------------------------------------------------------------------------------
+    def record(self, job_id: str) -> JobRecord:
+        return self.store.record(job_id)
+
+    def records(self, job_ids: Iterable[str]) -> list[JobRecord | UnreadableRecord]:
+        return self.store.records(job_ids)
+
+    def origin_id(self) -> str | None:
+        return self.store.origin_id()
+
+    def active_ids(self) -> list[str]:
+        return self.store.active_ids()
+
+    def newest_ids(self, count: int) -> list[str]:
+        """The ``count`` most recently submitted job ids."""
+        return self.store.list_ids(0, count)
+
+    def owners(self, job_ids: Iterable[str]) -> dict[str, str | None]:
+        """The raw tenant field of each job (None for a job that is gone), read even from a
+        record that does not parse."""
+        ids = sorted(set(job_ids))
+        pipe = self.store.redis.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hget(keys.job(job_id), "tenant")
+        owners = cast(list[bytes | None], pipe.execute()) if ids else []
+        return {job_id: o.decode() if o is not None else None
+                for job_id, o in zip(ids, owners, strict=True)}
+
+    def replayed_job(self, tenant: str, idempotency_key: str) -> str | None:
+        """The job a tenant's earlier submit with this idempotency key created, if it still
+        exists."""
+        raw = self.store.redis.get(keys.idempotency(tenant, idempotency_key))
+        existing = cast(bytes, raw).decode() if raw is not None else None
+        if existing is not None and self.store.redis.exists(keys.job(existing)):
+            return existing
+        return None
+
+    def index_before(self, high: str, count: int) -> list[tuple[float, str]]:
+        """Up to ``count`` (score, id) of the submit index at or below score ``high`` (a number
+        or ``+inf``), newest first."""
+        rows = cast(list[tuple[bytes, float]], self.store.redis.zrevrangebyscore(
+            keys.INDEX, high, "-inf", start=0, num=count, withscores=True))
+        return [(score, member.decode()) for member, score in rows]
+
+    def fields(self, job_ids: Sequence[str], names: Sequence[str]) -> list[list[bytes | None]]:
+        """The named raw fields of each job's record, in one round trip."""
+        pipe = self.store.redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hmget(keys.job(job_id), list(names))
+        return cast(list[list[bytes | None]], pipe.execute()) if job_ids else []
+
+    # streams ------------------------------------------------------------------------------------
+    def ended_ids_since(self, start_ms: int, limit: int) -> tuple[list[str], bool]:
+        """Ids of the jobs that ended since ``start_ms`` (Redis clock), newest first, at most
+        ``limit``; and whether more ended."""
+        raw = cast(list[tuple[bytes, dict[bytes, bytes]]], self.store.redis.xrevrange(
+            keys.DONE, max="+", min=f"{start_ms}-0", count=limit + 1))
+        ids = list(dict.fromkeys(f[b"id"].decode() for _, f in raw[:limit] if b"id" in f))
+        return ids, len(raw) > limit
+
+    def events_since(self, job_ids: Sequence[str], start_ms: int,
+                     count: int) -> list[list[Fields]]:
+        """Each job's newest ``count`` events since ``start_ms``, oldest first."""
+        pipe = self.store.redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.xrevrange(keys.job_events(job_id), max="+", min=f"{start_ms}-0", count=count)
+        streams = cast(list[list[tuple[bytes, dict[bytes, bytes]]]], pipe.execute())
+        return [[{k.decode(): v.decode() for k, v in fields.items()}
+                 for _, fields in reversed(stream)] for stream in streams]
+
+    # workers and the scheduler ------------------------------------------------------------------
+    def heartbeats(self) -> dict[str, Heartbeat]:
+        return self.store.heartbeats()
+
+    def admission(self) -> PublishedAdmission | None:
+        """The last tick's admission status (None before the first tick, or if unreadable)."""
+        raw = self.store.redis.get(keys.ADMISSION)
+        if raw is None:
+            return None
+        try:
+            return PublishedAdmission.decode(raw)
+        except AdmissionStatusError as exc:
+            log.warning("%s; reported as none", exc)
+            return None
+
+    def list_lengths(self, names: Sequence[str]) -> list[int]:
+        pipe = self.store.redis.pipeline(transaction=False)
+        for name in names:
+            pipe.llen(name)
+        return [int(n) for n in pipe.execute()]
+
+    def list_tails(self, names: Sequence[str], count: int) -> list[list[bytes]]:
+        """The last ``count`` entries of each list (a kombu queue's oldest messages)."""
+        pipe = self.store.redis.pipeline(transaction=False)
+        for name in names:
+            pipe.lrange(name, -count, -1)
+        return cast(list[list[bytes]], pipe.execute())
+
+    def ping(self) -> None:
+        """Raises if Redis does not answer."""
+        self.store.redis.ping()
+
+    # checkpoints --------------------------------------------------------------------------------
+    def checkpoint_bytes(self, job_id: str, seq: int, start: int, end: int) -> bytes | None:
+        """Bytes ``start..end`` of the job's checkpoint, if it is still the one of commit
+        ``seq`` (the sequence number and the bytes read in one transaction)."""
+        pipe = self.store.redis.pipeline(transaction=True)
+        pipe.hget(keys.job(job_id), field_name("ckpt_seq"))
+        pipe.getrange(keys.job_checkpoint(job_id), start, end)
+        stored_seq, data = cast(list[Any], pipe.execute())
+        if not stored_seq or int(stored_seq) != seq:
+            return None
+        return bytes(data)
+
+    # the /metrics counters ----------------------------------------------------------------------
+    def count_finished(self, counts: Sequence[FinishedCount], keep: int) -> None:
+        """Apply each ended job's increments exactly once across API processes (a ``ZADD NX``
+        on a seen-set keeping the newest ``keep``)."""
+        if not counts:
+            return
+        pipe = self.store.redis.pipeline(transaction=False)
+        for c in counts:
+            pipe.zadd(keys.METRICS_SEEN, {c.job_id: c.finished_at_s}, nx=True)
+        added = pipe.execute()
+        pipe = self.store.redis.pipeline(transaction=False)
+        for c, new in zip(counts, added, strict=True):
+            for key, name, amount in c.counter_increments if new else ():
+                if isinstance(amount, int):
+                    pipe.hincrby(key, name, amount)
+                else:
+                    pipe.hincrbyfloat(key, name, amount)
+        pipe.zremrangebyrank(keys.METRICS_SEEN, 0, -keep - 1)
+        pipe.execute()
+
+    def counters(self, key: str) -> dict[str, float]:
+        """One counter hash of ``/metrics``."""
+        raw = cast(dict[bytes, bytes], self.store.redis.hgetall(key))
+        return {k.decode(): float(v) for k, v in raw.items()}
