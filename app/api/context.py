@@ -33,12 +33,13 @@ class ApiContext:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ApiContext:
-        store = JobStore(store_client(settings), commit_replicas=settings.broker.commit_replicas,
+        client = store_client(settings)
+        store = JobStore(client, commit_replicas=settings.broker.commit_replicas,
                          commit_replica_timeout_s=settings.broker.commit_replica_timeout)
         return cls(
             settings=settings, store=store, reads=ReadModel(store),
             service=JobService(store, settings), artifacts=ArtifactStore.from_settings(settings),
-            tenants=TenantDirectory.from_settings(settings), limits=TenantLimits(store.redis),
+            tenants=TenantDirectory.from_settings(settings), limits=TenantLimits(client),
         )
 
     def owned_record(self, tenant: Tenant, job_id: str) -> JobRecord:
