@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-
-import redis
-from celery import Celery
+from typing import TYPE_CHECKING
 
 from tasks.errors import SettingsError, SteplineError
 from tasks.settings import Settings, load_settings
+
+if TYPE_CHECKING:  # both imported where used: the command line starts without them
+    import redis
+    from celery import Celery
 
 SOCKET_NAME = "redis.sock"
 """The embedded server's unix socket, under the run directory."""
@@ -47,6 +49,8 @@ def kombu_url(url: str) -> str:
 
 def connect(url: str) -> redis.Redis:
     """A client for the store (binary-safe: checkpoints are bytes)."""
+    import redis
+
     return redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5,
                                 health_check_interval=30)
 

@@ -6,15 +6,16 @@ import time
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from app.api.context import ApiContext, api_context, current_tenant
 from app.api.jobs import COMMON_RESPONSES
 from app.api.metrics import StoreCollector
 from app.api.stats import LiveStatsView, Viewer, live_stats
-from app.schemas import ErrorBody
+from app.schemas import ErrorBody, Readiness, WorkerWarmth
 from app.tenants import Tenant
+from tasks.routing import WORK_QUEUES
 
 router = APIRouter(tags=["observe"])
 Ctx = Annotated[ApiContext, Depends(api_context)]
@@ -41,6 +42,23 @@ def registry_for(ctx: ApiContext) -> CollectorRegistry:
 def metrics(request: Request) -> PlainTextResponse:
     registry: CollectorRegistry = request.app.state.registry
     return PlainTextResponse(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/readyz", response_model=Readiness,
+            responses={503: {"model": Readiness, "description": "No chunk worker is alive, or "
+                                                                "one is still warming up."}},
+            summary="Readiness: every chunk worker alive is warm (no key needed)")
+def readyz(ctx: Ctx) -> JSONResponse:
+    """Ready (200) once at least one chunk worker is alive and every one has run its warm-up
+    (``warm_start``), so no first job pays for building a model; else 503 saying which."""
+    workers = {name: WorkerWarmth(warm=bool(beat.get("warm", True)),
+                                  warmed=list(beat.get("warmed") or []))
+               for name, beat in ctx.store.heartbeats().items()
+               if set(beat.get("queues") or ()) & set(WORK_QUEUES)}
+    status = "ready" if workers and all(w.warm for w in workers.values()) else (
+        "warming" if workers else "no_workers")
+    body = Readiness(status=status, workers=workers)
+    return JSONResponse(body.model_dump(mode="json"), status_code=200 if status == "ready" else 503)
 
 
 @router.get("/healthz", responses={503: {"model": ErrorBody, "description": "Redis is down."}},

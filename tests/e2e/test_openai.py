@@ -145,6 +145,31 @@ def test_a_streamed_chat_sends_the_text_of_each_commit_then_usage_and_done(
     assert all(c.object == "chat.completion.chunk" for c in chunks)
 
 
+def test_a_fixed_length_stream_carries_the_usage_so_far_on_every_chunk(
+    client: openai.OpenAI, api: str,
+) -> None:
+    # when a benchmark client streams with vLLM's fixed-length knobs and continuous usage,
+    # sending vLLM's defaults for the extensions Stepline does not serve
+    chunks = list(client.chat.completions.create(
+        model=TEXT_MODEL, max_tokens=10, stream=True, **GREEDY,
+        messages=[{"role": "user", "content": "Tell me a story"}],
+        stream_options={"include_usage": True, "continuous_usage_stats": True},  # type: ignore[typeddict-unknown-key]
+        extra_body={"ignore_eos": True, "min_tokens": 10, "top_k": -1,
+                    "repetition_penalty": 1.0, "stepline": {"params": {"chunk_tokens": 3}}}))
+
+    # then every chunk carries counts that only grow, up to exactly max_tokens
+    usages = [c.usage for c in chunks]
+    assert all(u is not None for u in usages), usages
+    generated = [u.completion_tokens for u in usages if u is not None]
+    assert generated == sorted(generated) and generated[-1] == 10
+    assert chunks[0].choices[0].delta.role == "assistant" and generated[0] >= 1
+    # and the job ran with them
+    report = next((c.model_extra or {})["stepline"] for c in chunks if c.model_extra and
+                  (c.model_extra or {}).get("stepline"))
+    job = httpx.get(f"{api}/v1/jobs/{report['job_id']}", headers={"X-API-Key": KEY}).json()
+    assert (job["params"]["ignore_eos"], job["params"]["min_new_tokens"]) == (True, 10)
+
+
 def test_a_legacy_completion_stops_at_the_first_stop_sequence(client: openai.OpenAI) -> None:
     # given the text a prompt makes without a stop sequence
     full = client.completions.create(model=TEXT_MODEL, prompt="Once upon a time",
@@ -184,6 +209,23 @@ def test_an_image_generation_answers_with_the_png_inline_or_at_its_result_url(
     assert (report["state"], report["model"], answer.size) == ("DONE", IMAGE_MODEL, "32x32")
 
 
+def test_an_image_on_the_class_conditioned_model_takes_a_prompt_naming_an_imagenet_class(
+    client: openai.OpenAI, api: str,
+) -> None:
+    # when the prompt names a class, then the job runs on that class's label
+    answer = client.images.generate(
+        model="dit-tiny", prompt="golden retriever", size="32x32", response_format="b64_json",
+        extra_body={"stepline": {"params": {"num_inference_steps": 2}}})
+    assert answer.data and base64.b64decode(answer.data[0].b64_json or "").startswith(PNG_MAGIC)
+    job_id = (answer.model_extra or {})["stepline"]["job_id"]
+    job = httpx.get(f"{api}/v1/jobs/{job_id}", headers={"X-API-Key": KEY}).json()
+    assert job["params"]["class_label"] == 207
+    # and a prompt that names none is a 400 naming the closest classes
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.images.generate(model="dit-tiny", prompt="golden retreiver")
+    assert "'golden retriever'" in refused.value.message
+
+
 def test_errors_come_in_openais_shape_and_map_to_the_sdks_exceptions(
     client: openai.OpenAI, api: str,
 ) -> None:
@@ -209,6 +251,27 @@ def test_errors_come_in_openais_shape_and_map_to_the_sdks_exceptions(
     assert raw.json() == {"error": {"message": "tools is not supported by Stepline; leave it "
                                     "unset", "type": "invalid_request_error",
                                     "param": "tools", "code": "unsupported_parameter"}}
+
+
+@pytest.mark.parametrize(("extra", "param", "code"), [
+    ({"top_k": 5}, "top_k", "unsupported_parameter"),
+    ({"use_beam_search": True}, "use_beam_search", "unsupported_parameter"),
+    ({"guided_regex": "a+"}, "guided_regex", "unsupported_parameter"),
+    ({"frobnicate": 1}, "frobnicate", "unknown_parameter"),
+    ({"min_tokens": 9, "max_tokens": 4}, "min_tokens", None),
+    ({"stream_options": {"sometimes": True}}, "stream_options.sometimes", "unknown_parameter"),
+    ({"stepline": {"params": {"ignore_eos": True}}}, "stepline.params.ignore_eos", None),
+])
+def test_a_parameter_stepline_does_not_serve_is_a_400_naming_it_never_ignored(
+    api: str, extra: dict[str, object], param: str, code: str | None,
+) -> None:
+    body = {"model": TEXT_MODEL, "messages": [{"role": "user", "content": "hello"}], **extra}
+    answer = httpx.post(f"{api}/v1/chat/completions", json=body,
+                        headers={"Authorization": f"Bearer {KEY}"})
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert (error["param"], error["code"]) == (param, code)
+    assert param.rsplit(".", 1)[-1] in error["message"]
 
 
 def test_a_client_that_disconnects_mid_stream_cancels_its_job(api: str) -> None:
