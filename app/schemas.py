@@ -135,6 +135,8 @@ class Readiness(BaseModel):
     """GET /readyz: ready once every alive chunk worker is warm."""
 
     status: Literal["ready", "warming", "no_workers"]
+    api_warm: bool = Field(description="This API process has validated and planned a job of "
+                                       "every recipe (torch and the recipes loaded).")
     workers: dict[str, WorkerWarmth] = Field(default_factory=dict)
 
 

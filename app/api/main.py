@@ -3,6 +3,9 @@ runs exactly that), or ``app.api.main:app`` for the process-wide settings."""
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from typing import Any
 
 from fastapi import FastAPI
@@ -13,6 +16,10 @@ from app.api.errors import install_error_handlers
 from app.celery import configure as configure_celery
 from tasks.runtime import current_settings
 from tasks.settings import Settings
+from tasks.submit import prepare_submits
+from workers.warm import warm_jobs
+
+log = logging.getLogger(__name__)
 
 DESCRIPTION = """Submit diffusion, MoE and simulated jobs, follow them, fetch their results.
 
@@ -33,7 +40,27 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     api.include_router(observe.router)
     api.include_router(openai.router)
     api.include_router(dashboard.router)
+    api.state.warm = threading.Event()
+    if settings.warm_start:
+        threading.Thread(target=_warm_submits, args=(api.state.warm,), daemon=True,
+                         name="warm-submits").start()
+    else:
+        api.state.warm.set()
     return api
+
+
+def _warm_submits(done: threading.Event) -> None:
+    """Validate and plan one job of every recipe off the event loop, so the first request of
+    each kind pays no import of torch or diffusers (GET /readyz waits for it)."""
+    started_s = time.perf_counter()
+    try:
+        prepare_submits((job.kind, job.params) for job in warm_jobs())
+    except Exception:
+        log.warning("warming the submit path failed; first submits load what they need",
+                    exc_info=True)
+    done.set()
+    log.info("API warm (every recipe validated and planned) in %.2fs",
+             time.perf_counter() - started_s)
 
 
 def __getattr__(name: str) -> Any:

@@ -48,16 +48,18 @@ def metrics(request: Request) -> PlainTextResponse:
             responses={503: {"model": Readiness, "description": "No chunk worker is alive, or "
                                                                 "one is still warming up."}},
             summary="Readiness: every chunk worker alive is warm (no key needed)")
-def readyz(ctx: Ctx) -> JSONResponse:
-    """Ready (200) once at least one chunk worker is alive and every one has run its warm-up
-    (``warm_start``), so no first job pays for building a model; else 503 saying which."""
+def readyz(ctx: Ctx, request: Request) -> JSONResponse:
+    """Ready (200) once this API process has validated and planned a job of every recipe and
+    at least one chunk worker is alive and every one has run its warm-up (``warm_start``), so
+    no first job pays for an import or a model build; else 503 saying which."""
+    api_warm = request.app.state.warm.is_set()
     workers = {name: WorkerWarmth(warm=bool(beat.get("warm", True)),
                                   warmed=list(beat.get("warmed") or []))
                for name, beat in ctx.store.heartbeats().items()
                if set(beat.get("queues") or ()) & set(WORK_QUEUES)}
-    status = "ready" if workers and all(w.warm for w in workers.values()) else (
+    status = "ready" if workers and api_warm and all(w.warm for w in workers.values()) else (
         "warming" if workers else "no_workers")
-    body = Readiness(status=status, workers=workers)
+    body = Readiness(status=status, api_warm=api_warm, workers=workers)
     return JSONResponse(body.model_dump(mode="json"), status_code=200 if status == "ready" else 503)
 
 

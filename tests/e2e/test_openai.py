@@ -22,7 +22,9 @@ from tasks.runtime import current_settings
 from tasks.settings import load_settings
 from tests.conftest import Processes, wait_for, wait_for_workers
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+# The module's stack imports torch in the API and builds two models on the worker once, which
+# the first test's setup pays for: minutes on a shared CPU.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 KEY = "openai-key-0123456789"
 TEXT_MODEL = "mixtral-tiny"
@@ -42,12 +44,14 @@ def api(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory) -
            "STEPLINE_BROKER__UNACKED_RESTORE_INTERVAL": "1", "STEPLINE_BROKER__CHUNK_LEASE": "1.5"}
     keys = [{"key": KEY, "tenant": "acme", "rate_limit_per_s": 1000, "burst": 1000}]
     settings = load_settings(api={"keys": keys}, redis_url=redis_server.url,
-                             run_dir=root / "run")
+                             run_dir=root / "run", warm_start=True)  # the API's own warm-up
     workers = Processes(env, root / "logs")
     workers.worker("w1")
     try:
         with ThreadedServer(settings) as server:
             wait_for_workers(store, ["w1"])
+            wait_for(lambda: httpx.get(f"{server.url}/readyz").status_code == 200, 240,
+                     "the API to load every recipe's validation (torch)")
             _warm_up(server.url)
             yield server.url
     finally:

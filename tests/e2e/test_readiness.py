@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 @pytest.fixture()
 def api(stack_env: dict[str, str]) -> Iterator[str]:
-    with ThreadedServer(load_settings()) as server:
+    with ThreadedServer(load_settings(warm_start=True)) as server:  # the API warms up too
         yield server.url
 
 
@@ -41,7 +41,7 @@ def test_readyz_says_warming_until_the_worker_ran_every_recipes_warm_up_then_rea
     assert (warming.status_code, warming.json()["status"]) == (503, "warming")
     wait_for(lambda: httpx.get(f"{api}/readyz").status_code == 200, 500, "w1 to be warm")
     ready = httpx.get(f"{api}/readyz").json()
-    assert ready["status"] == "ready"
+    assert ready["status"] == "ready" and ready["api_warm"] is True
     assert sorted(ready["workers"]["w1@test"]["warmed"]) == sorted(default_registry().names())
     beat = json.loads(redis_client.get(keys.WORKER_PREFIX + "w1@test") or b"{}")
     assert beat["warm"] is True
