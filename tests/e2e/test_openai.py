@@ -61,7 +61,7 @@ def api(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory) -
 
 def _warm_up(url: str) -> None:
     """Build both models on the worker (a cold start takes seconds) before any test times."""
-    with httpx.Client(base_url=url, headers={"X-API-Key": KEY}, timeout=30) as http:
+    with httpx.Client(base_url=url, headers={"X-API-Key": KEY}, timeout=120) as http:
         ids = [http.post("/v1/jobs", json={"kind": kind, "slo": "batch", "params": params})
                .json()["id"] for kind, params in (
                    ("text", {"inputs": "warm", "max_new_tokens": 2, "model": TEXT_MODEL}),

@@ -51,6 +51,6 @@ def test_a_worker_without_warm_start_is_ready_at_once(
     api: str, processes: Processes, redis_client: redis.Redis,
 ) -> None:
     processes.worker("w1")  # the test environment's default: warm_start false
-    wait_for(lambda: httpx.get(f"{api}/readyz").status_code == 200, 120, "w1 to be ready")
+    wait_for(lambda: httpx.get(f"{api}/readyz").status_code == 200, 300, "w1 to be ready")
     assert httpx.get(f"{api}/readyz").json()["workers"]["w1@test"] == {"warm": True,
                                                                        "warmed": []}
