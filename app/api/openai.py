@@ -201,8 +201,8 @@ def _refuse_unsupported(body: BaseModel) -> None:
                               "knobs in the 'stepline' field", param=name,
                               code="unknown_parameter")
         if not no_op(value):
-            raise OpenAIError(400, f"{name}={value!r} is not supported by Stepline; leave it "
-                              "unset", param=name, code="unsupported_parameter")
+            raise OpenAIError(400, f"{name} is not supported by Stepline; leave it unset",
+                              param=name, code="unsupported_parameter")
 
 
 def _only_one(n: int | None, what: str) -> None:

@@ -207,7 +207,7 @@ def test_an_image_generation_answers_with_the_png_inline_or_at_its_result_url(
         png = base64.b64decode(image.b64_json)
     else:
         assert image.url is not None and image.url.endswith("/result")
-        png = httpx.get(image.url, headers={"Authorization": f"Bearer {KEY}"}).content
+        png = httpx.get(image.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=60).content
     assert png.startswith(PNG_MAGIC)
     report = (answer.model_extra or {})["stepline"]
     assert (report["state"], report["model"], answer.size) == ("DONE", IMAGE_MODEL, "32x32")
@@ -270,7 +270,7 @@ def test_a_parameter_stepline_does_not_serve_is_a_400_naming_it_never_ignored(
     api: str, extra: dict[str, object], param: str, code: str | None,
 ) -> None:
     body = {"model": TEXT_MODEL, "messages": [{"role": "user", "content": "hello"}], **extra}
-    answer = httpx.post(f"{api}/v1/chat/completions", json=body,
+    answer = httpx.post(f"{api}/v1/chat/completions", json=body, timeout=60,
                         headers={"Authorization": f"Bearer {KEY}"})
     assert answer.status_code == 400, answer.text
     error = answer.json()["error"]
