@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -57,8 +57,10 @@ def readyz(ctx: Ctx, request: Request) -> JSONResponse:
                                   warmed=list(beat.get("warmed") or []))
                for name, beat in ctx.store.heartbeats().items()
                if set(beat.get("queues") or ()) & set(WORK_QUEUES)}
-    status = "ready" if workers and api_warm and all(w.warm for w in workers.values()) else (
-        "warming" if workers else "no_workers")
+    status: Literal["ready", "warming", "no_workers"] = "no_workers"
+    if workers:
+        ready = api_warm and all(w.warm for w in workers.values())
+        status = "ready" if ready else "warming"
     body = Readiness(status=status, api_warm=api_warm, workers=workers)
     return JSONResponse(body.model_dump(mode="json"), status_code=200 if status == "ready" else 503)
 
