@@ -13,31 +13,21 @@ import logging
 import os
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
-from rich.table import Column, Table
 
-from app.autoscale import WorkerRange
-from app.bench.run import check_policies as check_bench_policies
-from app.bench.run import run_bench, summary_table
-from app.bench.simulate import check_policies, grid_configs, run_simulation
-from app.bench.simulate import summary_table as simulation_table
-from app.bench.suite import SUITE_ROWS, run_row, suite_report, suite_table
-from app.client import ApiUnreachable, Client, JobMissing, NotReady
-from app.demo import run_demo
-from app.drills.reliability import run_reliability
-from app.schemas import JobSpec
-from app.stack import Stack, run_until_signalled, up_banner, wait_for_api, worker_command
 from scheduler.lifecycle import JobState, SloClass
 from tasks.errors import SteplineError
-from tasks.runtime import current_settings, store_client
-from tasks.settings.moe import cache_config
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
+# Each command imports what only it needs (the API, the dashboard, the bench, the stack, torch)
+# inside its body, so `stepline submit --help` or `stepline jobs` start in a fraction of a
+# second; tests/unit/test_cli_imports.py holds them out of the module's imports.
 
 cli = typer.Typer(
     help="Stepline: SLO-aware serving of diffusion and MoE jobs.", no_args_is_help=True
@@ -50,6 +40,8 @@ ConfigFile = Annotated[Optional[Path], typer.Option("--config", help="YAML setti
 
 def _setup(run_dir: Path | None, config: Path | None) -> None:
     """Export the choices so this process and every child agree on them."""
+    from tasks.runtime import current_settings  # deferred: the settings tree, for commands only
+
     if run_dir is not None:
         os.environ["STEPLINE_RUN_DIR"] = str(run_dir.resolve())
     elif "STEPLINE_RUN_DIR" not in os.environ:
@@ -63,6 +55,8 @@ def _setup(run_dir: Path | None, config: Path | None) -> None:
 
 def _client() -> Any:
     """A client of the running stack's API (errors say how to start it when it is not up)."""
+    from app.client import Client  # deferred: httpx
+    from tasks.runtime import current_settings  # deferred: the settings tree, for commands only
 
     return Client(settings=current_settings(), run_dir=Path(os.environ["STEPLINE_RUN_DIR"]))
 
@@ -77,6 +71,16 @@ def up(
     config: ConfigFile = None,
 ) -> None:
     """Start the stack: Redis, workers, beat, scheduler, REST API, Flower (Ctrl-C stops all)."""
+    from app.autoscale import WorkerRange  # deferred: the store
+    from app.stack import (  # deferred: the API server
+        Stack,
+        run_until_signalled,
+        up_banner,
+        wait_for_api,
+        wait_for_ready,
+    )
+    from tasks.runtime import current_settings  # deferred: the settings tree, for commands only
+
     try:
         pool = WorkerRange.parse(workers)
     except ValueError as exc:
@@ -90,7 +94,21 @@ def up(
     stack.start()
     if not wait_for_api(stack.api_url):
         console.print(f"[yellow]the API is not answering yet; see {stack.run_dir / 'logs'}")
+    elif settings.warm_start:
+        _await_warm_workers(stack.api_url, wait_for_ready)
     raise typer.Exit(run_until_signalled(stack, up_banner(stack, pool)))
+
+
+def _await_warm_workers(api_url: str, wait_for_ready: Any) -> None:
+    """Hold the banner until every worker has run its warm-up (GET /readyz)."""
+    started_s = time.monotonic()
+    with console.status("workers warming up (a tiny job of every recipe; warm_start: false "
+                        "skips it)"):
+        warm = wait_for_ready(api_url)
+    if warm:
+        console.print(f"workers warm in {time.monotonic() - started_s:.1f}s")
+    else:
+        console.print(f"[yellow]workers still warming; {api_url}/readyz says when they are")
 
 
 @cli.command()
@@ -103,6 +121,8 @@ def worker(
     config: ConfigFile = None,
 ) -> None:
     """Run one worker process in the foreground (one per device)."""
+    from app.stack import worker_command  # deferred: the API server
+
     _setup(run_dir, config)
 
     command = worker_command(name, queues.split(","))
@@ -134,6 +154,9 @@ def submit(
     config: ConfigFile = None,
 ) -> None:
     """Submit a job."""
+    from app.client import ApiUnreachable  # deferred: httpx
+    from app.schemas import JobSpec  # deferred: pydantic models of the API
+
     _setup(run_dir, config)
 
     params: dict[str, Any] = {}
@@ -203,6 +226,8 @@ def _parse_params(pairs: list[str]) -> dict[str, Any]:
 
 
 def _watch(job_id: str) -> int:
+    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
     client = _client()
     with Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
                   TimeElapsedColumn(), console=console, transient=True) as progress:
@@ -229,6 +254,8 @@ def demo(
     run_dir: RunDir = None,
 ) -> None:
     """Start the embedded stack, run a mixed workload, and report each job against its SLO."""
+    from app.demo import run_demo  # deferred: the stack and the bench
+
     _setup(run_dir or Path(".stepline-demo"), None)
 
     raise typer.Exit(run_demo(Path(os.environ["STEPLINE_RUN_DIR"]), workers=workers,
@@ -249,6 +276,9 @@ def bench(
     run_dir: RunDir = None,
 ) -> None:
     """Replay one trace under each policy on the same real workers; write report.json + plots."""
+    from app.bench.run import check_policies as check_bench_policies  # deferred: heavy
+    from app.bench.run import run_bench, summary_table  # deferred: heavy
+
     _setup(run_dir or Path(".stepline-bench"), None)
 
     policies = [p.strip() for p in policy.split(",") if p.strip()]
@@ -273,6 +303,8 @@ def watch(job_id: str, run_dir: RunDir = None) -> None:
 @cli.command()
 def cancel(job_id: str, run_dir: RunDir = None) -> None:
     """Cancel a job (a running one stops at its next chunk boundary)."""
+    from app.client import JobMissing  # deferred: httpx
+
     _setup(run_dir, None)
 
     try:
@@ -294,6 +326,8 @@ def result(
     run_dir: RunDir = None,
 ) -> None:
     """Download a finished job's artifact (PNG, MP4, JSON ...); print a text job's text."""
+    from app.client import JobMissing, NotReady  # deferred: httpx
+
     _setup(run_dir, None)
 
     client = _client()
@@ -323,6 +357,8 @@ def _print_document(job_id: str, media_type: str | None, data: bytes, as_json: b
 
 
 def _detail(job_id: str) -> None:
+    from rich.table import Table
+
     r = _client().get(job_id)
     table = Table(show_header=False)
     deadline = "met" if r.deadline_met else ("missed" if r.deadline_met is False else "")
@@ -360,6 +396,8 @@ def jobs(
     run_dir: RunDir = None,
 ) -> None:
     """A table of recent jobs with progress bars."""
+    from rich.table import Column, Table
+
     _setup(run_dir, None)
     listed = _client().list(state=state, slo=slo, limit=limit).jobs
     table = Table(Column("job", no_wrap=True, min_width=18), "kind", "class", "state", "progress",
@@ -371,7 +409,6 @@ def jobs(
         table.add_row(r.id + (" ★" if r.origin else ""), r.kind, r.slo.value, r.state.value,
                       f"{bar} {r.progress}/{r.total}", latency, str(r.preemptions))
     console.print(table)
-
 
 
 @cli.command()
@@ -396,6 +433,9 @@ def simulate(
     --suite: every policy on the evaluation suite's rows, with a verdict each; suite.json)."""
     import json
 
+    from app.bench.simulate import check_policies, grid_configs, run_simulation  # deferred: heavy
+    from app.bench.simulate import summary_table as simulation_table  # deferred: heavy
+
     if suite:
         _simulate_suite(overhead_ms / 1e3, seed, out)
         return
@@ -418,6 +458,9 @@ def simulate(
 def _simulate_suite(dispatch_overhead_s: float, seed: int, out: Path) -> None:
     """Every row of the suite, one at a time with progress, then suite.json and one table."""
     import json
+    from dataclasses import replace
+
+    from app.bench.suite import SUITE_ROWS, run_row, suite_report, suite_table  # deferred: heavy
 
     started = time.perf_counter()
     outcomes = []
@@ -446,6 +489,7 @@ def reliability(
 ) -> None:
     """Start a private stack, inject each fault under a mixed load, try bad inputs; write
     reliability.json and exit non-zero if any accepted job was lost or ran twice."""
+    from app.drills.reliability import run_reliability  # deferred: the stack and the bench
 
     raise typer.Exit(run_reliability(out.resolve(), burst_s=burst_s, cpu_hogs=cpu_hogs))
 
@@ -458,6 +502,7 @@ cli.add_typer(experts_cli, name="experts")
 
 def _expert_updates() -> Any:
     from tasks.expert_updates import ExpertUpdates, update_policy  # deferred: loads torch
+    from tasks.runtime import current_settings, store_client  # deferred: the store
 
     settings = current_settings()
     return ExpertUpdates(store_client(settings), update_policy(settings.moe.versions))
@@ -520,26 +565,6 @@ def experts_rollback(
     _setup(run_dir, None)
     record = _expert_updates().roll_back(model, time.time())
     console.print(f"{model}: live {record.state['live']}")
-
-
-class _ReplayOptions(BaseModel):
-    """What `stepline experts replay` was asked, validated before any work."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    slots: list[int] = Field(min_length=1)
-    policies: list[str] = Field(min_length=1)
-    prefetch: int = Field(ge=0, le=64)
-    copy_cost: float = Field(gt=0, le=100)
-    min_confidence: float = Field(ge=0, le=1)
-    allocation: Literal["uniform", "reuse"]
-
-    @field_validator("slots")
-    @classmethod
-    def _positive(cls, value: list[int]) -> list[int]:
-        if any(s < 1 for s in value):
-            raise ValueError("every slots-per-layer size must be at least 1")
-        return sorted(set(value))
 
 
 def _int_list(text: str, what: str) -> list[int]:
@@ -630,15 +655,21 @@ def experts_replay(
     cache's ratio to it, and with prefetch the stall-free share, prefetches used / late / wasted
     and bytes moved against demand paging."""
     _setup(None, config)
+    import dataclasses
     import json
 
+    from pydantic import ValidationError
+
+    from app.replay_options import ReplayOptions  # deferred: pydantic models
+    from tasks.runtime import current_settings  # deferred: the settings tree, for commands only
+    from tasks.settings.moe import cache_config  # deferred: with the replay
     from workers.moe.policy import POLICY_NAMES  # deferred: loads torch
     from workers.moe.replay import format_table, replay_table  # deferred: loads torch
     from workers.moe.traces import TraceError, read_trace, top_k_overlap  # deferred: loads torch
 
     base = cache_config(current_settings().moe, "cpu")
     try:
-        options = _ReplayOptions.model_validate({
+        options = ReplayOptions.model_validate({
             "slots": _int_list(slots, "--slots"),
             "policies": policy.split(",") if policy else list(POLICY_NAMES),
             "prefetch": base.prefetch_experts if prefetch is None else prefetch,
@@ -658,8 +689,9 @@ def experts_replay(
         trace = read_trace(trace_file)
     except (TraceError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from None
-    settings = replace(base, prefetch_experts=options.prefetch, allocation=options.allocation,
-                          prefetch_min_confidence=options.min_confidence)
+    settings = dataclasses.replace(base, prefetch_experts=options.prefetch,
+                                   allocation=options.allocation,
+                                   prefetch_min_confidence=options.min_confidence)
     rows = replay_table(trace, options.slots, settings, policies, options.copy_cost)
     accuracy = top_k_overlap(trace)
     console.print(f"{trace_file}: {len(trace.requests)} requests, {trace.tokens()} steps, "

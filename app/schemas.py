@@ -124,6 +124,22 @@ class WorkerInfo(BaseModel):
     cache_hit_rates: dict[str, float | None] = Field(default_factory=dict)
 
 
+class WorkerWarmth(BaseModel):
+    """Whether one chunk worker has run its warm-up (from its heartbeat)."""
+
+    warm: bool = Field(description="No warm-up pending (done, or warm_start is off).")
+    warmed: list[str] = Field(default_factory=list, description="Recipes warmed up.")
+
+
+class Readiness(BaseModel):
+    """GET /readyz: ready once every alive chunk worker is warm."""
+
+    status: Literal["ready", "warming", "no_workers"]
+    api_warm: bool = Field(description="This API process has validated and planned a job of "
+                                       "every recipe (torch and the recipes loaded).")
+    workers: dict[str, WorkerWarmth] = Field(default_factory=dict)
+
+
 class StatsView(BaseModel):
     """GET /v1/stats: what the scheduler is doing now."""
 
@@ -218,11 +234,13 @@ class StreamOptions(BaseModel):
 
     include_usage: bool = Field(
         default=False, description="End the stream with a chunk carrying the usage counts.")
+    continuous_usage_stats: bool = Field(
+        default=False, description="Usage counts so far on every chunk (vLLM's extension).")
 
 
 class _TextRequest(BaseModel):
-    """Fields the chat and the legacy completions request share. Fields OpenAI defines that
-    Stepline does not serve are refused when set (see app/api/openai.py); others are ignored."""
+    """Fields the chat and the legacy completions request share. Any other field is refused
+    with a 400 naming it, unless set to a value that changes nothing (see app/api/openai.py)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -240,6 +258,12 @@ class _TextRequest(BaseModel):
     n: int | None = Field(default=None, ge=1, description="Choices per request; must be 1.")
     stream: bool | None = Field(default=False, description="Server-sent events per chunk.")
     stream_options: StreamOptions | None = None
+    ignore_eos: bool | None = Field(
+        default=False, description="Generate max_tokens tokens, past the end-of-sequence "
+                                   "token (vLLM's extension, for fixed-length output).")
+    min_tokens: int | None = Field(
+        default=None, ge=0, description="No end-of-sequence token before this many tokens "
+                                        "(vLLM's extension); at most max_tokens.")
     user: str | None = Field(default=None, max_length=512, description="Accepted, unused.")
     stepline: SteplineOptions | None = None
 

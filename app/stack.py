@@ -104,6 +104,19 @@ def wait_for_api(url: str, timeout_s: float = 30.0) -> bool:
     return False
 
 
+def wait_for_ready(url: str, timeout_s: float = 600.0) -> bool:
+    """Poll ``/readyz`` until every chunk worker is warm; False if that took over ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/readyz", timeout=2.0).status_code == 200:
+                return True
+        except httpx.TransportError:
+            pass
+        time.sleep(0.25)
+    return False
+
+
 @dataclass
 class PoolWorker:
     """One worker process of the stack's pool."""

@@ -12,12 +12,14 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-import redis
+from typing import TYPE_CHECKING
 
 from tasks import keys, scripts
 from tasks.settings import Settings
 from tasks.settings.api import ApiKeySettings
+
+if TYPE_CHECKING:  # a type only: the command line reads API_KEY_FILE without redis
+    import redis
 
 log = logging.getLogger(__name__)
 

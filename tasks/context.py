@@ -75,6 +75,10 @@ class WorkerContext:
     expert_cache: dict[str, float] = field(default_factory=dict)
     """Hits, misses, stall time and prefetch outcomes of the expert caches (same refresh)."""
     profile: HopProfile = field(default_factory=HopProfile)
+    warm: bool = False
+    """No warm-up is pending: every recipe's warm-up job ran, or warm start is off."""
+    warmed: tuple[str, ...] = ()
+    """The recipes whose warm-up job ran (the heartbeat's ``warmed``)."""
     _kinds_run: set[str] = field(default_factory=set)
     _versions: VersionSync | None = None
     _beat: threading.Thread | None = None
@@ -123,6 +127,29 @@ class WorkerContext:
         self.experts = moe.residency()
         self.expert_cache = moe.cache_totals()
 
+    def warm_up(self) -> None:
+        """Run one tiny job of every recipe in this process (see ``workers.warm``), then report
+        the worker warm; a recipe whose warm-up fails is logged and left cold."""
+        from workers.warm import run_to_end, warm_jobs  # deferred: loads torch
+
+        if not self.settings.warm_start:
+            self.warm = True
+            return
+        started_s = time.perf_counter()
+        for job in warm_jobs():
+            try:
+                runner = self.text_runner() if job.kind == "text" else self.runner(job.kind)
+                seconds = run_to_end(runner, job.params)
+            except Exception:
+                log.warning("worker %s: warm-up of %s failed; its first job builds it",
+                            self.name, job.recipe, exc_info=True)
+                continue
+            self.warmed = (*self.warmed, job.recipe)
+            log.info("worker %s: %s warm in %.2fs", self.name, job.recipe, seconds)
+        self.warm = True
+        log.info("worker %s warm (%s) in %.2fs", self.name, ", ".join(self.warmed),
+                 time.perf_counter() - started_s)
+
     def start_heartbeat(self) -> None:
         if self._beat is None:
             self._beat = threading.Thread(target=self._heartbeat_loop, daemon=True, name="hb")
@@ -137,7 +164,7 @@ class WorkerContext:
             ckpt_cache={"hits": self.cache.hits, "misses": self.cache.misses,
                         "hit_rate": round(self.cache.hit_rate, 4)},
             experts=self.experts, hop_profile=self.profile.as_dict(),
-            expert_cache=self.expert_cache,
+            expert_cache=self.expert_cache, warm=self.warm, warmed=tuple(self.warmed),
         )
         pipe = self.store.redis.pipeline(transaction=False)
         pipe.set(keys.worker(self.name), beat.encode(), px=int(lease_s * 1000))

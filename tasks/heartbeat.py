@@ -39,6 +39,11 @@ class Heartbeat:
     """Seconds (``s``) and counts (``n``) per phase of a hop, cumulative."""
     expert_cache: Mapping[str, float] = field(default_factory=dict)
     """The expert caches' counters summed over models (absent from the wire while empty)."""
+    warm: bool = True
+    """Whether its warm-up (a tiny job of every recipe, ``warm_start``) has run; a heartbeat
+    without the entry (an older worker) counts as warm."""
+    warmed: tuple[str, ...] = ()
+    """The recipes its warm-up ran."""
 
     def age_s(self, now_s: float) -> float | None:
         return None if self.ts is None else now_s - self.ts
@@ -59,6 +64,7 @@ class Heartbeat:
             "batch": self.batch, "device": self.device, "ts": self.ts,
             "chunks_run": self.chunks_run, "ckpt_cache": dict(self.ckpt_cache),
             "experts": dict(self.experts), "hop_profile": dict(self.hop_profile),
+            "warm": self.warm, "warmed": list(self.warmed),
         }
         if self.expert_cache:
             body["expert_cache"] = dict(self.expert_cache)
@@ -85,6 +91,7 @@ class Heartbeat:
             experts=fields.get("experts", dict, {}),
             hop_profile=fields.get("hop_profile", dict, {}),
             expert_cache=fields.get("expert_cache", dict, {}),
+            warm=fields.get("warm", bool, True), warmed=tuple(fields.strings("warmed")),
         )
 
 

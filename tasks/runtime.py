@@ -7,15 +7,16 @@ import socket
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
-
-import redis
-from celery import Celery
-from redis.sentinel import Sentinel
 
 from tasks.errors import SettingsError, SteplineError
 from tasks.redact import mask_url
 from tasks.settings import Settings, load_settings
+
+if TYPE_CHECKING:  # both imported where used: the command line starts without them
+    import redis
+    from celery import Celery
 
 SOCKET_NAME = "redis.sock"
 """The embedded server's unix socket, under the run directory."""
@@ -84,6 +85,9 @@ _KEEPALIVE = {"socket_keepalive": True, "socket_keepalive_options": KEEPALIVE_OP
 def connect(url: str, *, sentinel_master: str = "stepline") -> redis.Redis:
     """A client for the store (binary-safe: checkpoints are bytes). A Sentinel URL gives a
     client of the current master of ``sentinel_master``, which follows a failover."""
+    import redis  # imported here: the command line starts without it
+    from redis.sentinel import Sentinel
+
     if is_sentinel_url(url):
         address = SentinelAddress.parse(url)
         sentinel = Sentinel(list(address.sentinels), sentinel_kwargs={**_TIMEOUTS, **_KEEPALIVE},

@@ -9,7 +9,7 @@ from celery.signals import worker_ready, worker_shutdown
 
 from tasks.affinity import consume_in_affinity_order
 from tasks.context import worker_context
-from tasks.routing import AFFINITY_CLASSES
+from tasks.routing import AFFINITY_CLASSES, WORK_QUEUES
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +28,12 @@ def _advertise(sender: Any = None, **_: Any) -> None:
             ctx.queues = consume_in_affinity_order(sender, ctx.name)
     ctx.heartbeat_once()
     ctx.start_heartbeat()
+    if set(ctx.queues) & set(WORK_QUEUES):
+        # on the consumer's thread: no chunk runs before the models are warm
+        ctx.warm_up()
+    else:
+        ctx.warm = True  # the scheduler's worker runs ticks, never a model
+    ctx.heartbeat_once()
     log.info("worker %s ready on %s", ctx.name, ",".join(ctx.queues))
 
 

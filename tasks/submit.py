@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import ValidationError
@@ -60,6 +61,14 @@ def validate_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
     except ParamsError as exc:
         raise InvalidJob(f"invalid {kind} params: {exc}") from exc
     raise InvalidJob(f"unknown job kind {kind!r}; use simulated, image, video or text")
+
+
+def prepare_submits(jobs: Iterable[tuple[str, dict[str, Any]]]) -> None:
+    """Validate and plan one job of each ``(kind, params)`` without submitting it: the first
+    real submit of each kind then finds torch, diffusers, the recipes and the runners' planners
+    already loaded (warm start of an API process)."""
+    for kind, params in jobs:
+        get_runner(kind).plan(validate_params(kind, params))
 
 
 class JobService:

@@ -28,6 +28,10 @@ from tasks.snapshot import read_snapshot
 from tasks.store import JobStore
 from tests.object_store import SeaweedS3
 
+# Test workers build each model on its first job, as before warm start: a warm-up of every recipe
+# in every worker a test starts would cost minutes (tests/e2e/test_readiness.py turns it on).
+os.environ.setdefault("STEPLINE_WARM_START", "false")
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -3,6 +3,9 @@ runs exactly that), or ``app.api.main:app`` for the process-wide settings."""
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -16,8 +19,12 @@ from app.api.errors import install_error_handlers
 from app.celery import configure as configure_celery
 from tasks.runtime import current_settings
 from tasks.settings import Settings
+from tasks.submit import prepare_submits
 from workers.kinds import get_runner
 from workers.registry import default_registry
+from workers.warm import warm_jobs
+
+log = logging.getLogger(__name__)
 
 DESCRIPTION = """Submit diffusion, MoE and simulated jobs, follow them, fetch their results.
 
@@ -39,14 +46,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     api.include_router(observe.router)
     api.include_router(openai.router)
     api.include_router(dashboard.router)
+    api.state.warm = threading.Event()  # set by the startup once every recipe is planned
+    api.state.warm_start = settings.warm_start
+    if not settings.warm_start:
+        api.state.warm.set()
     return api
 
 
 @asynccontextmanager
-async def _prepared(_: FastAPI) -> AsyncIterator[None]:
+async def _prepared(api: FastAPI) -> AsyncIterator[None]:
     """The app's startup: uvicorn binds its socket only after it, so no request (``/healthz``
-    included) waits for these imports. An embedded server without lifespan imports on first use."""
+    included) waits for these imports, and warming never competes with serving for the GIL. An
+    embedded server without lifespan imports on first use."""
     await run_in_threadpool(import_job_kinds)
+    if api.state.warm_start:
+        await run_in_threadpool(_warm_submits, api.state.warm)
     yield
 
 
@@ -61,6 +75,20 @@ def import_job_kinds() -> None:
     if any(registry.get(name).spec.get("weights") for name in registry.names()
            if registry.get(name).kind == "text"):
         from transformers import PreTrainedTokenizerFast  # noqa: F401  # a chat template's tokenizer
+
+
+def _warm_submits(done: threading.Event) -> None:
+    """Validate and plan one job of every recipe, so the first request of each kind pays no
+    import or recipe build (GET /readyz waits for it)."""
+    started_s = time.perf_counter()
+    try:
+        prepare_submits((job.kind, job.params) for job in warm_jobs())
+    except Exception:
+        log.warning("warming the submit path failed; first submits load what they need",
+                    exc_info=True)
+    done.set()
+    log.info("API warm (every recipe validated and planned) in %.2fs",
+             time.perf_counter() - started_s)
 
 
 def __getattr__(name: str) -> Any:

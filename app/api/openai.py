@@ -51,6 +51,7 @@ from app.schemas import (
     OpenAIErrorBody,
     SteplineOptions,
     SteplineReport,
+    StreamOptions,
     Usage,
 )
 from app.tenants import Tenant
@@ -100,10 +101,37 @@ _NO_OP: dict[str, Callable[[Any], bool]] = {
     "best_of": lambda v: v in (None, 1), "audio": lambda v: not v, "prediction": lambda v: not v,
     "modalities": lambda v: v in (None, ["text"]),
     "response_format": lambda v: v is None or (isinstance(v, dict) and v.get("type") == "text"),
+    "parallel_tool_calls": lambda v: v in (None, True, False),
+    "background": lambda v: v in (None, "auto"), "output_compression": lambda v: v in (None, 100),
 }
+# vLLM's sampling extensions Stepline does not serve (ignore_eos and min_tokens it does): refused
+# unless set to vLLM's default, which changes nothing. Listed in the README.
+_VLLM_NO_OP: dict[str, Callable[[Any], bool]] = {
+    "top_k": lambda v: v in (None, -1, 0), "min_p": lambda v: v in (None, 0),
+    "repetition_penalty": lambda v: v in (None, 1), "length_penalty": lambda v: v in (None, 1),
+    "use_beam_search": lambda v: not v, "early_stopping": lambda v: not v,
+    "stop_token_ids": lambda v: not v, "bad_words": lambda v: not v,
+    "allowed_token_ids": lambda v: not v, "logits_processors": lambda v: not v,
+    "include_stop_str_in_output": lambda v: not v,
+    "skip_special_tokens": lambda v: v in (None, True),
+    "spaces_between_special_tokens": lambda v: v in (None, True),
+    "prompt_logprobs": lambda v: v is None, "truncate_prompt_tokens": lambda v: v is None,
+    "return_tokens_as_token_ids": lambda v: not v, "guided_json": lambda v: v is None,
+    "guided_regex": lambda v: v is None, "guided_choice": lambda v: v is None,
+    "guided_grammar": lambda v: v is None, "guided_decoding_backend": lambda v: v is None,
+    "guided_whitespace_pattern": lambda v: v is None, "structured_outputs": lambda v: v is None,
+    "add_generation_prompt": lambda v: v in (None, True),
+    "continue_final_message": lambda v: not v, "documents": lambda v: not v,
+    "chat_template": lambda v: v is None, "chat_template_kwargs": lambda v: not v,
+    "mm_processor_kwargs": lambda v: not v, "priority": lambda v: v in (None, 0),
+    "request_id": lambda v: v is None, "vllm_xargs": lambda v: not v,
+}
+# Fields OpenAI defines that change nothing about the answer: accepted and unused.
+_ACCEPTED_UNUSED = frozenset({"metadata", "store", "service_tier", "moderation"})
 _TEXT_FIELDS = {"prompt": "messages or prompt", "inputs": "messages or prompt",
                 "max_new_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p",
-                "seed": "seed", "model": "model"}
+                "seed": "seed", "model": "model", "ignore_eos": "ignore_eos",
+                "min_new_tokens": "min_tokens"}
 _IMAGE_FIELDS = {"prompt": "prompt", "model": "model", "height": "size", "width": "size",
                  "output_format": "output_format"}
 
@@ -163,8 +191,17 @@ def chat_tokenizer(model: str) -> ChatTemplate | None:
 
 # the request → the job ------------------------------------------------------------------------
 def _refuse_unsupported(body: BaseModel) -> None:
+    """Every field the request's model does not declare is honoured elsewhere, accepted as
+    unused, or refused here with a 400 naming it: none is silently ignored."""
     for name, value in (body.model_extra or {}).items():
-        if name in _NO_OP and not _NO_OP[name](value):
+        if name in _ACCEPTED_UNUSED:
+            continue
+        no_op = _NO_OP.get(name) or _VLLM_NO_OP.get(name)
+        if no_op is None:
+            raise OpenAIError(400, f"unknown parameter {name!r}; Stepline takes Stepline's own "
+                              "knobs in the 'stepline' field", param=name,
+                              code="unknown_parameter")
+        if not no_op(value):
             raise OpenAIError(400, f"{name} is not supported by Stepline; leave it unset",
                               param=name, code="unsupported_parameter")
 
@@ -244,14 +281,24 @@ class TextAsk:
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    continuous_usage: bool = False
+    """Usage counts on every chunk of the stream (``stream_options.continuous_usage_stats``)."""
 
     @property
     def response_id_prefix(self) -> str:
         return "chatcmpl-" if self.flavor == "chat" else "cmpl-"
 
     def params(self) -> dict[str, Any]:
-        return {"prompt": self.prompt, "max_new_tokens": self.max_tokens, "model": self.model,
-                "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed}
+        params: dict[str, Any] = {
+            "prompt": self.prompt, "max_new_tokens": self.max_tokens, "model": self.model,
+            "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed}
+        if self.ignore_eos:
+            params["ignore_eos"] = True
+        if self.min_tokens:
+            params["min_new_tokens"] = self.min_tokens
+        return params
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,12 +327,26 @@ def _text_ask(flavor: Literal["chat", "completion"], body: ChatCompletionRequest
     if max_tokens > MAX_NEW_TOKENS:
         raise OpenAIError(400, f"max_tokens={max_tokens}: a Stepline text job generates at "
                           f"most {MAX_NEW_TOKENS} tokens", param="max_tokens")
+    min_tokens = body.min_tokens or 0
+    if min_tokens > max_tokens:
+        raise OpenAIError(400, f"min_tokens={min_tokens} exceeds max_tokens={max_tokens}",
+                          param="min_tokens")
+    stream_options = body.stream_options or StreamOptions()
+    _refuse_unknown_stream_options(stream_options)
     return TextAsk(
         flavor=flavor, model=body.model, prompt=prompt, max_tokens=max_tokens,
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p, seed=_seed(body.seed),
         stop=_stop_sequences(body.stop), stream=bool(body.stream),
-        include_usage=bool(body.stream_options and body.stream_options.include_usage))
+        include_usage=stream_options.include_usage, ignore_eos=bool(body.ignore_eos),
+        min_tokens=min_tokens, continuous_usage=stream_options.continuous_usage_stats)
+
+
+def _refuse_unknown_stream_options(options: StreamOptions) -> None:
+    for name in options.model_extra or {}:
+        raise OpenAIError(400, f"unknown stream_options field {name!r}; Stepline takes "
+                          "include_usage and continuous_usage_stats",
+                          param=f"stream_options.{name}", code="unknown_parameter")
 
 
 def _message_text(index: int, message: ChatMessage) -> tuple[str, str]:
@@ -479,21 +540,28 @@ def _chunk(ask: TextAsk, job_id: str, created: int, *, text: str | None = None,
 async def _text_events(ctx: ApiContext, job_id: str, ask: TextAsk) -> AsyncIterator[str]:
     """The stream of one text job: the text of each commit as it lands, the finish (with the
     stepline report), the usage when asked for, then ``[DONE]``; an error event if the job
-    ends without its text."""
+    ends without its text. With ``continuous_usage`` every chunk carries the counts so far, so
+    the opening chunk waits for the prefill's commit (the prompt's token count)."""
     created = int(time.time())
-    if ask.flavor == "chat":
+    opened = ask.flavor != "chat"
+    if not opened and not ask.continuous_usage:
         yield _chunk(ask, job_id, created, text="", role=True)
-    deltas, written_at = TextDeltas(ask.stop), time.monotonic()
+        opened = True
+    deltas, written_at, counts = TextDeltas(ask.stop), time.monotonic(), None
     try:
         async for progress in follow(ctx, job_id, read_text=True, heartbeat_s=KEEPALIVE_S):
             piece, outcome = await _advance(ctx, progress, deltas, ask)
+            counts = _counts_so_far(progress, outcome, counts) if ask.continuous_usage else None
+            if not opened and (counts is not None or outcome is not None):
+                yield _chunk(ask, job_id, created, text="", role=True, usage=counts)
+                opened = True
             if piece:
-                yield _chunk(ask, job_id, created, text=piece)
+                yield _chunk(ask, job_id, created, text=piece, usage=counts)
             elif outcome is None and time.monotonic() - written_at >= KEEPALIVE_S:
                 yield ": keep-alive\n\n"
             written_at = time.monotonic() if piece else written_at
             if outcome is not None:
-                yield _chunk(ask, job_id, created, finish=outcome.finish_reason,
+                yield _chunk(ask, job_id, created, finish=outcome.finish_reason, usage=counts,
                              report=_report(outcome.record, outcome.metrics))
                 if ask.include_usage:
                     yield _chunk(ask, job_id, created, usage=outcome.usage)
@@ -503,6 +571,19 @@ async def _text_events(ctx: ApiContext, job_id: str, ask: TextAsk) -> AsyncItera
         yield f"data: {json.dumps(error.body())}\n\n"
         return
     yield "data: [DONE]\n\n"
+
+
+def _counts_so_far(progress: Progress, outcome: TextOutcome | None,
+                   last: Usage | None) -> Usage | None:
+    """The usage counts a stream's next chunk carries: the answer's once it is complete, else
+    those of the latest committed checkpoint (None before the prefill commits)."""
+    if outcome is not None:
+        return outcome.usage
+    so_far = progress.text
+    if so_far is None:
+        return last
+    return Usage(prompt_tokens=so_far.prompt_tokens, completion_tokens=so_far.generated,
+                 total_tokens=so_far.prompt_tokens + so_far.generated)
 
 
 # images ---------------------------------------------------------------------------------------

@@ -135,6 +135,10 @@ class Settings(BaseSettings):
     """Device the worker runs models on."""
     torch_threads: int = Field(default=1, ge=0, le=256)
     """Intra-op threads per worker process (0: torch's default); one worker per device."""
+    warm_start: bool = True
+    """A worker runs one tiny job of every recipe before it takes work (torch, the models and
+    their kernels built), so the first real job is as fast as the next; /readyz says when
+    every worker is warm. false: build each model on its first job."""
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     """The SLO scheduler."""
     moe: MoeSettings = Field(default_factory=MoeSettings)

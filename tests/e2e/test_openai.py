@@ -22,7 +22,9 @@ from tasks.runtime import current_settings
 from tasks.settings import load_settings
 from tests.conftest import Processes, wait_for, wait_for_workers
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+# The module's stack imports torch in the API and builds two models on the worker once, which
+# the first test's setup pays for: minutes on a shared CPU.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 KEY = "openai-key-0123456789"
 TEXT_MODEL = "mixtral-tiny"
@@ -42,12 +44,14 @@ def api(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory) -
            "STEPLINE_BROKER__UNACKED_RESTORE_INTERVAL": "1", "STEPLINE_BROKER__CHUNK_LEASE": "1.5"}
     keys = [{"key": KEY, "tenant": "acme", "rate_limit_per_s": 1000, "burst": 1000}]
     settings = load_settings(api={"keys": keys}, redis_url=redis_server.url,
-                             run_dir=root / "run")
+                             run_dir=root / "run", warm_start=True)  # the API's own warm-up
     workers = Processes(env, root / "logs")
     workers.worker("w1")
     try:
         with ThreadedServer(settings) as server:
             wait_for_workers(store, ["w1"])
+            wait_for(lambda: httpx.get(f"{server.url}/readyz").status_code == 200, 240,
+                     "the API to load every recipe's validation (torch)")
             _warm_up(server.url)
             yield server.url
     finally:
@@ -57,7 +61,7 @@ def api(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory) -
 
 def _warm_up(url: str) -> None:
     """Build both models on the worker (a cold start takes seconds) before any test times."""
-    with httpx.Client(base_url=url, headers={"X-API-Key": KEY}, timeout=30) as http:
+    with httpx.Client(base_url=url, headers={"X-API-Key": KEY}, timeout=120) as http:
         ids = [http.post("/v1/jobs", json={"kind": kind, "slo": "batch", "params": params})
                .json()["id"] for kind, params in (
                    ("text", {"inputs": "warm", "max_new_tokens": 2, "model": TEXT_MODEL}),
@@ -145,6 +149,31 @@ def test_a_streamed_chat_sends_the_text_of_each_commit_then_usage_and_done(
     assert all(c.object == "chat.completion.chunk" for c in chunks)
 
 
+def test_a_fixed_length_stream_carries_the_usage_so_far_on_every_chunk(
+    client: openai.OpenAI, api: str,
+) -> None:
+    # when a benchmark client streams with vLLM's fixed-length knobs and continuous usage,
+    # sending vLLM's defaults for the extensions Stepline does not serve
+    chunks = list(client.chat.completions.create(
+        model=TEXT_MODEL, max_tokens=10, stream=True, **GREEDY,
+        messages=[{"role": "user", "content": "Tell me a story"}],
+        stream_options={"include_usage": True, "continuous_usage_stats": True},  # type: ignore[typeddict-unknown-key]
+        extra_body={"ignore_eos": True, "min_tokens": 10, "top_k": -1,
+                    "repetition_penalty": 1.0, "stepline": {"params": {"chunk_tokens": 3}}}))
+
+    # then every chunk carries counts that only grow, up to exactly max_tokens
+    usages = [c.usage for c in chunks]
+    assert all(u is not None for u in usages), usages
+    generated = [u.completion_tokens for u in usages if u is not None]
+    assert generated == sorted(generated) and generated[-1] == 10
+    assert chunks[0].choices[0].delta.role == "assistant" and generated[0] >= 1
+    # and the job ran with them
+    report = next((c.model_extra or {})["stepline"] for c in chunks if c.model_extra and
+                  (c.model_extra or {}).get("stepline"))
+    job = httpx.get(f"{api}/v1/jobs/{report['job_id']}", headers={"X-API-Key": KEY}).json()
+    assert (job["params"]["ignore_eos"], job["params"]["min_new_tokens"]) == (True, 10)
+
+
 def test_a_legacy_completion_stops_at_the_first_stop_sequence(client: openai.OpenAI) -> None:
     # given the text a prompt makes without a stop sequence
     full = client.completions.create(model=TEXT_MODEL, prompt="Once upon a time",
@@ -178,10 +207,27 @@ def test_an_image_generation_answers_with_the_png_inline_or_at_its_result_url(
         png = base64.b64decode(image.b64_json)
     else:
         assert image.url is not None and image.url.endswith("/result")
-        png = httpx.get(image.url, headers={"Authorization": f"Bearer {KEY}"}).content
+        png = httpx.get(image.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=60).content
     assert png.startswith(PNG_MAGIC)
     report = (answer.model_extra or {})["stepline"]
     assert (report["state"], report["model"], answer.size) == ("DONE", IMAGE_MODEL, "32x32")
+
+
+def test_an_image_on_the_class_conditioned_model_takes_a_prompt_naming_an_imagenet_class(
+    client: openai.OpenAI, api: str,
+) -> None:
+    # when the prompt names a class, then the job runs on that class's label
+    answer = client.images.generate(
+        model="dit-tiny", prompt="golden retriever", size="32x32", response_format="b64_json",
+        extra_body={"stepline": {"params": {"num_inference_steps": 2}}})
+    assert answer.data and base64.b64decode(answer.data[0].b64_json or "").startswith(PNG_MAGIC)
+    job_id = (answer.model_extra or {})["stepline"]["job_id"]
+    job = httpx.get(f"{api}/v1/jobs/{job_id}", headers={"X-API-Key": KEY}).json()
+    assert job["params"]["class_label"] == 207
+    # and a prompt that names none is a 400 naming the closest classes
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.images.generate(model="dit-tiny", prompt="golden retreiver")
+    assert "'golden retriever'" in refused.value.message
 
 
 def test_errors_come_in_openais_shape_and_map_to_the_sdks_exceptions(
@@ -209,6 +255,27 @@ def test_errors_come_in_openais_shape_and_map_to_the_sdks_exceptions(
     assert raw.json() == {"error": {"message": "tools is not supported by Stepline; leave it "
                                     "unset", "type": "invalid_request_error",
                                     "param": "tools", "code": "unsupported_parameter"}}
+
+
+@pytest.mark.parametrize(("extra", "param", "code"), [
+    ({"top_k": 5}, "top_k", "unsupported_parameter"),
+    ({"use_beam_search": True}, "use_beam_search", "unsupported_parameter"),
+    ({"guided_regex": "a+"}, "guided_regex", "unsupported_parameter"),
+    ({"frobnicate": 1}, "frobnicate", "unknown_parameter"),
+    ({"min_tokens": 9, "max_tokens": 4}, "min_tokens", None),
+    ({"stream_options": {"sometimes": True}}, "stream_options.sometimes", "unknown_parameter"),
+    ({"stepline": {"params": {"ignore_eos": True}}}, "stepline.params.ignore_eos", None),
+])
+def test_a_parameter_stepline_does_not_serve_is_a_400_naming_it_never_ignored(
+    api: str, extra: dict[str, object], param: str, code: str | None,
+) -> None:
+    body = {"model": TEXT_MODEL, "messages": [{"role": "user", "content": "hello"}], **extra}
+    answer = httpx.post(f"{api}/v1/chat/completions", json=body, timeout=60,
+                        headers={"Authorization": f"Bearer {KEY}"})
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert (error["param"], error["code"]) == (param, code)
+    assert param.rsplit(".", 1)[-1] in error["message"]
 
 
 def test_a_client_that_disconnects_mid_stream_cancels_its_job(api: str) -> None:

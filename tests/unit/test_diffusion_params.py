@@ -25,6 +25,29 @@ def test_given_a_class_label_when_validated_then_the_class_model_is_chosen() -> 
     assert validate_params("image", {"class_label": 3})["model"] == "dit-tiny"
 
 
+def test_given_a_prompt_naming_an_imagenet_class_when_validated_on_dit_then_it_is_the_label(
+) -> None:
+    # given DiTPipeline's own name -> id map over the same class list
+    from diffusers import DiTPipeline
+
+    from workers.diffusion.labels import imagenet_id2label
+
+    pipeline = DiTPipeline(transformer=None, vae=None, scheduler=None,  # type: ignore[arg-type]
+                           id2label=imagenet_id2label())
+    # when a prompt names a class (in any case), then it is the class diffusers maps it to
+    for prompt in ("golden retriever", "Golden Retriever ", "lion"):
+        params = validate_params("image", {"model": "dit-tiny", "prompt": prompt})
+        assert params["class_label"] == pipeline.get_label_ids([prompt.strip().lower()])[0]
+        assert params["prompt"] is None
+
+
+def test_given_a_prompt_naming_no_class_when_validated_on_dit_then_the_closest_are_named(
+) -> None:
+    with pytest.raises(ParamsError, match="class-conditioned") as refused:
+        validate_params("image", {"model": "dit-tiny", "prompt": "golden retreiver"})
+    assert "closest: 'golden retriever', 'Labrador retriever'" in str(refused.value)
+
+
 def test_given_a_video_prompt_when_validated_then_wan_with_mp4_is_chosen() -> None:
     params = validate_params("video", {"prompt": "waves"})
     chosen = (params["model"], params["num_frames"], params["output_format"])

@@ -102,6 +102,75 @@ def test_sampled_output_is_identical_with_and_without_preemption_and_yields() ->
     assert calls > plan.num_chunks
 
 
+def _generate_ids(model: str, prompt: str, max_new_tokens: int, **kwargs: object) -> list[int]:
+    loaded = build_model(load_recipe(model))
+    ids = encode_prompt(loaded.tokenizer, prompt)
+    out = loaded.model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens,
+                                do_sample=False, **kwargs)
+    return [int(t) for t in out[0, len(ids) :]]
+
+
+@pytest.mark.timeout(300)  # nine model builds and three generate() calls on a shared CPU
+def test_eos_ends_the_job_after_min_new_tokens_and_never_with_ignore_eos_across_preemption(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # given a token the greedy continuation draws early, made the tokenizer's EOS (the tiny
+    # random models draw their real EOS about once in 512 tokens)
+    model, steps = "mixtral-tiny", 9
+    plain = _reference_ids(model, PROMPT, steps)
+    eos = plain[2]
+    tokenizer_class = type(build_model(load_recipe(model)).tokenizer)
+    monkeypatch.setattr(tokenizer_class, "eos_token_id", property(lambda _: eos),
+                        raising=False)
+    base = {"prompt": PROMPT, "max_new_tokens": steps, "chunk_tokens": 4, "model": model,
+            "routing": "native"}
+    # when the job runs chunk by chunk on fresh workers: plainly, with min_new_tokens, ignoring EOS
+    stopped = _generated(_run_preempted(base))
+    held = _generated(_run_preempted({**base, "min_new_tokens": 5}))
+    ignoring = _generated(_run_preempted({**base, "ignore_eos": True}))
+    # then each equals model.generate() with the same setting
+    assert stopped == _generate_ids(model, PROMPT, steps, eos_token_id=eos)
+    assert stopped[-1] == eos and len(stopped) < steps
+    assert held == _generate_ids(model, PROMPT, steps, eos_token_id=eos, min_new_tokens=5)
+    assert eos not in held[:5] and len(held) > len(stopped)
+    assert ignoring == plain and len(ignoring) == steps and eos in ignoring
+
+
+@pytest.mark.timeout(300)  # a dozen model builds on a shared CPU
+def test_sampled_fixed_length_output_is_identical_with_and_without_preemption(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tokenizer_class = type(build_model(load_recipe("qwen3-moe-tiny")).tokenizer)
+    for setting in ({"min_new_tokens": 6}, {"ignore_eos": True}):
+        # given a sampled job whose EOS is the second token it draws unconstrained
+        params = {"prompt": "Tell me a story", "max_new_tokens": 9, "chunk_tokens": 4,
+                  "temperature": 0.8, "seed": 3, "model": "qwen3-moe-tiny", **setting}
+        eos = _run_whole(params)[1]
+        monkeypatch.setattr(tokenizer_class, "eos_token_id", property(lambda _, t=eos: t),
+                            raising=False)
+        # when it runs uninterrupted, then chunk by chunk on fresh workers
+        whole = _run_whole(params)
+        preempted = _generated(_run_preempted(params))
+        monkeypatch.undo()
+        # then both drew the same tokens, and EOS came no earlier than allowed
+        assert preempted == whole
+        assert eos not in whole[: setting.get("min_new_tokens", 0)]
+        assert len(whole) == 9 if setting.get("ignore_eos") else len(whole) >= 6
+
+
+def _generated_of(state: Checkpoint) -> list[int]:
+    return [int(t) for t in state.tensors["ids"].tolist()[state.meta["prompt_tokens"] :]]
+
+
+def _run_whole(params: dict[str, object]) -> list[int]:
+    runner = TextRunner()
+    state = None
+    for index in range(runner.plan(params).num_chunks):
+        state = runner.run_chunk(params, index, state, lambda: False).state
+    assert state is not None
+    return _generated_of(state)
+
+
 def test_final_chunk_returns_the_reference_api_json() -> None:
     # given a short job
     params = {"inputs": PROMPT, "max_new_tokens": 9, "chunk_tokens": 4}
@@ -151,6 +220,8 @@ def test_plan_names_prefill_then_decode_chunks_with_a_model_bucket_cost_key() ->
         ({"prompt": "x", "model": "gpt-huge"}, "known recipes"),
         ({"prompt": "x", "max_tokens": 5}, "accepted"),
         ({"prompt": "x", "routing": "fast"}, "routing"),
+        ({"prompt": "x", "ignore_eos": "yes"}, "true or false"),
+        ({"prompt": "x", "max_new_tokens": 4, "min_new_tokens": 5}, "exceeds max_new_tokens"),
     ],
 )
 def test_invalid_params_raise_a_params_error_naming_the_fix(

@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from workers.diffusion.labels import closest_names, imagenet_labels, resolve_class
 from workers.diffusion.recipes import (
     DIFFUSION_KINDS,
     DiffusionRecipe,
@@ -23,6 +24,7 @@ from workers.registry import ModelRegistry
 
 IMAGE_FORMATS = ("png", "webp")
 VIDEO_FORMATS = ("mp4", "gif", "webp")
+_CLASS_NAME_SETS = {"imagenet": "ImageNet"}
 
 
 class DiffusionParams(BaseModel):
@@ -118,8 +120,13 @@ def _check_frames(frames: int, r: DiffusionRecipe) -> None:
         )
 
 
-def _check_condition(p: DiffusionParams, r: DiffusionRecipe) -> None:
+def _check_condition(p: DiffusionParams, r: DiffusionRecipe) -> DiffusionParams:
+    """``p`` with its condition checked; on a class-conditioned recipe with class names, a
+    prompt that names a class becomes that class's label."""
     if r.conditioning == "class":
+        if p.prompt is not None and p.class_label is None:
+            p = p.model_copy(update={"class_label": _class_of_prompt(p.prompt, r),
+                                     "prompt": None})
         if p.class_label is None or p.prompt is not None:
             raise ParamsError(
                 f"model {r.name!r} is class-conditioned; pass class_label, not prompt")
@@ -127,6 +134,24 @@ def _check_condition(p: DiffusionParams, r: DiffusionRecipe) -> None:
             raise ParamsError(f"class_label must be below {r.num_classes} for model {r.name!r}")
     elif p.prompt is None or p.class_label is not None:
         raise ParamsError(f"model {r.name!r} is text-conditioned; pass prompt, not class_label")
+    return p
+
+
+def _class_of_prompt(prompt: str, r: DiffusionRecipe) -> int:
+    """The class id ``prompt`` names on ``r``; a :class:`ParamsError` with the closest names
+    when it names none (or ``r`` names no classes)."""
+    if r.class_names is None:
+        raise ParamsError(f"model {r.name!r} is class-conditioned and names no classes; pass "
+                          "class_label (an id), not prompt")
+    labels = imagenet_labels()
+    found = resolve_class(prompt, labels)
+    if found is not None:
+        return found
+    close = closest_names(prompt, labels)
+    hint = f"closest: {', '.join(repr(n) for n in close)}" if close else "no class is close"
+    raise ParamsError(f"model {r.name!r} is class-conditioned: the prompt must name one of its "
+                      f"{_CLASS_NAME_SETS[r.class_names]} classes, and {prompt[:80]!r} names "
+                      f"none ({hint}); or pass class_label")
 
 
 def _check_steps_and_scheduler(steps: int, scheduler: str, r: DiffusionRecipe) -> None:
@@ -172,7 +197,7 @@ def validate_params(
     except ValidationError as exc:
         raise ParamsError(_describe(exc)) from exc
     r = _pick_model(kind, p, registry)
-    _check_condition(p, r)
+    p = _check_condition(p, r)
     height, width = p.height or r.default_height, p.width or r.default_width
     _check_size("height", height, r)
     _check_size("width", width, r)

@@ -93,6 +93,9 @@ class DiffusionRecipe(BaseModel):
     vae: ComponentSpec
     text_encoder: ComponentSpec | None = None
     tokenizer: TokenizerSpec | None = None
+    class_names: Literal["imagenet"] | None = None
+    """The names of a class-conditioned recipe's labels, so a prompt may name its class:
+    ``imagenet`` (the 1000 ImageNet classes, workers/diffusion/labels.py); none: ids only."""
     unavailable_schedulers: dict[str, str] = Field(default_factory=dict)
     """Samplers of the recipe this machine cannot build (a missing optional package), with the
     reason; set by the loader, which leaves them out of ``schedulers``."""

@@ -19,7 +19,7 @@ Routing = Literal["configured", "native"]
 
 _KNOWN = {
     "prompt", "inputs", "max_new_tokens", "temperature", "top_p", "seed", "chunk_tokens",
-    "model", "routing", "expert_version",
+    "model", "routing", "expert_version", "ignore_eos", "min_new_tokens",
 }
 _VERSION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -38,6 +38,12 @@ class TextParams:
     routing: Routing = "configured"
     expert_version: str | None = None
     """Run on this expert version; None: the hot update routes the job (else the live one)."""
+    ignore_eos: bool = False
+    """Keep generating past the end-of-sequence token, up to ``max_new_tokens`` (fixed-length
+    output, as benchmark clients ask for)."""
+    min_new_tokens: int = 0
+    """The end-of-sequence token cannot be drawn before this many new tokens (as
+    ``model.generate(min_new_tokens=...)``)."""
 
     @property
     def num_decode_chunks(self) -> int:
@@ -64,7 +70,12 @@ def validate_params(params: Mapping[str, Any]) -> TextParams:
         model=_model(params),
         routing=_routing(params),
         expert_version=_version(params),
+        ignore_eos=_bool(params, "ignore_eos"),
+        min_new_tokens=_int(params, "min_new_tokens", 0, 0, MAX_NEW_TOKENS),
     )
+    if result.min_new_tokens > result.max_new_tokens:
+        raise ParamsError(f"min_new_tokens ({result.min_new_tokens}) exceeds max_new_tokens "
+                          f"({result.max_new_tokens}); lower it or raise max_new_tokens")
     if result.top_p <= 0.0:
         raise ParamsError("top_p must be in (0, 1]; use 1.0 to sample from the full distribution")
     return result
@@ -94,6 +105,13 @@ def _int(params: Mapping[str, Any], key: str, default: int, low: int, high: int)
         raise ParamsError(f"{key!r} must be an integer in [{low}, {high}], got {value!r}")
     if not low <= value <= high:
         raise ParamsError(f"{key!r} = {value} is out of range; use [{low}, {high}]")
+    return value
+
+
+def _bool(params: Mapping[str, Any], key: str) -> bool:
+    value = params.get(key, False)
+    if not isinstance(value, bool):
+        raise ParamsError(f"{key!r} must be true or false, got {value!r}")
     return value
 
 

@@ -466,15 +466,23 @@ def _pad_id(session: ModelSession) -> int:
 
 
 def _take_token(p: TextParams, session: ModelSession, job: _Job, logits: torch.Tensor) -> None:
-    """Sample the job's next token from its row of logits with its own sampler and RNG."""
+    """Sample the job's next token from its row of logits with its own sampler and RNG; the
+    end-of-sequence token is never drawn before ``min_new_tokens`` and ends the job unless
+    ``ignore_eos``. Both depend on the params and the tokens so far only, so a resumed job
+    decides exactly as an uninterrupted one."""
     if not bool(torch.isfinite(logits).all()):
         raise NonFiniteOutput(
             f"{p.model} produced non-finite logits on expert version {job.version!r}; "
             "its weights are broken (the hot update rolls such a version back)"
         )
+    eos = session.loaded.tokenizer.eos_token_id
+    if eos is not None and job.generated < p.min_new_tokens:
+        # generate()'s MinNewTokensLengthLogitsProcessor: the EOS logit masked before sampling
+        logits = logits.clone()
+        logits[eos] = -math.inf
     token = sample_next(logits, p.temperature, p.top_p, job.rng)
     job.ids.append(token)
-    if token == session.loaded.tokenizer.eos_token_id:
+    if token == eos and not p.ignore_eos:
         job.finished = True
 
 
