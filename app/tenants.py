@@ -1,5 +1,6 @@
 """Tenants: API keys → (tenant, tier, limits), the development key, and the per-tenant limits
-enforced in Redis (a token-bucket rate limit and a quota of unfinished jobs), each one Lua script.
+enforced in Redis (a token-bucket rate limit and a quota of unfinished jobs), each one Lua script
+(``tasks/lua/take_token.lua``, ``tasks/lua/count_live.lua``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import redis
 
-from tasks import keys
+from tasks import keys, scripts
 from tasks.settings import Settings
 from tasks.settings.api import ApiKeySettings
 
@@ -22,36 +23,6 @@ log = logging.getLogger(__name__)
 
 API_KEY_FILE = "api-key"
 DEV_TENANT = "default"
-
-# KEYS: bucket. ARGV: rate per s, burst. Redis's own clock, so every API process agrees.
-_TAKE_TOKEN = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-local rate, burst = tonumber(ARGV[1]), tonumber(ARGV[2])
-local h = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
-local tokens, ts = tonumber(h[1]) or burst, tonumber(h[2]) or now
-tokens = math.min(burst, tokens + math.max(0, now - ts) * rate)
-local wait = 0
-if tokens >= 1 then tokens = tokens - 1 else wait = (1 - tokens) / rate end
-redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'ts', tostring(now))
-redis.call('EXPIRE', KEYS[1], math.ceil(burst / rate) + 60)
-return tostring(wait)
-"""
-
-# KEYS: the tenant's live set. ARGV: job key prefix. Drops finished jobs, counts the rest.
-_COUNT_LIVE = """
-local n = 0
-for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
-  local s = redis.call('HGET', ARGV[1] .. id, 'state')
-  if not s or s == 'DONE' or s == 'FAILED' or s == 'CANCELLED' or s == 'EXPIRED' then
-    redis.call('SREM', KEYS[1], id)
-  else
-    n = n + 1
-  end
-end
-return n
-"""
-
 
 def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
@@ -118,8 +89,8 @@ class TenantLimits:
 
     def __init__(self, client: redis.Redis) -> None:
         self.redis = client
-        self._take = client.register_script(_TAKE_TOKEN)
-        self._count = client.register_script(_COUNT_LIVE)
+        self._take = scripts.register(client, "take_token")
+        self._count = scripts.register(client, "count_live")
 
     @staticmethod
     def live_key(tenant: str) -> str:

@@ -125,7 +125,7 @@ def wire_message(task_name: str, task_id: str, args: list[Any], kwargs: dict[str
 
 def next_chunk_message(job: JobRecord, chunk: int, epoch: int) -> NextMessage:
     """The message of ``job``'s chunk ``chunk``, for the commit that hops the job to push onto
-    the queue it chooses (:meth:`JobStore.commit_chunk`'s ``next_message``)."""
+    the queue it chooses (``CommitRequest.next_message``)."""
     return wire_message(CHUNK_TASK, *chunk_task(job, chunk, epoch))
 
 

@@ -19,7 +19,7 @@ from typing import Any, cast
 
 import redis
 
-from tasks import keys
+from tasks import keys, scripts
 from tasks.errors import SteplineError
 from tasks.settings.moe import VersionSettings
 from workers.moe.versions import ExpertVersions, UpdateDecision, UpdatePolicy, VersionStats
@@ -30,17 +30,6 @@ UPDATING_KEY = keys.EXPERT_UPDATES
 """Models with a candidate version taking traffic (what the tick looks at)."""
 _HISTORY = 50
 _STATS_TTL_S = 3600
-
-# KEYS: step key. ARGV: stats prefix, version, outcome, ttl. Records only during an update.
-_RECORD = """
-local step = redis.call('GET', KEYS[1])
-if not step then return 0 end
-local key = ARGV[1] .. step .. ':' .. ARGV[2]
-redis.call('RPUSH', key, ARGV[3])
-redis.call('EXPIRE', key, ARGV[4])
-return 1
-"""
-
 
 class UpdateRefused(SteplineError):
     """Raised when an expert update cannot start (one in progress, a bad name or file)."""
@@ -83,7 +72,7 @@ class ExpertUpdates:
     def __init__(self, client: redis.Redis, policy: UpdatePolicy) -> None:
         self.redis = client
         self.policy = policy
-        self._record_outcome = client.register_script(_RECORD)
+        self._record_outcome = scripts.register(client, "record_outcome")
 
     # reading ----------------------------------------------------------------------------------
     def record(self, model: str) -> UpdateRecord | None:

@@ -27,7 +27,7 @@ from tasks.dispatch import (
 )
 from tasks.kind_hooks import KindHooks, hooks_of
 from tasks.record import JobRecord, encode
-from tasks.store import Commit, CommitStatus, JobStore, NextMessage
+from tasks.store import Commit, CommitRequest, CommitStatus, JobStore, NextMessage
 from workers.checkpoint import Checkpoint
 from workers.errors import CheckpointError
 from workers.runner import BatchItem, ChunkResult, JobRunner, ShouldYield
@@ -270,8 +270,7 @@ def _commit(ctx: WorkerContext, delivery: Delivery, hooks: KindHooks, ran: list[
     if not ran:
         return [], []
     total_units = sum(a.units for a in ran) or 1.0
-    requests = [(a.job.job_id, commit_request(ctx, hooks, a, elapsed_s * a.units / total_units,
-                                              delivery))
+    requests = [commit_request(ctx, hooks, a, elapsed_s * a.units / total_units, delivery)
                 for a in ran]
     committing = time.perf_counter()
     commits, joiners = ctx.store.commit_chunks(
@@ -279,24 +278,23 @@ def _commit(ctx: WorkerContext, delivery: Delivery, hooks: KindHooks, ran: list[
         timing=_batch_timing(ctx, ran, elapsed_s))
     ctx.profile.add("commit", committing)
     return [_with_checkpoint(ctx, a, request) if c.status is CommitStatus.NEEDS_CHECKPOINT else c
-            for a, (_, request), c in zip(ran, requests, commits, strict=True)], joiners
+            for a, request, c in zip(ran, requests, commits, strict=True)], joiners
 
 
-def _with_checkpoint(ctx: WorkerContext, attempt: Attempt, request: dict[str, Any]) -> Commit:
+def _with_checkpoint(ctx: WorkerContext, attempt: Attempt, request: CommitRequest) -> Commit:
     """The commit again, carrying the durable checkpoint the store asked for."""
-    if request["checkpoint"] is not None:
+    if request.checkpoint is not None:
         raise AssertionError("a commit with a checkpoint never asks for one")
     assert attempt.result is not None
     committing = time.perf_counter()
-    commit = ctx.store.commit_chunk(attempt.job.job_id,
-                                    **{**request, "checkpoint": _encode(ctx, attempt.result)})
+    commit = ctx.store.commit(request.with_checkpoint(_encode(ctx, attempt.result)))
     ctx.profile.add("commit", committing)
     return commit
 
 
 def commit_request(ctx: WorkerContext, hooks: KindHooks, attempt: Attempt, service_s: float,
-                   delivery: Delivery) -> dict[str, Any]:
-    """The arguments of the attempt's :meth:`JobStore.commit_chunk`: the artifact stored, the
+                   delivery: Delivery) -> CommitRequest:
+    """The attempt's commit (:meth:`JobStore.commit`): the artifact stored, the
     durable checkpoint every ``checkpoint_every`` chunks of the kind (the store asks for one
     when the job stops here); what the cost model learns unless the chunk ran batched (the
     batched step's key learns then); the next chunk's message when the commit may hop the
@@ -313,15 +311,15 @@ def commit_request(ctx: WorkerContext, hooks: KindHooks, attempt: Attempt, servi
         if result.complete and attempt.size == 1 else None
     pushes = delivery.batch_id is None and result.complete and not last \
         and pushes_next_message(ctx, job)
-    return {
-        "chunk": chunk, "epoch": job.epoch, "seq": attempt.seq, "complete": result.complete,
-        "checkpoint": _encode(ctx, result) if durable else None,
-        "service_s": service_s, "worker": ctx.name, "task_id": delivery.task_id,
-        "hop_queues": hop_queues(ctx.settings, ctx.name, ctx.consuming(), job.kind.value),
-        "then_continue": job.atomic, "artifact": artifact, "timing": timing,
-        "timing_key": chunk_cost_key(job.cost_key, job.chunk_name),
-        "next_message": _next_message(ctx, job, chunk + 1) if pushes else None,
-    }
+    return CommitRequest(
+        job.job_id, chunk=chunk, epoch=job.epoch, seq=attempt.seq, complete=result.complete,
+        checkpoint=_encode(ctx, result) if durable else None,
+        service_s=service_s, worker=ctx.name, task_id=delivery.task_id,
+        hop_queues=hop_queues(ctx.settings, ctx.name, ctx.consuming(), job.kind.value),
+        then_continue=job.atomic, artifact=artifact, timing=timing,
+        timing_key=chunk_cost_key(job.cost_key, job.chunk_name),
+        next_message=_next_message(ctx, job, chunk + 1) if pushes else None,
+    )
 
 
 def pushes_next_message(ctx: WorkerContext, job: JobRecord) -> bool:

@@ -4,7 +4,8 @@ Every state change is one Lua script, so checks and writes are atomic: a transit
 against the lifecycle table and, for racing writers, against what the writer last saw (state,
 epoch, sequence number); a chunk commit is a compare-and-set on the sequence number that also
 takes the job's next step — hop, stop or finish — in the same script, so no other writer can
-slip between a job's last commit and its end.
+slip between a job's last commit and its end. The scripts are files in ``tasks/lua/``
+(:mod:`tasks.scripts`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import logging
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any, cast
 
@@ -23,237 +24,12 @@ import redis
 from scheduler.errors import IllegalTransition
 from scheduler.lifecycle import TRANSITIONS, JobState
 from scheduler.model import ResourceProfile
-from tasks import keys
+from tasks import keys, scripts
 from tasks.errors import JobNotFound
 from tasks.record import JobRecord, UnreadableRecord, encode, field_name
 from tasks.spec import JobSpec
 
 log = logging.getLogger(__name__)
-
-_EVENT = """
-local function event(stream, kind, from_state, to_state, by, reason, now)
-  redis.call('XADD', stream, '*', 'kind', kind, 'from', from_state, 'to', to_state, 'by', by,
-             'reason', reason, 'ts', now)
-end
-local function ended(job, active, done, id, state, now)
-  redis.call('SREM', active, id)
-  redis.call('HSET', job, 'finished_at', now)
-  redis.call('XADD', done, 'MAXLEN', '~', 100000, '*', 'id', id, 'state', state)
-  local ttl = tonumber(redis.call('HGET', job, 'events_ttl') or '')
-  if ttl ~= nil and ttl > 0 then
-    redis.call('PEXPIRE', job .. ':events', math.floor(ttl * 1000))
-  end
-end
-"""
-# A job's event stream is kept whole while the job lives (no MAXLEN): a long job's preemption
-# history is part of its record. Once it has ended, the stream expires after the job's
-# ``events_ttl`` (``store.event_retention``; the stream key is the job key plus ``:events``,
-# see ``keys.job_events``).
-
-_TERMINAL_LUA = "local terminal = {DONE=true, FAILED=true, CANCELLED=true, EXPIRED=true}\n"
-
-# KEYS: job, events, active, done. ARGV: target, now, by, reason, nsrc, src..., nexp, (f, v)...,
-# nset, (f, v)...
-_TRANSITION = _EVENT + _TERMINAL_LUA + """
-if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing', ''} end
-local cur = redis.call('HGET', KEYS[1], 'state')
-local i = 5
-local nsrc = tonumber(ARGV[i]); i = i + 1
-local allowed = false
-for j = 1, nsrc do if ARGV[i + j - 1] == cur then allowed = true end end
-i = i + nsrc
-if not allowed then return {'illegal', cur} end
-local nexp = tonumber(ARGV[i]); i = i + 1
-for j = 1, nexp do
-  local f, v = ARGV[i], ARGV[i + 1]; i = i + 2
-  if (redis.call('HGET', KEYS[1], f) or '') ~= v then return {'fenced', cur} end
-end
-local nset = tonumber(ARGV[i]); i = i + 1
-for j = 1, nset do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]); i = i + 2 end
-redis.call('HSET', KEYS[1], 'state', ARGV[1], 'updated_at', ARGV[2])
-if terminal[ARGV[1]] then
-  ended(KEYS[1], KEYS[3], KEYS[4], redis.call('HGET', KEYS[1], 'id'), ARGV[1], ARGV[2])
-end
-event(KEYS[2], 'state', cur, ARGV[1], ARGV[3], ARGV[4], ARGV[2])
-return {'ok', cur}
-"""
-
-# KEYS: job, events, active, index, idem. ARGV: id, now, nfields, (f, v)...
-_CREATE = _EVENT + """
-if KEYS[5] ~= '' then
-  local existing = redis.call('GET', KEYS[5])
-  if existing then return {'exists', existing} end
-  redis.call('SET', KEYS[5], ARGV[1], 'EX', 86400)
-end
-local i = 4
-for j = 1, tonumber(ARGV[3]) do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]); i = i + 2 end
-redis.call('SADD', KEYS[3], ARGV[1])
-redis.call('ZADD', KEYS[4], ARGV[2], ARGV[1])
-event(KEYS[2], 'state', '', 'PENDING', 'submit', 'accepted', ARGV[2])
-return {'ok', ARGV[1]}
-"""
-
-# KEYS: job, events, ckpt. ARGV: chunk, epoch, worker, now, lease_s, and the sequence number of
-# the job's state the worker holds in memory ('' : no state wanted; -1: none held). Returns the
-# claimed record whole and, unless the worker holds the state (or there is none yet), the
-# durable checkpoint: the worker reads nothing else before it runs.
-_CLAIM = _EVENT + """
-if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing'} end
-local h = redis.call('HMGET', KEYS[1], 'state', 'epoch', 'next_chunk', 'num_chunks')
-local state = h[1]
-if state ~= 'QUEUED' and state ~= 'RUNNING' then return {'stale', 'state ' .. state} end
-if h[2] ~= ARGV[2] then return {'stale', 'epoch ' .. h[2] .. ' != ' .. ARGV[2]} end
-if h[3] ~= ARGV[1] then return {'stale', 'next chunk ' .. h[3] .. ' != ' .. ARGV[1]} end
-if tonumber(ARGV[1]) >= tonumber(h[4]) then
-  return {'stale', 'chunk ' .. ARGV[1] .. ' past the last (' .. h[4] .. ' chunks)'}
-end
-redis.call('HSET', KEYS[1], 'state', 'RUNNING', 'running_on', ARGV[3],
-           'chunk_started_at', ARGV[4], 'lease_until', ARGV[4] + ARGV[5], 'updated_at', ARGV[4])
-if redis.call('HEXISTS', KEYS[1], 'started_at') == 0 then
-  redis.call('HSET', KEYS[1], 'started_at', ARGV[4])
-end
-if state ~= 'RUNNING' then
-  event(KEYS[2], 'state', state, 'RUNNING', ARGV[3], 'chunk ' .. ARGV[1], ARGV[4])
-end
-local record = redis.call('HGETALL', KEYS[1])
-local seq = redis.call('HGET', KEYS[1], 'seq')
-if (ARGV[6] or '') == '' or seq == ARGV[6] or seq == '0' then return {'ok', record} end
-return {'ok', record, redis.call('GET', KEYS[3])}
-"""
-
-# KEYS: job, ckpt, events, active, done, timings.
-# ARGV: 1 chunk, 2 epoch, 3 seq, 4 complete, 5 has_ckpt, 6 ckpt, 7 service_s, 8 now, 9 worker,
-# 10 task, 11 then ('hop' | 'continue'), 12 artifact, 13 media_type, 14 device,
-# 15 s_per_unit ('' for none), 16 npairs, (class, hop queue)..., then the timing's cost key
-# ('' for the job's own), the next chunk's task id ('' : the caller publishes it) and its
-# message before and after the queue's name.
-# The commit and the job's next step are one script: the last chunk's commit is its DONE, a
-# flagged job stops, any other job hops to its next chunk's queue (or, atomic, keeps running).
-# A hop with a message pushes it onto the chosen queue's list here, as kombu's Redis transport
-# would (priority 0: the queue's own list), and records it published: the commit, the publish
-# and its bookkeeping are one round trip, and no crash can fall between them.
-_COMMIT = _EVENT + """
-local h = redis.call('HMGET', KEYS[1], 'state', 'epoch', 'seq', 'next_chunk', 'num_chunks',
-                     'preempt', 'cancel', 'queue', 'preemptions', 'id', 'cost_key')
-if h[1] ~= 'RUNNING' or h[2] ~= ARGV[2] or h[3] ~= ARGV[3] or h[4] ~= ARGV[1] then
-  return {'stale'}
-end
-local nxt, total = tonumber(h[4]), tonumber(h[5])
-if nxt >= total then return {'stale'} end
-local complete = ARGV[4] == '1'
-if complete then nxt = nxt + 1 end
-local last = complete and nxt == total
-local cancel = h[7] == '1'
-local stop = cancel or h[6] == '1' or not complete
-if stop and not last and ARGV[5] ~= '1' then return {'needs_checkpoint'} end
-local seq = tonumber(h[3]) + 1
-local now = ARGV[8]
-redis.call('HSET', KEYS[1], 'seq', seq, 'next_chunk', nxt, 'updated_at', now)
-redis.call('HINCRBYFLOAT', KEYS[1], 'service_s', ARGV[7])
-if ARGV[5] == '1' then
-  redis.call('SET', KEYS[2], ARGV[6])
-  redis.call('HSET', KEYS[1], 'ckpt_seq', seq, 'ckpt_chunk', nxt)
-end
-redis.call('XADD', KEYS[3], '*', 'kind', 'commit', 'chunk', ARGV[1], 'complete', ARGV[4],
-           'seq', seq, 'by', ARGV[9], 'task', ARGV[10], 'service_s', ARGV[7], 'ts', now)
-if complete and ARGV[15] ~= '' then
-  local timed_key = ARGV[17 + 2 * tonumber(ARGV[16])]
-  if timed_key == nil or timed_key == '' then timed_key = h[11] end
-  redis.call('XADD', KEYS[6], 'MAXLEN', '~', 10000, '*', 'cost_key', timed_key,
-             'device', ARGV[14], 's_per_unit', ARGV[15])
-end
-if last then
-  redis.call('HSET', KEYS[1], 'state', 'DONE', 'preempt', '0')
-  if ARGV[12] ~= '' then
-    redis.call('HSET', KEYS[1], 'artifact', ARGV[12], 'media_type', ARGV[13])
-  end
-  ended(KEYS[1], KEYS[4], KEYS[5], h[10], 'DONE', now)
-  event(KEYS[3], 'state', 'RUNNING', 'DONE', ARGV[9], 'all chunks ran', now)
-  return {'done', tostring(seq), tostring(nxt), ''}
-end
-if cancel then
-  redis.call('HSET', KEYS[1], 'state', 'CANCELLED')
-  ended(KEYS[1], KEYS[4], KEYS[5], h[10], 'CANCELLED', now)
-  event(KEYS[3], 'state', 'RUNNING', 'CANCELLED', ARGV[9], 'cancelled by client', now)
-  return {'cancelled', tostring(seq), tostring(nxt), ''}
-end
-if stop then
-  redis.call('HSET', KEYS[1], 'state', 'PREEMPTED', 'preempt', '0', 'preempted_at', now,
-             'preemptions', tonumber(h[9] or '0') + 1)
-  event(KEYS[3], 'state', 'RUNNING', 'PREEMPTED', ARGV[9], 'preempt flag', now)
-  return {'preempted', tostring(seq), tostring(nxt), ''}
-end
-if ARGV[11] == 'continue' then return {'continue', tostring(seq), tostring(nxt), ''} end
-local class = string.match(h[8], '([^.]+)$')
-local target = class
-for j = 17, 16 + 2 * tonumber(ARGV[16]), 2 do
-  if ARGV[j] == class then target = ARGV[j + 1] end
-end
-redis.call('HSET', KEYS[1], 'state', 'QUEUED', 'queue', target, 'queued_at', now)
-event(KEYS[3], 'state', 'RUNNING', 'QUEUED', ARGV[9], 'next chunk ' .. nxt .. ' on ' .. target,
-      now)
-local sent = 18 + 2 * tonumber(ARGV[16])
-if (ARGV[sent] or '') == '' then return {'hop', tostring(seq), tostring(nxt), target} end
-redis.call('LPUSH', target, ARGV[sent + 1] .. cjson.encode(target) .. ARGV[sent + 2])
-redis.call('HSET', KEYS[1], 'published', nxt, 'last_task_id', ARGV[sent])
-return {'hop', tostring(seq), tostring(nxt), target, ARGV[sent]}
-"""
-
-# KEYS: open, joins. ARGV: member (JSON). A job joins a batch only while the batch is in flight:
-# once its last step took the joiners and closed it, the caller publishes the job on its own.
-_BATCH_JOIN = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-redis.call('RPUSH', KEYS[2], ARGV[1])
-return 1
-"""
-
-# KEYS: open, joins. ARGV: keep ('1': the batch goes on), lease_ms. The joiners so far, taken
-# in one step with the batch's open mark: renewed while it goes on, dropped when it ends, so a
-# join is either taken here or refused (never left behind).
-_BATCH_TAKE = """
-local joiners = redis.call('LRANGE', KEYS[2], 0, -1)
-redis.call('DEL', KEYS[2])
-if ARGV[1] == '1' then
-  redis.call('SET', KEYS[1], '1', 'PX', ARGV[2])
-else
-  redis.call('DEL', KEYS[1])
-end
-return joiners
-"""
-
-# KEYS: job. ARGV: field, value. Set once, on a record that exists.
-_FIRST_ESTIMATE = """
-if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) end
-return 1
-"""
-
-# KEYS: job. ARGV: state, epoch. A preempt flag only for the attempt the tick saw running.
-_FLAG_PREEMPT = """
-local h = redis.call('HMGET', KEYS[1], 'state', 'epoch')
-if h[1] ~= ARGV[1] or h[2] ~= ARGV[2] then return 0 end
-redis.call('HSET', KEYS[1], 'preempt', '1')
-return 1
-"""
-
-# KEYS: job. ARGV: state, epoch, seq, nset, (f, v)... Fields of a job as the writer saw it.
-_UPDATE_AS_SEEN = """
-local h = redis.call('HMGET', KEYS[1], 'state', 'epoch', 'seq')
-if h[1] ~= ARGV[1] or h[2] ~= ARGV[2] or h[3] ~= ARGV[3] then return 0 end
-for j = 5, 4 + 2 * tonumber(ARGV[4]), 2 do redis.call('HSET', KEYS[1], ARGV[j], ARGV[j + 1]) end
-return 1
-"""
-
-# KEYS: job, events, active, done. ARGV: reason, now. A record nobody can parse leaves the live
-# set once, FAILED with its reason (or, if its state is already terminal, just leaves).
-_FAIL_UNREADABLE = _EVENT + _TERMINAL_LUA + """
-local id = string.match(KEYS[1], '^sl:job:(.*)$')
-local cur = redis.call('HGET', KEYS[1], 'state') or ''
-if terminal[cur] then redis.call('SREM', KEYS[3], id); return 0 end
-redis.call('HSET', KEYS[1], 'state', 'FAILED', 'error', ARGV[1], 'updated_at', ARGV[2])
-ended(KEYS[1], KEYS[3], KEYS[4], id, 'FAILED', ARGV[2])
-event(KEYS[2], 'state', cur, 'FAILED', 'scheduler', ARGV[1], ARGV[2])
-return 1
-"""
 
 for _source, _target in ((JobState.RUNNING, JobState.DONE), (JobState.RUNNING, JobState.QUEUED),
                          (JobState.RUNNING, JobState.PREEMPTED),
@@ -261,28 +37,49 @@ for _source, _target in ((JobState.RUNNING, JobState.DONE), (JobState.RUNNING, J
     assert _target in TRANSITIONS[_source], "the commit script's moves must be legal"
 
 
-def _commit_call(
-    job_id: str, *, chunk: int, epoch: int, seq: int, complete: bool, checkpoint: bytes | None,
-    service_s: float, worker: str, task_id: str = "",
-    hop_queues: Mapping[str, str] | None = None, then_continue: bool = False,
-    artifact: tuple[str, str] | None = None, timing: tuple[str, float] | None = None,
-    timing_key: str = "", next_message: NextMessage | None = None,
-) -> tuple[list[str], list[Any]]:
-    """The keys and arguments of the commit script (see ``_COMMIT``)."""
-    pairs = [x for pair in (hop_queues or {}).items() for x in pair]
-    name, media_type = artifact or ("", "")
-    device, s_per_unit = timing or ("", None)
+def _commit_call(request: CommitRequest) -> tuple[list[str], list[Any]]:
+    """The keys and arguments of the commit script (``tasks/lua/commit.lua``)."""
+    job_id = request.job_id
     keys_ = [keys.job(job_id), keys.job_checkpoint(job_id), keys.job_events(job_id),
              keys.ACTIVE, keys.DONE, keys.TIMINGS]
     args = [
-        chunk, epoch, seq, int(complete), int(checkpoint is not None), checkpoint or b"",
-        repr(service_s), repr(time.time()), worker, task_id,
-        "continue" if then_continue else "hop", name, media_type, device,
-        "" if s_per_unit is None else repr(s_per_unit), len(pairs) // 2, *pairs, timing_key,
+        request.chunk, request.epoch, request.seq, int(request.complete),
+        int(request.checkpoint is not None), request.checkpoint or b"",
+        repr(request.service_s), repr(time.time()), request.worker, request.task_id,
+        _commit_options(request),
     ]
-    if next_message is not None:
-        args += [next_message.task_id, next_message.before, next_message.after]
     return keys_, args
+
+
+def _commit_options(request: CommitRequest) -> str:
+    """The commit's optional values as the script's one JSON argument."""
+    timing: dict[str, str] | None = None
+    if request.timing is not None:
+        device, s_per_unit = request.timing
+        timing = {"device": device, "s_per_unit": repr(s_per_unit)}
+        if request.timing_key:
+            timing["cost_key"] = request.timing_key
+    message = request.next_message
+    return scripts.json_arg(
+        then_continue=request.then_continue or None, artifact=request.artifact,
+        timing=timing, hop_queues=dict(request.hop_queues) or None,
+        next_message=None if message is None else
+        {"task_id": message.task_id, "before": message.before, "after": message.after})
+
+
+def _claim_call(request: ClaimRequest, now: str) -> tuple[list[str], list[Any]]:
+    """The keys and arguments of the claim script (``tasks/lua/claim.lua``)."""
+    job_id = request.job_id
+    held = "" if request.cached_seq is None else request.cached_seq
+    return ([keys.job(job_id), keys.job_events(job_id), keys.job_checkpoint(job_id)],
+            [request.chunk, request.epoch, request.worker, now, request.lease_s, held])
+
+
+def _as_request(request: CommitRequest | tuple[str, Mapping[str, Any]]) -> CommitRequest:
+    if isinstance(request, CommitRequest):
+        return request
+    job_id, fields = request
+    return CommitRequest(job_id, **fields)
 
 
 def _joiners(raw: Any) -> list[tuple[str, int, int]]:
@@ -311,8 +108,13 @@ def _claimed(reply: Any) -> tuple[JobRecord | str, bytes | None]:
     return record, blob
 
 
-def _sources_of(target: JobState) -> list[str]:
-    return [s.value for s, targets in TRANSITIONS.items() if target in targets]
+def _flat(fields: Mapping[str, str]) -> list[str]:
+    return [x for pair in fields.items() for x in pair]
+
+
+def _flat_json(fields: Mapping[str, str]) -> str:
+    """Record fields as one script argument: a JSON list [field, value, ...], in order."""
+    return json.dumps(_flat(fields), separators=(",", ":"), ensure_ascii=False)
 
 
 def _text(value: Any) -> str:
@@ -366,6 +168,59 @@ class NextMessage:
         return self.before + json.dumps(queue) + self.after
 
 
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    """A worker's claim of one chunk message: the message's fence (job, chunk, epoch), who
+    claims it and for how long, and the sequence number of the job's state the worker holds in
+    memory (-1: it holds none, so the claim brings the durable checkpoint; None: it wants
+    none)."""
+
+    job_id: str
+    chunk: int
+    epoch: int
+    worker: str
+    lease_s: float
+    cached_seq: int | None = -1
+
+
+@dataclass(frozen=True, slots=True)
+class CommitRequest:
+    """One chunk's commit and the job's next step (:meth:`JobStore.commit`)."""
+
+    job_id: str
+    chunk: int
+    epoch: int
+    seq: int
+    """The sequence number the worker claimed: the commit is a compare-and-set on it."""
+    complete: bool
+    """The chunk ran to its end (False: it yielded inside, and the job stops here)."""
+    checkpoint: bytes | None
+    """The job's durable state after the chunk, or None when this commit writes none."""
+    service_s: float
+    """Worker time charged to the job."""
+    worker: str
+    task_id: str = ""
+    hop_queues: Mapping[str, str] = field(default_factory=dict)
+    """Class queue → where this worker sends the job's next chunk of that class (its own
+    affinity queue); a class not named hops to its class queue."""
+    then_continue: bool = False
+    """An atomic job stays RUNNING and this worker runs its next chunk."""
+    artifact: tuple[str, str] | None = None
+    """(name, media type) of the last chunk's stored output."""
+    timing: tuple[str, float] | None = None
+    """(device, seconds per cost unit) for the cost model, learned under ``timing_key``."""
+    timing_key: str = ""
+    """The chunk kind's cost key (:func:`scheduler.cost.chunk_cost_key`); the job's cost key
+    when empty."""
+    next_message: NextMessage | None = None
+    """The next chunk's message, pushed by the commit when the job hops
+    (``Commit.published``), so a hop is one round trip."""
+
+    def with_checkpoint(self, checkpoint: bytes) -> CommitRequest:
+        """The same commit carrying the job's durable state (the store asked for one)."""
+        return replace(self, checkpoint=checkpoint)
+
+
 class _ScriptPipeline:
     """A pipeline of script calls (and plain commands) in one round trip. redis-py sends a
     ``SCRIPT EXISTS`` for a pipeline's scripts before the pipeline itself — one more round trip
@@ -408,16 +263,16 @@ class JobStore:
 
     def __init__(self, client: redis.Redis) -> None:
         self.redis = client
-        self._transition = client.register_script(_TRANSITION)
-        self._create = client.register_script(_CREATE)
-        self._claim = client.register_script(_CLAIM)
-        self._commit = client.register_script(_COMMIT)
-        self._first_estimate = client.register_script(_FIRST_ESTIMATE)
-        self._flag_preempt = client.register_script(_FLAG_PREEMPT)
-        self._update_as_seen = client.register_script(_UPDATE_AS_SEEN)
-        self._fail_unreadable = client.register_script(_FAIL_UNREADABLE)
-        self._batch_join = client.register_script(_BATCH_JOIN)
-        self._batch_take = client.register_script(_BATCH_TAKE)
+        self._transition = scripts.register(client, "transition")
+        self._create = scripts.register(client, "create")
+        self._claim = scripts.register(client, "claim")
+        self._commit = scripts.register(client, "commit")
+        self._first_estimate = scripts.register(client, "first_estimate")
+        self._flag_preempt = scripts.register(client, "flag_preempt")
+        self._update_as_seen = scripts.register(client, "update_as_seen")
+        self._fail_unreadable = scripts.register(client, "fail_unreadable")
+        self._batch_join = scripts.register(client, "batch_join")
+        self._batch_take = scripts.register(client, "batch_take")
 
     # create -----------------------------------------------------------------------------------
     def create(
@@ -453,10 +308,9 @@ class JobStore:
             batch_growth=batch_growth,
         )
         idem = keys.idempotency(tenant, spec.idempotency_key) if spec.idempotency_key else ""
-        flat = [item for pair in fields.items() for item in pair]
         status, value = self._create(
             keys=[keys.job(job_id), keys.job_events(job_id), keys.ACTIVE, keys.INDEX, idem],
-            args=[job_id, repr(now_s), len(fields), *flat],
+            args=[job_id, repr(now_s), _flat_json(fields)],
         )
         return _text(value), _text(status) == "ok"
 
@@ -576,15 +430,11 @@ class JobStore:
         """Move a job to ``target``. Raises :class:`IllegalTransition` if the lifecycle table
         forbids it; returns False (and changes nothing) if a field in ``expect`` differs (an
         absent field reads as ``""``)."""
-        expect = expect or {}
-        updates = updates or {}
-        sources = _sources_of(target)
-        args: list[Any] = [target.value, repr(now_s or time.time()), by, reason, len(sources)]
-        args += sources
-        args += [len(expect), *[x for pair in expect.items() for x in pair]]
-        args += [len(updates), *[x for pair in updates.items() for x in pair]]
+        options = scripts.json_arg(expect=dict(expect or {}) or None,
+                                   set=_flat(updates or {}) or None)
         status, current = self._transition(
-            keys=[keys.job(job_id), keys.job_events(job_id), keys.ACTIVE, keys.DONE], args=args
+            keys=[keys.job(job_id), keys.job_events(job_id), keys.ACTIVE, keys.DONE],
+            args=[target.value, repr(now_s or time.time()), by, reason, options],
         )
         status = _text(status)
         if status == "missing":
@@ -614,18 +464,16 @@ class JobStore:
 
     def update_as_seen(self, seen: JobRecord, **values: Any) -> bool:
         """Write record attributes only if the job is still as ``seen`` (state, epoch, seq)."""
-        fields = encode(**values)
-        flat = [x for pair in fields.items() for x in pair]
         return bool(self._update_as_seen(
             keys=[keys.job(seen.job_id)],
-            args=[seen.state.value, str(seen.epoch), str(seen.seq), len(fields), *flat]))
+            args=[seen.state.value, str(seen.epoch), str(seen.seq), _flat_json(encode(**values))]))
 
     def fail_unreadable(self, job_id: str, reason: str) -> bool:
         """Take a record nobody can parse out of the live set, FAILED with ``reason``; False if
         it had already ended."""
         return bool(self._fail_unreadable(
             keys=[keys.job(job_id), keys.job_events(job_id), keys.ACTIVE, keys.DONE],
-            args=[reason[:500], repr(time.time())]))
+            args=[job_id, reason[:500], repr(time.time())]))
 
     def set_fields(self, job_id: str, **values: Any) -> None:
         """Write record attributes (typed, encoded by the record's codecs)."""
@@ -655,42 +503,44 @@ class JobStore:
         return any(flag == b"1" for flag in flags)
 
     # chunks -----------------------------------------------------------------------------------
+    def claim(self, request: ClaimRequest) -> tuple[JobRecord | str, bytes | None]:
+        """Fence a chunk message: the job's record as claimed (or why the claim is stale), and
+        its durable checkpoint in the same round trip unless the worker holds the job's state
+        at ``request.cached_seq`` in memory. The checkpoint is None too for a job with no
+        state yet (sequence 0)."""
+        return _claimed(self._claim(*_claim_call(request, repr(time.time()))))
+
     def claim_chunk(
         self, job_id: str, chunk: int, epoch: int, worker: str, lease_s: float
     ) -> JobRecord | str:
-        """Fence a chunk message; returns the job's record as claimed, or why it is stale."""
-        return self.claim_with_state(job_id, chunk, epoch, worker, lease_s, cached_seq=None)[0]
+        """:meth:`claim` wanting no checkpoint: the job's record as claimed, or why it is
+        stale."""
+        return self.claim(ClaimRequest(job_id, chunk, epoch, worker, lease_s, None))[0]
 
     def claim_with_state(
         self, job_id: str, chunk: int, epoch: int, worker: str, lease_s: float, *,
         cached_seq: int | None = -1,
     ) -> tuple[JobRecord | str, bytes | None]:
-        """:meth:`claim_chunk`, and the job's durable checkpoint in the same round trip unless
-        the caller holds the job's state at ``cached_seq`` in memory (-1: it holds none; None:
-        it wants none). The checkpoint is None too for a job with no state yet (sequence 0)."""
-        reply = self._claim(keys=[keys.job(job_id), keys.job_events(job_id),
-                                  keys.job_checkpoint(job_id)],
-                            args=[chunk, epoch, worker, repr(time.time()), lease_s,
-                                  "" if cached_seq is None else cached_seq])
-        return _claimed(reply)
+        """:meth:`claim` of ``ClaimRequest(job_id, chunk, epoch, worker, lease_s,
+        cached_seq)``."""
+        return self.claim(ClaimRequest(job_id, chunk, epoch, worker, lease_s, cached_seq))
 
     def claim_chunks(
         self, members: Sequence[tuple[str, int, int]], worker: str, lease_s: float, *,
         take_joiners_of: str | None = None, cached_seqs: Mapping[str, int] | None = None,
     ) -> tuple[list[JobRecord | str], list[tuple[str, int, int]], dict[str, bytes]]:
-        """:meth:`claim_with_state` for each (job id, chunk, epoch), in one round trip; each
-        job is fenced on its own and comes with its checkpoint unless ``cached_seqs`` says the
-        caller holds its state (a job missing from it: none held). With ``take_joiners_of``,
-        that batch's joiners are taken in the same round trip, the batch going on
-        (:meth:`take_joiners`); returns (claims, joiners, checkpoints by job id)."""
+        """:meth:`claim` of each (job id, chunk, epoch), in one round trip; each job is fenced
+        on its own and comes with its checkpoint unless ``cached_seqs`` says the caller holds
+        its state (a job missing from it: none held). With ``take_joiners_of``, that batch's
+        joiners are taken in the same round trip, the batch going on (:meth:`take_joiners`);
+        returns (claims, joiners, checkpoints by job id)."""
         pipe = _ScriptPipeline(self.redis)
         self._take_in(pipe, take_joiners_of, lease_s)
         now = repr(time.time())
         held = cached_seqs or {}
         for job_id, chunk, epoch in members:
-            pipe.script(self._claim, [keys.job(job_id), keys.job_events(job_id),
-                                      keys.job_checkpoint(job_id)],
-                        [chunk, epoch, worker, now, lease_s, held.get(job_id, -1)])
+            request = ClaimRequest(job_id, chunk, epoch, worker, lease_s, held.get(job_id, -1))
+            pipe.script(self._claim, *_claim_call(request, now))
         replies = pipe.execute()
         joiners = _joiners(replies.pop(0)) if take_joiners_of is not None else []
         claimed: list[JobRecord | str] = []
@@ -722,55 +572,30 @@ class JobStore:
                                args=["1" if keep else "0", max(int(lease_s * 1000), 1)])
         return _joiners(raw)
 
-    def commit_chunk(
-        self,
-        job_id: str,
-        *,
-        chunk: int,
-        epoch: int,
-        seq: int,
-        complete: bool,
-        checkpoint: bytes | None,
-        service_s: float,
-        worker: str,
-        task_id: str = "",
-        hop_queues: Mapping[str, str] | None = None,
-        then_continue: bool = False,
-        artifact: tuple[str, str] | None = None,
-        timing: tuple[str, float] | None = None,
-        timing_key: str = "",
-        next_message: NextMessage | None = None,
-    ) -> Commit:
-        """Compare-and-set the job's cursor and take its next step in one script.
+    def commit(self, request: CommitRequest) -> Commit:
+        """Compare-and-set the job's cursor and take its next step in one script: the last
+        chunk's commit is its DONE, a flagged job stops, any other job hops to its next chunk's
+        queue (pushing ``request.next_message`` there when given) or, atomic, keeps running."""
+        return _commit_of(self._commit(*_commit_call(request)))
 
-        ``hop_queues`` maps a class queue to where this worker sends the job's next chunk of
-        that class (its own affinity queue); ``then_continue`` keeps an atomic job RUNNING;
-        ``artifact`` is (name, media type) of the last chunk's output; ``timing`` is (device,
-        seconds per cost unit) for the cost model, learned under ``timing_key`` (the chunk
-        kind's key, :func:`scheduler.cost.chunk_cost_key`; the job's cost key when empty);
-        ``next_message`` is the next chunk's message, pushed by the commit when the job hops
-        (``Commit.published``), so a hop is one round trip."""
-        keys_, args = _commit_call(
-            job_id, chunk=chunk, epoch=epoch, seq=seq, complete=complete, checkpoint=checkpoint,
-            service_s=service_s, worker=worker, task_id=task_id, hop_queues=hop_queues,
-            then_continue=then_continue, artifact=artifact, timing=timing,
-            timing_key=timing_key, next_message=next_message)
-        return _commit_of(self._commit(keys=keys_, args=args))
+    def commit_chunk(self, job_id: str, **fields: Any) -> Commit:
+        """:meth:`commit` of ``CommitRequest(job_id, **fields)``."""
+        return self.commit(CommitRequest(job_id, **fields))
 
     def commit_chunks(
-        self, requests: Sequence[tuple[str, Mapping[str, Any]]], *,
+        self, requests: Sequence[CommitRequest | tuple[str, Mapping[str, Any]]], *,
         take_joiners_of: str | None = None, lease_s: float = 10.0,
         timing: tuple[str, str, float] | None = None,
     ) -> tuple[list[Commit], list[tuple[str, int, int]]]:
-        """:meth:`commit_chunk` for each (job id, its keyword arguments), in one round trip;
-        each job's commit is its own script, as alone. With ``take_joiners_of``, that batch's
+        """:meth:`commit` of each request (or (job id, its fields)), in one round trip; each
+        job's commit is its own script, as alone. With ``take_joiners_of``, that batch's
         joiners are taken after the commits in the same round trip, the batch going on (close
         it with :meth:`take_joiners` if nothing does); returns (commits, joiners). ``timing``
         (cost key, device, seconds per unit) is one more sample for the cost model (a batched
         step's)."""
         pipe = _ScriptPipeline(self.redis)
-        for job_id, kwargs in requests:
-            pipe.script(self._commit, *_commit_call(job_id, **kwargs))
+        for request in requests:
+            pipe.script(self._commit, *_commit_call(_as_request(request)))
         if timing is not None:
             cost_key, device, s_per_unit = timing
             pipe.command("xadd", keys.TIMINGS, {"cost_key": cost_key, "device": device,

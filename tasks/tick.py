@@ -6,6 +6,7 @@ availability. The tick snapshots the store, asks the pure policy for a plan and 
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import time
@@ -13,15 +14,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import redis
 from celery import shared_task
+from redis.commands.core import Script
 
-from tasks import keys
+from tasks import keys, scripts
 from tasks.adapter import run_tick
 from tasks.context import worker_context
 from tasks.routing import TICK_TASK
 
 log = logging.getLogger(__name__)
-
 
 
 @shared_task(name=TICK_TASK, bind=True, ignore_result=True)
@@ -56,19 +58,15 @@ def collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-_RENEW = """
-local holder = redis.call('GET', KEYS[1])
-if holder == false or holder == ARGV[1] then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 1
-end
-return 0
-"""
-
-
-def _hold_lease(client: Any, me: str, ttl_s: float) -> bool:
+def _hold_lease(client: redis.Redis, me: str, ttl_s: float) -> bool:
     """Take or renew the tick lease; another live scheduler keeps it until it stops ticking."""
-    return bool(client.eval(_RENEW, 1, keys.TICK_LEASE, me, int(ttl_s * 1000)))
+    return bool(_lease_script(client)(keys=[keys.TICK_LEASE], args=[me, int(ttl_s * 1000)]))
+
+
+@functools.cache
+def _lease_script(client: redis.Redis) -> Script:
+    """The lease script, registered once per client: every tick sends a bare ``EVALSHA``."""
+    return scripts.register(client, "tick_lease")
 
 
 def _record(client: Any, duration_s: float) -> None:

@@ -1,0 +1,23 @@
+-- _events: the lifecycle's writes shared by the store's scripts (a prelude, not a script).
+--
+-- event(stream, kind, from_state, to_state, by, reason, now)
+--   appends one entry to a job's event stream (kept whole while the job lives: no MAXLEN).
+-- ended(job, active, done, id, state, now)
+--   a job reached a terminal state: it leaves the live set, gets its finish time, is announced
+--   on the done stream, and its event stream expires after the record's ``events_ttl``
+--   (the stream key is the job key plus ``:events``).
+
+local function event(stream, kind, from_state, to_state, by, reason, now)
+  redis.call('XADD', stream, '*', 'kind', kind, 'from', from_state, 'to', to_state, 'by', by,
+             'reason', reason, 'ts', now)
+end
+
+local function ended(job, active, done, id, state, now)
+  redis.call('SREM', active, id)
+  redis.call('HSET', job, 'finished_at', now)
+  redis.call('XADD', done, 'MAXLEN', '~', 100000, '*', 'id', id, 'state', state)
+  local ttl = tonumber(redis.call('HGET', job, 'events_ttl') or '')
+  if ttl ~= nil and ttl > 0 then
+    redis.call('PEXPIRE', job .. ':events', math.floor(ttl * 1000))
+  end
+end

@@ -1,0 +1,123 @@
+-- commit: compare-and-set a job's cursor after one chunk and take the job's next step in the
+-- same script, so no other writer can slip between a job's last commit and its end: the last
+-- chunk's commit is its DONE, a flagged job stops, any other job hops to its next chunk's queue
+-- (or, atomic, keeps running). A hop given the next chunk's message pushes it onto the chosen
+-- queue's list, as kombu's Redis transport would (priority 0: the queue's own list), and
+-- records it published: the commit, the publish and its bookkeeping are one round trip.
+--
+-- KEYS: job, ckpt, events, active, done, timings
+-- ARGV: chunk, epoch, seq, complete, has_ckpt, checkpoint, service_s, now, worker, task_id,
+--       options
+-- Needs: lifecycle, _events
+--
+-- job         hash    the job record (sl:job:<id>)
+-- ckpt        string  the job's durable checkpoint (sl:job:<id>:ckpt)
+-- events      stream  the job's event stream (sl:job:<id>:events)
+-- active      set     ids of jobs not yet terminal (sl:jobs:active)
+-- done        stream  (id, final state) of every job that ended (sl:done)
+-- timings     stream  measured seconds per cost unit of each chunk (sl:timings)
+-- chunk       int     the chunk that ran
+-- epoch       int     the epoch it was claimed at
+-- seq         int     the sequence number it was claimed at
+-- complete    '1'|'0' the chunk ran to its end ('0': it yielded inside; the job stops)
+-- has_ckpt    '1'|'0' the commit carries a durable checkpoint
+-- checkpoint  bytes   the checkpoint ('' without one)
+-- service_s   string  worker seconds charged to the job
+-- now         string  the worker's clock, seconds since the epoch
+-- worker      string  the committing worker
+-- task_id     string  the chunk's task id
+-- options     JSON    every key optional:
+--                     "then_continue": true    an atomic job stays RUNNING on this worker
+--                     "artifact": [name, media type]   the last chunk's stored output
+--                     "timing": {"device", "s_per_unit", "cost_key"}   a cost-model sample
+--                               (the job's own cost key when "cost_key" is absent)
+--                     "hop_queues": {class queue: queue}   where this worker sends the next
+--                               chunk of a class (a class not named: its class queue)
+--                     "next_message": {"task_id", "before", "after"}   the next chunk's
+--                               message, pushed as before .. <queue as JSON> .. after on a hop
+--
+-- Returns {'stale'}, {'needs_checkpoint'} (the job must stop here: send one), or {status, seq,
+-- next chunk, queue[, published task id]} with status 'done', 'cancelled', 'preempted',
+-- 'continue' or 'hop'.
+
+local job = KEYS[1]
+local ckpt = KEYS[2]
+local events = KEYS[3]
+local active = KEYS[4]
+local done = KEYS[5]
+local timings = KEYS[6]
+local chunk = ARGV[1]
+local epoch = ARGV[2]
+local seq = ARGV[3]
+local complete = ARGV[4]
+local has_ckpt = ARGV[5]
+local checkpoint = ARGV[6]
+local service_s = ARGV[7]
+local now = ARGV[8]
+local worker = ARGV[9]
+local task_id = ARGV[10]
+local options = cjson.decode(ARGV[11])
+
+local h = redis.call('HMGET', job, 'state', 'epoch', 'seq', 'next_chunk', 'num_chunks',
+                     'preempt', 'cancel', 'queue', 'preemptions', 'id', 'cost_key')
+if h[1] ~= STATE.RUNNING or h[2] ~= epoch or h[3] ~= seq or h[4] ~= chunk then
+  return {'stale'}
+end
+local nxt, total = tonumber(h[4]), tonumber(h[5])
+if nxt >= total then return {'stale'} end
+local ran_whole = complete == '1'
+if ran_whole then nxt = nxt + 1 end
+local last = ran_whole and nxt == total
+local cancel = h[7] == '1'
+local stop = cancel or h[6] == '1' or not ran_whole
+if stop and not last and has_ckpt ~= '1' then return {'needs_checkpoint'} end
+local new_seq = tonumber(seq) + 1
+redis.call('HSET', job, 'seq', new_seq, 'next_chunk', nxt, 'updated_at', now)
+redis.call('HINCRBYFLOAT', job, 'service_s', service_s)
+if has_ckpt == '1' then
+  redis.call('SET', ckpt, checkpoint)
+  redis.call('HSET', job, 'ckpt_seq', new_seq, 'ckpt_chunk', nxt)
+end
+redis.call('XADD', events, '*', 'kind', 'commit', 'chunk', chunk, 'complete', complete,
+           'seq', new_seq, 'by', worker, 'task', task_id, 'service_s', service_s, 'ts', now)
+local timing = options.timing
+if ran_whole and timing then
+  redis.call('XADD', timings, 'MAXLEN', '~', 10000, '*', 'cost_key', timing.cost_key or h[11],
+             'device', timing.device, 's_per_unit', timing.s_per_unit)
+end
+local cursor = {tostring(new_seq), tostring(nxt), ''}
+if last then
+  redis.call('HSET', job, 'state', STATE.DONE, 'preempt', '0')
+  local artifact = options.artifact
+  if artifact and artifact[1] ~= '' then
+    redis.call('HSET', job, 'artifact', artifact[1], 'media_type', artifact[2])
+  end
+  ended(job, active, done, h[10], STATE.DONE, now)
+  event(events, 'state', STATE.RUNNING, STATE.DONE, worker, 'all chunks ran', now)
+  return {'done', unpack(cursor)}
+end
+if cancel then
+  redis.call('HSET', job, 'state', STATE.CANCELLED)
+  ended(job, active, done, h[10], STATE.CANCELLED, now)
+  event(events, 'state', STATE.RUNNING, STATE.CANCELLED, worker, 'cancelled by client', now)
+  return {'cancelled', unpack(cursor)}
+end
+if stop then
+  redis.call('HSET', job, 'state', STATE.PREEMPTED, 'preempt', '0', 'preempted_at', now,
+             'preemptions', tonumber(h[9] or '0') + 1)
+  event(events, 'state', STATE.RUNNING, STATE.PREEMPTED, worker, 'preempt flag', now)
+  return {'preempted', unpack(cursor)}
+end
+if options.then_continue then return {'continue', unpack(cursor)} end
+local class = string.match(h[8], '([^.]+)$')
+local target = (options.hop_queues or {})[class] or class
+redis.call('HSET', job, 'state', STATE.QUEUED, 'queue', target, 'queued_at', now)
+event(events, 'state', STATE.RUNNING, STATE.QUEUED, worker,
+      'next chunk ' .. nxt .. ' on ' .. target, now)
+local message = options.next_message
+if not message or message.task_id == '' then
+  return {'hop', tostring(new_seq), tostring(nxt), target}
+end
+redis.call('LPUSH', target, message.before .. cjson.encode(target) .. message.after)
+redis.call('HSET', job, 'published', nxt, 'last_task_id', message.task_id)
+return {'hop', tostring(new_seq), tostring(nxt), target, message.task_id}

@@ -1,0 +1,23 @@
+-- update_as_seen: write fields of a job only while it is as the writer saw it.
+--
+-- KEYS: job
+-- ARGV: state, epoch, seq, fields
+--
+-- job     hash    the job record (sl:job:<id>)
+-- state   string  the state the writer saw
+-- epoch   int     the epoch the writer saw
+-- seq     int     the sequence number the writer saw
+-- fields  JSON    the fields to write: [field, value, ...]
+--
+-- Returns 1 when written, 0 when the job moved on.
+
+local job = KEYS[1]
+local state = ARGV[1]
+local epoch = ARGV[2]
+local seq = ARGV[3]
+local fields = cjson.decode(ARGV[4])
+
+local h = redis.call('HMGET', job, 'state', 'epoch', 'seq')
+if h[1] ~= state or h[2] ~= epoch or h[3] ~= seq then return 0 end
+if #fields > 0 then redis.call('HSET', job, unpack(fields)) end
+return 1
