@@ -2,6 +2,8 @@
 
 All keys start with ``sl:``. A running stack upgrades in place, so the strings below never change
 (except ``sl:workers:queues``, formerly ``sl:worker:queues``, moved out of the heartbeat scan).
+The Lua scripts that write them atomically are files in ``tasks/lua/`` (loaded by
+``tasks.scripts``), each with a legend of the keys it takes.
 
 Jobs
   ``sl:job:<id>``              hash    the job record (fields: ``tasks.record.JobRecord``)
@@ -35,12 +37,12 @@ Workers
 
 MoE expert versions
   ``sl:experts:<model>``       string  the model's version record (JSON)
-  ``sl:experts:<model>:step``  string  when the traffic shift last stepped
-  ``sl:experts:<model>:stats:<version>``  hash  outcomes per version
+  ``sl:experts:<model>:step``  string  the update's current step number (while one runs)
+  ``sl:experts:<model>:stats:<step>:<version>``  list  outcomes of a version in a step
   ``sl:experts:updating``      set     models with a hot update in progress
 
 The API
-  ``sl:tenant:<name>:live``    string  a tenant's live-job count (queue quota)
+  ``sl:tenant:<name>:live``    set     ids of a tenant's unfinished jobs (its queue quota)
   ``sl:tenant:<name>:bucket``  hash    a tenant's rate-limit token bucket
   ``sl:metrics:seen``          zset    finished job ids already counted by the metrics
   ``sl:metrics:finished``      hash    finished jobs per (class, state)

@@ -154,10 +154,6 @@ class JobRecord:
             raise UnreadableRecord(job_id, problem)
         return record
 
-    def to_hash(self) -> dict[str, str]:
-        """Every field as the store writes it (None and defaults included)."""
-        return {name: encode(getattr(self, attr)) for attr, (name, (_, encode)) in _FIELDS.items()}
-
     def inconsistency(self) -> str | None:
         """What makes this record impossible to schedule, or None."""
         if self.num_chunks < 1:

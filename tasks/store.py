@@ -330,8 +330,6 @@ class JobStore:
             raise JobNotFound(f"no job {job_id}")
         return JobRecord.from_hash(raw)
 
-    get = record
-
     def records(self, job_ids: Iterable[str]) -> list[JobRecord | UnreadableRecord]:
         """Many jobs in one round trip; a job that vanished meanwhile is left out, one that
         cannot be parsed comes back as its :class:`UnreadableRecord`."""

@@ -94,10 +94,6 @@ class Checkpoint:
             raise CheckpointError("not a Stepline checkpoint: its metadata is not an object")
         return cls(tensors=tensors, meta=meta)
 
-    def nbytes(self) -> int:
-        """Size of the tensors in bytes (the metadata is negligible beside them)."""
-        return sum(t.numel() * t.element_size() for t in self.tensors.values())
-
 
 _LAYOUTS: OrderedDict[tuple[tuple[str, torch.dtype, tuple[int, ...]], ...], str] = OrderedDict()
 _LAYOUTS_MAX = 256

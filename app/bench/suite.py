@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
@@ -338,11 +338,6 @@ def _p95_against(mine: Mapping[str, Any], priority: Mapping[str, Any]) -> list[C
         checks.append(Check(f"{group} p95 <= {1 + P95_TOLERANCE:g} x priority", passed,
                             f"{shown} vs {theirs:.2f}s"))
     return checks
-
-
-def run_suite(rows: Iterable[SuiteRow] = SUITE_ROWS, policies: Sequence[str] = SUITE_POLICIES,
-              dispatch_overhead_s: float = 0.003) -> list[RowOutcome]:
-    return [run_row(row, policies, dispatch_overhead_s) for row in rows]
 
 
 def suite_report(outcomes: Sequence[RowOutcome], wall_s: float | None = None) -> dict[str, Any]:

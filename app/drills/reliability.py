@@ -614,13 +614,13 @@ def _settle(drill: Drill, burst: dict[str, Any], bad_inputs: list[BadInput]) -> 
             fault.detail += "; a victim job did not end exact"
     by_class: dict[str, Counter[str]] = {}
     for job_id, slo in drill.load.accepted.items():
-        record = drill.store.get(job_id)
+        record = drill.store.record(job_id)
         counts = by_class.setdefault(slo.value, Counter())
         counts["submitted"] += 1
         counts["done"] += record.state is JobState.DONE
         finished_s = record.finished_at_s
         counts["slo_met"] += bool(finished_s and finished_s <= record.deadline_at_s)
-    rt_burst = [drill.store.get(j) for j in burst.get("realtime_during_burst", [])
+    rt_burst = [drill.store.record(j) for j in burst.get("realtime_during_burst", [])
                 if drill.load.accepted.get(j) is SloClass.REALTIME]
     if burst:
         met = sum(1 for r in rt_burst if r.finished_at_s and r.finished_at_s <= r.deadline_at_s)

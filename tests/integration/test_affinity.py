@@ -36,7 +36,7 @@ def _heartbeat(client: redis.Redis, worker: str) -> dict[str, Any]:
 
 
 def _output(store: JobStore, job_id: str) -> dict[str, Any]:
-    record = store.get(job_id)
+    record = store.record(job_id)
     return dict(json.loads((current_settings().artifacts_path / str(record.artifact)).read_bytes()))
 
 

@@ -50,7 +50,7 @@ def test_given_an_image_job_when_decoded_then_the_png_holds_the_decoded_pixels()
     assert (artifact.media_type, artifact.extension) == ("image/png", "png")
     runner = get_runner("image")
     pixels = runner.decode_pixels(params, results[-2].state)
-    png = torch.from_numpy(np.asarray(Image.open(io.BytesIO(artifact.data))))
+    png = torch.from_numpy(np.array(Image.open(io.BytesIO(artifact.data))))  # writable copy
     assert torch.equal(png, torch.from_numpy(to_uint8(pixels)[0]))
 
 

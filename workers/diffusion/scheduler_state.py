@@ -104,8 +104,3 @@ def restore_scheduler_state(
     for key, value in meta.items():
         setattr(fresh, key, _decode_item(value, tensors, device))
     return fresh
-
-
-def scheduler_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The scheduler's entries among a checkpoint's tensors."""
-    return {k: v for k, v in tensors.items() if k.startswith(_PREFIX)}

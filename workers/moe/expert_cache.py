@@ -175,10 +175,6 @@ class HostExperts:
         per = self.gate_up[layer][0].numel() + self.down[layer][0].numel()
         return per * self.gate_up[layer].element_size()
 
-    @property
-    def total_bytes(self) -> int:
-        return self.expert_bytes * self.num_experts * len(self.layers)
-
     def weights(self, layer: int, expert: int) -> Weights:
         return self.gate_up[layer][expert], self.down[layer][expert]
 

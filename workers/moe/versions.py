@@ -50,20 +50,13 @@ class VersionStats:
 
     requests: int = 0
     errors: int = 0
-    latency_ms_sum: float = 0.0
     latencies_ms: list[float] = field(default_factory=list)
 
     def record(self, latency_ms: float, ok: bool) -> None:
         self.requests += 1
         self.errors += 0 if ok else 1
         if ok:
-            self.latency_ms_sum += latency_ms
             self.latencies_ms.append(latency_ms)
-
-    @property
-    def mean_latency_ms(self) -> float:
-        ok = self.requests - self.errors
-        return self.latency_ms_sum / ok if ok else 0.0
 
     @property
     def median_latency_ms(self) -> float:
