@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING, Any
@@ -21,7 +23,7 @@ from tasks.runtime import current_settings, store_client
 from tasks.settings import Settings
 from tasks.settings.moe import cache_config, router_config
 from tasks.store import JobStore
-from workers.kinds import RunnerOptions, get_runner, limit_threads
+from workers.kinds import RunnerOptions, get_runner
 from workers.local_cache import LocalCheckpointCache
 from workers.runner import JobRunner
 
@@ -80,23 +82,19 @@ class WorkerContext:
     warmed: tuple[str, ...] = ()
     """The recipes whose warm-up job ran (the heartbeat's ``warmed``)."""
     _kinds_run: set[str] = field(default_factory=set)
+    _options: dict[str, RunnerOptions] = field(default_factory=dict)
+    _runner_lock: threading.Lock = field(default_factory=threading.Lock)
+    """Held while the worker runs a task's chunks: the heartbeat's idle unload waits them out."""
     _versions: VersionSync | None = None
     _beat: threading.Thread | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def runner(self, kind: str) -> JobRunner:
-        """The runner for ``kind``, built with this worker's device settings."""
-        s = self.settings
+        """The runner for ``kind``, built with this worker's device and model settings."""
         self._kinds_run.add(kind)
-        if kind == "text":
-            from workers import moe  # deferred: loads torch
-
-            limit_threads(s.torch_threads)
-            return moe.get_runner(router_config(s.moe), cache_config(s.moe, s.device), s.device)
-        return get_runner(kind, RunnerOptions(
-            device=s.device, block_groups=s.diffusion.block_groups,
-            video_fps=s.diffusion.video_fps, torch_threads=s.torch_threads,
-        ))
+        if kind not in self._options:
+            self._options[kind] = runner_options(self.settings, kind)
+        return get_runner(kind, self._options[kind])
 
     def text_runner(self) -> TextRunner:
         """The MoE runner of this worker, with its expert-version sync thread running."""
@@ -121,7 +119,7 @@ class WorkerContext:
             return self.queues
 
     def refresh_residency(self) -> None:
-        """Re-read what the expert caches hold (on the worker thread, between chunks)."""
+        """Re-read what the expert caches hold (never while a chunk runs)."""
         from workers import moe  # deferred: loads torch
 
         self.experts = moe.residency()
@@ -149,6 +147,37 @@ class WorkerContext:
         self.warm = True
         log.info("worker %s warm (%s) in %.2fs", self.name, ", ".join(self.warmed),
                  time.perf_counter() - started_s)
+
+    @contextmanager
+    def running(self, job_ids: Sequence[str]) -> Iterator[None]:
+        """The worker runs chunks of ``job_ids`` (the first one the task's own): the heartbeat
+        renews their leases, and the idle unload waits; after them, the expert residency the
+        heartbeat advertises is re-read."""
+        with self._runner_lock:
+            self.busy_job, self.batch_jobs = job_ids[0], tuple(job_ids[1:])
+            try:
+                yield
+            finally:
+                self.busy_job, self.batch_jobs = None, ()
+                if self.runner_loaded("text"):
+                    self.refresh_residency()
+
+    def unload_idle_experts(self, now_s: float) -> int:
+        """Unload the experts no chunk used for ``moe.cache.idle_unload`` (``now_s`` on the
+        runners' clock, ``time.monotonic()``) and re-read the residency; from the heartbeat
+        thread, so a worker that gets no text work unloads them too. Skipped while chunks run
+        (they tick the caches themselves). Returns how many were unloaded."""
+        if not self.runner_loaded("text") or not self._runner_lock.acquire(blocking=False):
+            return 0
+        try:
+            from workers import moe  # deferred: loads torch (loaded already: a text job ran)
+
+            unloaded = moe.unload_idle(now_s)
+            if unloaded:
+                self.refresh_residency()
+            return unloaded
+        finally:
+            self._runner_lock.release()
 
     def start_heartbeat(self) -> None:
         if self._beat is None:
@@ -178,6 +207,10 @@ class WorkerContext:
         period_s = self.settings.broker.chunk_lease / 3
         while not self._stop.wait(period_s):
             try:
+                self.unload_idle_experts(time.monotonic())
+            except Exception:  # the residency is advisory: never stop the heartbeat over it
+                log.warning("idle unload of %s failed", self.name, exc_info=True)
+            try:
                 self.heartbeat_once()
             except Exception:  # a Redis outage must not kill the thread
                 log.warning("heartbeat of %s failed", self.name, exc_info=True)
@@ -190,6 +223,19 @@ class WorkerContext:
             self.store.redis.delete(keys.worker(self.name))
         except Exception:
             log.debug("could not remove worker key of %s", self.name, exc_info=True)
+
+
+def runner_options(settings: Settings, kind: str) -> RunnerOptions:
+    """What the runner of ``kind`` is built with on this worker (a text runner's router and
+    expert cache from the ``moe`` settings)."""
+    s = settings
+    text = kind == "text"
+    return RunnerOptions(
+        device=s.device, block_groups=s.diffusion.block_groups,
+        video_fps=s.diffusion.video_fps, torch_threads=s.torch_threads,
+        router=router_config(s.moe) if text else None,
+        cache=cache_config(s.moe, s.device) if text else None,
+    )
 
 
 @cache

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
+from typing import TYPE_CHECKING
 
 from workers.errors import WorkerError
 from workers.runner import JobRunner
 from workers.simulated import SimulatedRunner
+
+if TYPE_CHECKING:
+    from workers.moe.expert_cache import CacheConfig  # types only: workers.moe loads torch
+    from workers.moe.router import RouterConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,11 +23,16 @@ class RunnerOptions:
     block_groups: int = 2
     video_fps: int = 8
     torch_threads: int = 1
+    router: RouterConfig | None = None
+    """How text jobs route tokens to experts (None: the reference router)."""
+    cache: CacheConfig | None = None
+    """The expert cache of text jobs (None: the reference cache, every expert resident)."""
 
 
 @cache
 def get_runner(kind: str, options: RunnerOptions = RunnerOptions()) -> JobRunner:
-    """The process-wide runner for a job kind (models inside are built once per process)."""
+    """The process-wide runner for a job kind and options (models inside are built once per
+    process): the one factory of the API's plans and the workers' chunks."""
     if kind == "simulated":
         return SimulatedRunner()
     if kind in ("image", "video", "text"):
@@ -35,7 +45,7 @@ def get_runner(kind: str, options: RunnerOptions = RunnerOptions()) -> JobRunner
     if kind == "text":
         from workers import moe  # deferred: loads torch
 
-        return moe.get_runner()
+        return moe.get_runner(options.router, options.cache, options.device)
     raise WorkerError(f"unknown job kind {kind!r}; use simulated, image, video or text")
 
 

@@ -108,6 +108,9 @@ class MoeSettings(BaseModel):
     """Device limits."""
     versions: VersionSettings = Field(default_factory=VersionSettings)
     """Expert hot update."""
+    checkpoint_every: int = Field(default=1, ge=1, le=1000)
+    """Write a text job's durable checkpoint to Redis every this many chunks (always when it
+    stops); the chunks since are replayed from it on another worker."""
 
 
 def router_config(settings: MoeSettings) -> RouterConfig:

@@ -20,8 +20,9 @@ from tests.integration.test_model_jobs import uninterrupted_artifact
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
+MODEL = "qwen3-moe-tiny"
 TEXT = {"inputs": "Explain quantum computing in simple terms", "max_new_tokens": 25,
-        "chunk_tokens": 2, "routing": "native", "model": "qwen3-moe-tiny"}
+        "chunk_tokens": 2, "routing": "native", "model": MODEL}
 
 
 def _commits(store: JobStore, job_id: str) -> list[dict[str, str]]:
@@ -35,7 +36,7 @@ def _heartbeat(client: redis.Redis, worker: str) -> dict[str, Any]:
 
 
 def _output(store: JobStore, job_id: str) -> dict[str, Any]:
-    record = store.get(job_id)
+    record = store.record(job_id)
     return dict(json.loads((current_settings().artifacts_path / str(record.artifact)).read_bytes()))
 
 
@@ -117,3 +118,27 @@ def test_a_chunk_parked_behind_a_busy_worker_moves_to_its_class_queue_and_finish
     assert store.state(short) is JobState.DONE
     assert _output(store, text)["output"] == json.loads(
         uninterrupted_artifact("text", params))["output"]
+
+
+def _resident_experts(beat: dict[str, Any], model: str) -> int:
+    """How many experts the heartbeat says ``model`` holds on the device, over all layers."""
+    masks = beat["experts"][model]["resident"].values()
+    return sum(bin(int(mask, 16)).count("1") for mask in masks)
+
+
+def test_a_worker_that_gets_no_more_text_work_unloads_its_experts_after_the_idle_time(
+    processes: Processes, redis_client: redis.Redis
+) -> None:
+    # given a worker whose experts unload after 2 s idle, that ran one text job
+    processes.worker("w1", extra_env={"STEPLINE_MOE__CACHE__IDLE_UNLOAD": "2s"})
+    wait_for_workers(redis_client, ["w1"])
+    service = JobService(JobStore(redis_client), current_settings())
+    job_id, _ = service.submit(JobSpec(kind="text", slo=SloClass.INTERACTIVE, params=TEXT,
+                                       deadline_s=300))
+    wait_for(lambda: service.store.state(job_id) is JobState.DONE, 60, "the text job")
+    assert _output(service.store, job_id)["metrics"]["cache"]["hits"] > 0  # it held experts
+
+    # when it gets no text work for longer than the idle time
+    # then its heartbeat soon says the model holds no expert on the device
+    wait_for(lambda: _resident_experts(_heartbeat(redis_client, "w1@test"), MODEL) == 0, 30,
+             "the idle worker to unload its experts")

@@ -102,7 +102,7 @@ def test_a_job_survives_a_sigkilled_worker_with_no_chunk_lost_or_applied_twice(
     commits = _commits(service.store, job_id)
     assert sorted(int(c["chunk"]) for c in commits) == list(range(30))
     assert {c["by"] for c in commits} == {"w1@test", "w2@test"}
-    record = service.store.get(job_id)
+    record = service.store.record(job_id)
     artifact = json.loads((current_settings().artifacts_path / str(record.artifact)).read_bytes())
     assert artifact["applied"] == list(range(30))
     assert record.finished_at_s is not None and record.finished_at_s > killed_at

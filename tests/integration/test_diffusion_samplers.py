@@ -71,5 +71,5 @@ def test_sigkilled_sampler_jobs_finish_on_another_worker_with_the_uninterrupted_
         # then it ran on both, and its output is byte-identical to the uninterrupted run
         commits = {e["by"] for e in store.events(job_id) if e["kind"] == "commit"}
         assert commits == {f"w{number}@test", f"w{number + 1}@test"}, params["scheduler"]
-        artifact = current_settings().artifacts_path / str(store.get(job_id).artifact)
+        artifact = current_settings().artifacts_path / str(store.record(job_id).artifact)
         assert artifact.read_bytes() == uninterrupted_artifact(kind, params), params["scheduler"]

@@ -92,7 +92,7 @@ def test_a_broken_version_is_rolled_back_automatically_then_a_healthy_one_is_pro
     versions = updates.versions(MODEL)
     assert versions.live == BASE_VERSION and "error rate" in versions.last_reason
     failed = [j for j in jobs if service.store.state(j) is JobState.FAILED]
-    assert failed and all("non-finite" in (service.store.get(j).error or "") for j in failed)
+    assert failed and all("non-finite" in (service.store.record(j).error or "") for j in failed)
     assert all(service.store.fields(j)["expert_version"] == "broken" for j in failed)
 
     _update(_version_file(tmp_path, 0.01), "tuned")

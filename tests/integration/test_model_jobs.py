@@ -47,7 +47,7 @@ def uninterrupted_artifact(kind: str, params: dict[str, Any]) -> bytes:
 
 
 def _artifact(store: JobStore, job_id: str) -> bytes:
-    record = store.get(job_id)
+    record = store.record(job_id)
     return (current_settings().artifacts_path / str(record.artifact)).read_bytes()
 
 
@@ -84,7 +84,7 @@ def test_a_preempted_job_resumed_on_another_worker_matches_the_uninterrupted_run
     wait_for(lambda: store.state(job_id) is JobState.DONE, 90, "the job to finish on w2")
     runs_on = {e["by"] for e in store.events(job_id) if e["kind"] == "commit"}
     assert runs_on == {"w1@test", "w2@test"}
-    assert store.get(job_id).preemptions == 1
+    assert store.record(job_id).preemptions == 1
     assert _comparable(kind, _artifact(store, job_id)) == _comparable(
         kind, uninterrupted_artifact(kind, params))
 

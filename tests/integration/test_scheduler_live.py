@@ -44,7 +44,7 @@ def test_a_realtime_job_arriving_while_batch_holds_the_workers_starts_within_one
     realtime, _ = service.submit(_sim(SloClass.REALTIME, 4, 20))
 
     wait_for(lambda: service.store.state(realtime) is JobState.DONE, 30, "the realtime job")
-    record = service.store.get(realtime)
+    record = service.store.record(realtime)
     assert record.started_at_s is not None and record.finished_at_s is not None
     assert record.started_at_s - record.submitted_at_s <= 0.2 + 0.1  # one batch step + dispatch
     assert record.finished_at_s <= record.deadline_at_s  # met its 1 s SLO

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from workers.moe.recipes import build_model, load_recipe
 from workers.moe.router import RouterConfig
 from workers.moe.runner import TextRunner
 from workers.moe.tokenizer import encode_prompt
-from workers.runner import ChunkResult
+from workers.runner import BatchItem, ChunkResult
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -169,6 +170,26 @@ def _run_whole(params: dict[str, object]) -> list[int]:
         state = runner.run_chunk(params, index, state, lambda: False).state
     assert state is not None
     return _generated_of(state)
+
+def test_lone_and_batched_chunks_use_no_deprecated_transformers_argument() -> None:
+    # given every transformers deprecation turned into an error
+    params = {"prompt": PROMPT, "max_new_tokens": 6, "chunk_tokens": 3, "routing": "native"}
+    other = {**params, "prompt": "hi"}
+    runner = TextRunner()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        warnings.simplefilter("error", DeprecationWarning)
+        # when a job runs its chunks alone, resumed from bytes, and two jobs run batched
+        state = None
+        for index in range(runner.plan(params).num_chunks):
+            restored = None if state is None else Checkpoint.decode(state.encode())
+            state = runner.run_chunk(params, index, restored, lambda: False).state
+        prefills = runner.run_batch([BatchItem(params, 0, None), BatchItem(other, 0, None)])
+        decodes = runner.run_batch([BatchItem(p, 1, r.state)
+                                    for p, r in zip((params, other), prefills, strict=True)])
+    # then they finish without a single deprecation
+    assert state is not None and (state.meta["finished"] or state.meta["generated"] == 6)
+    assert [r.metrics["batch_size"] for r in decodes] == [2, 2]
 
 
 def test_final_chunk_returns_the_reference_api_json() -> None:

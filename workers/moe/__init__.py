@@ -37,6 +37,12 @@ def residency(hot_experts: int = 16) -> dict[str, dict[str, object]]:
     return merged
 
 
+def unload_idle(now_s: float) -> int:
+    """Idle-unload the experts of every loaded model of this process (``now_s`` on the
+    runners' clock, ``time.monotonic()``); returns how many were unloaded."""
+    return sum(runner.tick(now_s) for runner in _RUNNERS.values())
+
+
 def cache_totals() -> dict[str, float]:
     """This process's expert caches summed over models and versions: stall-free ``hits``,
     ``misses`` (every access that waited: demand loads and late prefetches), stall seconds,
@@ -79,5 +85,6 @@ __all__ = [
     "get_runner",
     "residency",
     "residency_fit",
+    "unload_idle",
     "validate_params",
 ]

@@ -124,11 +124,11 @@ def record_trace(model: str, inputs: Sequence[RecordInput],
             new = ids
             for _ in range(item.max_new_tokens):
                 with torch.inference_mode():
-                    out = loaded.model(input_ids=torch.tensor([new]), past_key_values=kv,
+                    out = loaded.model(input_ids=torch.tensor([new]), cache=kv,
                                        use_cache=True, logits_to_keep=1)
                 session.cache.end_forward()
                 recorder.end_step()
-                kv = out.past_key_values
+                kv = out.cache
                 token = int(torch.argmax(out.logits[0, -1]))
                 if token == loaded.tokenizer.eos_token_id:
                     break

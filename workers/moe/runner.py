@@ -130,8 +130,9 @@ class TextRunner:
                 for name, session in self._sessions.items()}
 
     def tick(self, now_s: float) -> int:
-        """Idle-unload experts of every loaded model (call from the worker's heartbeat with
-        ``time.monotonic()``); returns how many experts were unloaded."""
+        """Idle-unload experts of every loaded model (``now_s`` on this runner's clock); the
+        worker's heartbeat thread calls it between chunks (``workers.moe.unload_idle``), so
+        experts unload on a worker that gets no text work. Returns how many were unloaded."""
         return sum(session.experts.tick(now_s) for session in self._sessions.values())
 
     def loaded_sessions(self) -> dict[str, ModelSession]:
@@ -295,12 +296,12 @@ class TextRunner:
             with torch.inference_mode():
                 out = session.loaded.model(
                     input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                    past_key_values=kv.cache, use_cache=True, logits_to_keep=1,
+                    cache=kv.cache, use_cache=True, logits_to_keep=1,
                 )
         finally:
             session.context.rows = None
         session.cache.end_forward()
-        kv.advance(out.past_key_values, mask)
+        kv.advance(out.cache, mask)
         after = session.cache.counters.as_dict()
         for i, row in enumerate(active):
             stats = row.job.cache_stats
@@ -350,13 +351,13 @@ class TextRunner:
                 out = session.loaded.model(
                     input_ids=prompts.input_ids, attention_mask=prompts.mask,
                     position_ids=prompts.positions,
-                    past_key_values=DynamicCache(config=session.loaded.model.config),
+                    cache=DynamicCache(config=session.loaded.model.config),
                     use_cache=True, logits_to_keep=1,
                 )
         finally:
             context.rows, context.token_mask = None, None
         session.cache.end_forward()
-        return out.logits[:, -1], PaddedKV(out.past_key_values, prompts.mask,
+        return out.logits[:, -1], PaddedKV(out.cache, prompts.mask,
                                            session.loaded.model.config)
 
     # -- chunk steps -------------------------------------------------------------------------
@@ -427,10 +428,10 @@ class TextRunner:
         input_ids = torch.tensor([new_ids], dtype=torch.int64, device=session.device)
         with torch.inference_mode():
             out = session.loaded.model(
-                input_ids=input_ids, past_key_values=job.kv, use_cache=True, logits_to_keep=1
+                input_ids=input_ids, cache=job.kv, use_cache=True, logits_to_keep=1
             )
         session.cache.end_forward()
-        job.kv = out.past_key_values
+        job.kv = out.cache
         _take_token(p, session, job, out.logits[0, -1])
 
 
