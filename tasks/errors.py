@@ -1,7 +1,5 @@
 """Errors raised by the application layer (settings, store, stack, API)."""
 
-import redis
-
 
 class SteplineError(Exception):
     """Raised for any Stepline failure a user can act on; the base of this package's errors."""
@@ -41,8 +39,3 @@ class HeartbeatError(SteplineError, ValueError):
 
 class AdmissionStatusError(SteplineError, ValueError):
     """Raised when the published admission status cannot be read; the message names the entry."""
-
-
-STORE_UNAVAILABLE: tuple[type[Exception], ...] = (
-    redis.ConnectionError, redis.TimeoutError, RedisUnavailable)
-"""What a call into the store raises while Redis cannot be reached (answered 503)."""

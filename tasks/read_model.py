@@ -9,14 +9,20 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
+import redis
+
 from tasks import keys
 from tasks.admission import PublishedAdmission
-from tasks.errors import AdmissionStatusError
+from tasks.errors import AdmissionStatusError, RedisUnavailable
 from tasks.heartbeat import Heartbeat
 from tasks.record import JobRecord, UnreadableRecord, field_name
 from tasks.store import JobStore
 
 log = logging.getLogger(__name__)
+
+STORE_UNAVAILABLE: tuple[type[Exception], ...] = (
+    redis.ConnectionError, redis.TimeoutError, RedisUnavailable)
+"""What a call into the store raises while Redis cannot be reached (answered 503)."""
 
 Fields = dict[str, str]
 """One stream entry's fields, decoded."""

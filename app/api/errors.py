@@ -14,7 +14,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from tasks.artifacts import UnsafeArtifactPath
-from tasks.errors import STORE_UNAVAILABLE, InvalidJob, JobNotFound, Overloaded
+from tasks.errors import InvalidJob, JobNotFound, Overloaded
+from tasks.read_model import STORE_UNAVAILABLE
 
 log = logging.getLogger(__name__)
 

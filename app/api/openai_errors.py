@@ -19,7 +19,8 @@ from starlette.exceptions import HTTPException
 from app.api.errors import TooManyRequests
 from app.schemas import OpenAIErrorBody, OpenAIErrorDetail
 from scheduler.lifecycle import JobState
-from tasks.errors import STORE_UNAVAILABLE, InvalidJob, JobNotFound, Overloaded
+from tasks.errors import InvalidJob, JobNotFound, Overloaded
+from tasks.read_model import STORE_UNAVAILABLE
 from tasks.record import JobRecord
 
 log = logging.getLogger(__name__)
