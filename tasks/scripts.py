@@ -9,12 +9,13 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import redis
-from redis.commands.core import Script
+from typing import TYPE_CHECKING, Any
 
 from scheduler.lifecycle import TERMINAL_STATES, TRANSITIONS, JobState
+
+if TYPE_CHECKING:  # annotations only: the command line imports this module without redis
+    import redis
+    from redis.commands.core import Script
 
 LUA_DIR = Path(__file__).with_name("lua")
 """Where the scripts live (package data: an installed wheel carries them)."""

@@ -3,7 +3,8 @@
 The app runs in-process (ASGI) over the session's real Redis, with a key that no rate limit or
 quota stops. POST /v1/inference and the OpenAI-compatible generation routes wait on a worker by
 design, so only their invalid bodies are sent here; test_api and test_openai cover their valid
-paths.
+paths. GET /readyz answers 503 by design while no warm worker is there (as here): it is held to
+its documented answers instead.
 """
 
 from __future__ import annotations
@@ -14,7 +15,11 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 from pydantic import ValidationError
-from schemathesis.checks import not_a_server_error
+from schemathesis.checks import (
+    not_a_server_error,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 from app.api.context import ApiContext
 from app.api.main import create_app
@@ -54,15 +59,24 @@ WAITING = {"/v1/inference": InferenceRequest, "/v1/chat/completions": ChatComple
            "/v1/completions": CompletionRequest, "/v1/images/generations": ImageRequest}
 """Routes that answer once a worker finished the job, and the body each one validates."""
 WAITING_PATHS = "^(" + "|".join(re.escape(path) for path in WAITING) + ")$"
+READINESS = "/readyz"
+"""503 while no warm chunk worker is alive: a readiness probe's documented answer."""
 
 FAST = settings(max_examples=30, deadline=None, derandomize=True, database=None,
                 suppress_health_check=list(HealthCheck))
 
 
-@SCHEMA.exclude(path_regex=WAITING_PATHS).parametrize()
+@SCHEMA.exclude(path_regex=WAITING_PATHS).exclude(path=READINESS).parametrize()
 @FAST
 def test_no_request_to_any_route_gets_a_server_error(case: schemathesis.Case) -> None:
     case.call_and_validate(headers=HEADERS, checks=[not_a_server_error])
+
+
+@SCHEMA.include(path=READINESS).parametrize()
+@FAST
+def test_the_readiness_probe_answers_only_what_it_documents(case: schemathesis.Case) -> None:
+    case.call_and_validate(headers=HEADERS,
+                           checks=[status_code_conformance, response_schema_conformance])
 
 
 @SCHEMA.include(path_regex=WAITING_PATHS).parametrize()
