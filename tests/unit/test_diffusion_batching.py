@@ -100,7 +100,7 @@ def _psnr_db(a: torch.Tensor, b: torch.Tensor, peak: float = 1.0) -> float:
 
 def _png_pixels(result: ChunkResult) -> torch.Tensor:
     assert result.artifact is not None and result.artifact.media_type == "image/png"
-    return torch.from_numpy(np.asarray(Image.open(io.BytesIO(result.artifact.data))))
+    return torch.from_numpy(np.array(Image.open(io.BytesIO(result.artifact.data))))
 
 
 def _mixed_params(model: str, seed: int, steps: int = 2) -> list[dict[str, Any]]:

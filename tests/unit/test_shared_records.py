@@ -17,8 +17,9 @@ from tasks.heartbeat import Heartbeat
 pytestmark = pytest.mark.timeout(30)
 
 WIRE_KEYS = ["name", "busy_job", "queues", "batch", "device", "ts", "chunks_run", "ckpt_cache",
-             "experts", "hop_profile"]
-"""The heartbeat's JSON keys as workers have always written them (``expert_cache`` once used)."""
+             "experts", "hop_profile", "warm", "warmed"]
+"""The heartbeat's JSON keys as workers write them (``expert_cache`` once used); ``warm`` and
+``warmed`` came with warm start (a heartbeat without them reads as warm)."""
 
 
 def busy_beat() -> Heartbeat:
