@@ -120,8 +120,11 @@ def test_a_chunk_parked_behind_a_busy_worker_moves_to_its_class_queue_and_finish
         uninterrupted_artifact("text", params))["output"]
 
 
-def _resident_experts(beat: dict[str, Any], model: str) -> int:
-    """How many experts the heartbeat says ``model`` holds on the device, over all layers."""
+def _resident_experts(beat: dict[str, Any], model: str) -> int | None:
+    """How many experts the heartbeat says ``model`` holds on the device, over all layers; None
+    while it names no such model (a heartbeat written before the model's first chunk ran)."""
+    if model not in beat["experts"]:
+        return None
     masks = beat["experts"][model]["resident"].values()
     return sum(bin(int(mask, 16)).count("1") for mask in masks)
 
