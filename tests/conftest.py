@@ -57,19 +57,26 @@ def stack_env(
     monkeypatch: pytest.MonkeyPatch,
 ) -> dict[str, str]:
     """Environment for this process and its worker children: one Redis, fast failure detection."""
+    yield from use_stack_env({"REDIS_URL": redis_server.url}, tmp_path, monkeypatch)
+    current_settings.cache_clear()
+
+
+def use_stack_env(extra: dict[str, str], tmp_path: Path,
+                  monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
+    """Set the stack's environment (``extra`` over a run directory under ``tmp_path`` and fast
+    failure detection) in this process, and point the in-process Celery app at it; yields it."""
     env = {
-        "REDIS_URL": redis_server.url,
         "STEPLINE_RUN_DIR": str(tmp_path / "run"),
         "STEPLINE_BROKER__VISIBILITY_TIMEOUT": "4",
         "STEPLINE_BROKER__UNACKED_RESTORE_INTERVAL": "1",
         "STEPLINE_BROKER__CHUNK_LEASE": "1.5",
+        **extra,
     }
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     current_settings.cache_clear()
     _reset_celery_app()
     yield env
-    current_settings.cache_clear()
 
 
 def _reset_celery_app() -> None:

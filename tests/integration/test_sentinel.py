@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import redis
 
-from app.celery import configure as configure_celery
 from app.drills.faults import audit_job, tolerant
 from app.schemas import JobSpec
 from scheduler.lifecycle import SloClass
@@ -19,7 +18,7 @@ from tasks.errors import RedisUnavailable
 from tasks.runtime import current_settings, store_client
 from tasks.store import JobStore
 from tasks.submit import JobService
-from tests.conftest import Processes, wait_for
+from tests.conftest import Processes, use_stack_env, wait_for
 from tests.redis_ha import MASTER_NAME, SentinelGroup
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -36,20 +35,9 @@ def sentinel_group(tmp_path: Path) -> Iterator[SentinelGroup]:
 @pytest.fixture()
 def ha_env(sentinel_group: SentinelGroup, tmp_path: Path,
            monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
-    env = {
-        "REDIS_URL": sentinel_group.url,
-        "STEPLINE_BROKER__SENTINEL_MASTER": MASTER_NAME,
-        "STEPLINE_BROKER__COMMIT_REPLICAS": "1",
-        "STEPLINE_RUN_DIR": str(tmp_path / "run"),
-        "STEPLINE_BROKER__VISIBILITY_TIMEOUT": "4",
-        "STEPLINE_BROKER__UNACKED_RESTORE_INTERVAL": "1",
-        "STEPLINE_BROKER__CHUNK_LEASE": "1.5",
-    }
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    current_settings.cache_clear()
-    configure_celery(current_settings())
-    yield env
+    yield from use_stack_env({"REDIS_URL": sentinel_group.url,
+                              "STEPLINE_BROKER__SENTINEL_MASTER": MASTER_NAME,
+                              "STEPLINE_BROKER__COMMIT_REPLICAS": "1"}, tmp_path, monkeypatch)
     current_settings.cache_clear()
 
 
