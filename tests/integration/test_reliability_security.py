@@ -51,9 +51,11 @@ def test_pickle_and_malformed_messages_are_refused_and_the_worker_keeps_serving(
     job_id, _ = service.submit(JobSpec(kind="simulated", slo=SloClass.REALTIME,
                                        params={"steps": 3, "step_ms": 5}, deadline_s=60))
     wait_for(lambda: service.store.state(job_id) is JobState.DONE, 30, "a valid job to finish")
-    log = processes.log("w1")
-    assert "unregistered task of type 'os.system'" in log
-    assert "Can't decode message body" in log
+    # (the five messages are consumed in any order relative to the job: wait for each log line)
+    wait_for(lambda: "unregistered task of type 'os.system'" in processes.log("w1"), 20,
+             "the unregistered-task log")
+    wait_for(lambda: "Can't decode message body" in processes.log("w1"), 20,
+             "the undecodable-body log")
     assert not canary.exists()
     assert worker.poll() is None
 
