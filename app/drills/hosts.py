@@ -258,6 +258,27 @@ class RedisHA:
         result: int | None = _wait(promoted, timeout_s, 0.05)
         return result
 
+    def in_sync(self) -> bool:
+        """The sentinels' master is a master and every other server its replica, linked and
+        not mid-resync: the next fault starts from a whole group (one fault at a time)."""
+        master = self.master_port()
+        if self.role(master) != "master":
+            return False
+        for port in REDIS_PORTS:
+            if port == master:
+                continue
+            info = cast(dict[str, Any], self.server(port).info("replication"))
+            if (info["role"] != "slave" or int(info["master_port"]) != master
+                    or info["master_link_status"] != "up"
+                    or int(info["master_sync_in_progress"])):
+                return False
+        return True
+
+    def settle(self, timeout_s: float = 90.0) -> float | None:
+        """Seconds until :meth:`in_sync`, or None if it was not within ``timeout_s``."""
+        began = time.monotonic()
+        return time.monotonic() - began if _wait(self.in_sync, timeout_s, 0.2) else None
+
     def stop(self) -> None:
         for child in [*self.sentinels, *self.servers.values()]:
             child.stop()
@@ -288,7 +309,7 @@ class ObjectStore:
         argv = [weed_binary(), "server", f"-dir={self.root / 'data'}", f"-ip={BRIDGE_IP}",
                 f"-ip.bind={BRIDGE_IP}", f"-master.port={p['master']}",
                 f"-master.port.grpc={p['master_grpc']}", f"-volume.port={p['volume']}",
-                f"-volume.port.grpc={p['volume_grpc']}", "-volume.max=4",
+                f"-volume.port.grpc={p['volume_grpc']}", "-volume.max=16",
                 "-master.volumeSizeLimitMB=64", "-filer", f"-filer.port={p['filer']}",
                 f"-filer.port.grpc={p['filer_grpc']}", "-s3", f"-s3.port={p['s3']}",
                 f"-s3.port.grpc={p['s3_grpc']}", "-s3.port.iceberg=0", "-s3.port.lance=0",
@@ -656,12 +677,15 @@ class HostsDrill:
             fault.recovery_s = round(time.monotonic() - stopped, 2)
             time.sleep(max(0.0, STOP_S - (time.monotonic() - stopped)))
             server.signal(signal.SIGCONT)
+            stopped_s = time.monotonic() - stopped
             demoted = _wait(lambda: self.redis.role(old) == "slave", 60, 0.2)
-            fault.survived = bool(new and writable and demoted)
-            fault.detail = (f"SIGSTOPped master :{old} for {time.monotonic() - stopped:.1f}s "
+            synced = self.redis.settle()
+            fault.survived = synced is not None and bool(new and writable and demoted)
+            fault.detail = (f"SIGSTOPped master :{old} for {stopped_s:.1f}s "
                             f"(down-after {DOWN_AFTER_MS} ms); :{new} promoted and taking writes "
                             f"after {fault.recovery_s}s; the old master "
-                            f"{'rejoined as a replica' if demoted else 'did NOT rejoin'}")
+                            f"{'rejoined as a replica' if demoted else 'did NOT rejoin'}"
+                            f"; {_in_sync(synced)}")
 
     def redis_master_sigkill(self) -> None:
         with self.fault("redis_master_sigkill") as fault:
@@ -678,10 +702,12 @@ class HostsDrill:
             rejoined = _wait(lambda: self.redis.role(old) == "slave"
                              and self.redis.server(old).info("replication")[
                                  "master_link_status"] == "up", 60, 0.2)
-            fault.survived = bool(new and writable and rejoined)
+            synced = self.redis.settle()
+            fault.survived = synced is not None and bool(new and writable and rejoined)
             fault.detail = (f"SIGKILLed master :{old}; :{new} promoted and taking writes after "
                             f"{fault.recovery_s}s; restarted, the old master "
-                            f"{'synced as a replica' if rejoined else 'did NOT rejoin'}")
+                            f"{'synced as a replica' if rejoined else 'did NOT rejoin'}"
+                            f"; {_in_sync(synced)}")
 
     def sentinel_failover(self) -> None:
         with self.fault("sentinel_failover") as fault:
@@ -693,11 +719,13 @@ class HostsDrill:
             writable = new is not None and _wait(self._writable, 30, 0.1)
             fault.recovery_s = round(time.monotonic() - began, 2)
             demoted = new is not None and _wait(lambda: self.redis.role(old) == "slave", 60, 0.1)
-            fault.survived = bool(new and demoted and writable)
+            synced = self.redis.settle()
+            fault.survived = synced is not None and bool(new and demoted and writable)
             fault.detail = (f"SENTINEL FAILOVER: :{old} -> :{new}, the new master taking writes "
                             f"after {fault.recovery_s}s; the old one "
                             f"{'a replica' if demoted else 'NOT a replica'} after "
-                            f"{time.monotonic() - began:.1f}s")
+                            f"{time.monotonic() - began:.1f}s"
+                            f"; {_in_sync(synced)}")
 
     def object_store_restart(self) -> None:
         with self.fault("object_store_restart") as fault:
@@ -748,16 +776,32 @@ class HostsDrill:
         return "MISSING" if raw is None else cast(bytes, raw).decode()
 
     def stop(self) -> None:
-        if self.load is not None:
-            self.load.halt.set()
-            self.load.join(timeout=90)
-        self.hosts.stop()
-        self.objects.stop()
-        self.redis.stop()
+        """Stop the load, the hosts and the services; each is stopped whatever the others do."""
+        try:
+            if self.load is not None and self.load.is_alive():
+                self.load.halt.set()
+                self.load.join(timeout=90)
+        finally:
+            try:
+                self.hosts.stop()
+            finally:
+                try:
+                    self.objects.stop()
+                finally:
+                    self.redis.stop()
+
+
+def _in_sync(synced: float | None) -> str:
+    return ("all replicas in sync NOT within 90 s" if synced is None
+            else f"all replicas in sync {synced:.1f}s later")
 
 
 def _say(line: str) -> None:
     print(line, flush=True)
+
+
+class HostsUnavailable(RuntimeError):
+    """Raised when this machine cannot make network namespaces (not root, no iproute2)."""
 
 
 # the run -------------------------------------------------------------------------------------
@@ -774,7 +818,7 @@ def run_hosts_drill(out_dir: Path, hosts: int, faults: tuple[str, ...] = FAULTS,
     if unknown:
         raise ValueError(f"unknown faults {unknown}; known: {', '.join(FAULTS)}")
     if (why := unavailable()) is not None:
-        raise RuntimeError(f"the drill across hosts cannot run here: {why}")
+        raise HostsUnavailable(f"the drill across hosts cannot run here: {why}")
     out_dir.mkdir(parents=True, exist_ok=True)
     run_dir = Path(tempfile.mkdtemp(prefix="hosts-", dir=out_dir)).resolve()
     net = Netns(hosts)
