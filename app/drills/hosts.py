@@ -60,7 +60,7 @@ REDIS_PORTS = (6379, 6380, 6381)
 """The master (first) and two replicas: after one failover a commit still has a replica."""
 SENTINEL_PORTS = (26379, 26380, 26381)
 DOWN_AFTER_MS = 1500
-FAILOVER_TIMEOUT_MS = 6000
+FAILOVER_TIMEOUT_MS = 3000
 API_PORT = 8080
 S3_PORTS = {"master": 9333, "master_grpc": 19333, "volume": 8081, "volume_grpc": 18081,
             "filer": 8888, "filer_grpc": 18888, "s3": 8333, "s3_grpc": 18333}
