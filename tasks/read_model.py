@@ -40,7 +40,8 @@ class FinishedCount:
 
 @dataclass(frozen=True, slots=True)
 class ReadModel:
-    """Read-only queries over one store (plus the ``/metrics`` counters, kept exactly once)."""
+    """Read-only queries over one store (plus the ``/metrics`` counters, kept exactly once, and
+    the write a replayed submit WAITs on: see :meth:`replayed_job`)."""
 
     store: JobStore
 
@@ -75,11 +76,32 @@ class ReadModel:
     def replayed_job(self, tenant: str, idempotency_key: str) -> str | None:
         """The job a tenant's earlier submit with this idempotency key created, if it still
         exists."""
-        raw = self.store.redis.get(keys.idempotency(tenant, idempotency_key))
+        key = keys.idempotency(tenant, idempotency_key)
+        raw = self.store.redis.get(key)
         existing = cast(bytes, raw).decode() if raw is not None else None
         if existing is not None and self.store.redis.exists(keys.job(existing)):
+            self._replicated(key, existing)
             return existing
         return None
+
+    def _replicated(self, key: str, job_id: str) -> None:
+        """A replayed job is answered only once ``broker.commit_replicas`` replicas hold it, as
+        a new one is: the retry that follows a 503 ("reached 0 of N replicas") may find the job
+        on a master a failover is about to demote, which then drops it. The key is written
+        again (same value, same TTL) and WAITed for; replication keeps order, so replicas that
+        hold this write hold the job created before it. Raises :class:`RedisUnavailable` (503,
+        retry with the same key) when they do not."""
+        wanted = self.store.commit_replicas
+        if not wanted:
+            return
+        pipe = self.store.redis.pipeline(transaction=False)
+        pipe.set(key, job_id, xx=True, keepttl=True)
+        pipe.execute_command("WAIT", wanted, self.store.commit_replica_timeout_ms)
+        _, reached = pipe.execute()
+        if int(reached) < wanted:
+            raise RedisUnavailable(
+                f"job {job_id} reached {reached} of {wanted} replicas; submit again (with the "
+                "same idempotency key, to get this job if it survived)")
 
     def index_before(self, high: str, count: int) -> list[tuple[float, str]]:
         """Up to ``count`` (score, id) of the submit index at or below score ``high`` (a number

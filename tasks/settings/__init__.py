@@ -87,7 +87,8 @@ class BrokerSettings(BaseModel):
     round trip) before the worker acknowledges the chunk, so a failover promoting one of them
     cannot lose it; a new job the API creates likewise, else it answers 503 (retry with the
     same idempotency key) instead of accepting a job a failover could drop. 0 (one server): no
-    wait. With Sentinel, 1."""
+    wait. With Sentinel, the number of replicas: with more replicas than this, the one that
+    acknowledged may be re-pointed at another, promoted one and drop the write."""
     commit_replica_timeout: Seconds = Field(default=0.5, gt=0, le=60)
     """The longest a commit waits for its replicas; past it the worker goes on (logged): a
     commit a failover then loses is replayed from the previous checkpoint (the fences)."""
