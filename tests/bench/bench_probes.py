@@ -72,7 +72,8 @@ def main() -> None:
     started = time.time()
     report = run(args, backlogs, run_dir)
     report["setting"] = {
-        "backlogs": backlogs, "backlog_mode": args.backlog_mode, "probes": args.probes, "workers": args.workers,
+        "backlogs": backlogs, "backlog_mode": args.backlog_mode, "probes": args.probes,
+        "workers": args.workers,
         "batch_job": {"steps": args.batch_steps, "step_ms": args.batch_step_ms,
                       "block_groups": args.batch_groups},
         "load_avg_at_start": os.getloadavg(), "cpus": os.cpu_count(),
@@ -113,8 +114,8 @@ def run(args: argparse.Namespace, backlogs: Sequence[int], run_dir: Path) -> dic
                             "tick_p50_ms_during": _tick_p50_ms(store, since_s=time.time() - 30),
                             "probes": probes})
             print(f"backlog {size}: " + ", ".join(
-                f"{c} p50 {_pct([p['latency_s'] for p in ps], 50):.3f}s" for c, ps in probes.items()),
-                flush=True)
+                f"{c} p50 {_pct([p['latency_s'] for p in ps], 50):.3f}s"
+                for c, ps in probes.items()), flush=True)
             _drain(store, backlog)
     return _summarise(results)
 
@@ -159,7 +160,7 @@ def _create_backlog(store: Any, service: Any, size: int, args: argparse.Namespac
     create = store._create
     for first in range(0, size, PIPELINE):
         pipe = store.redis.pipeline(transaction=False)
-        for n in range(first, min(first + PIPELINE, size)):
+        for _ in range(first, min(first + PIPELINE, size)):
             now_s = time.time()
             job_id = uuid.uuid4().hex[:16]  # the store's id format
             fields = encode(
@@ -177,7 +178,8 @@ def _create_backlog(store: Any, service: Any, size: int, args: argparse.Namespac
         pipe.execute()
     if args.backlog_mode == "released":
         _release_all(store, ids)
-    print(f"backlog of {size} ({args.backlog_mode}) created in {time.perf_counter() - started:.2f}s", flush=True)
+    print(f"backlog of {size} ({args.backlog_mode}) created in "
+          f"{time.perf_counter() - started:.2f}s", flush=True)
     return ids
 
 
@@ -285,8 +287,8 @@ def quantile_ci(values: Sequence[float], q: float, z: float = 1.96) -> tuple[flo
         return (math.nan, math.nan)
     p = q / 100
     half = z * math.sqrt(n * p * (1 - p))
-    lo = max(int(math.floor(n * p - half)), 0)
-    hi = min(int(math.ceil(n * p + half)), n - 1)
+    lo = max(math.floor(n * p - half), 0)
+    hi = min(math.ceil(n * p + half), n - 1)
     return (ordered[lo], ordered[hi])
 
 
