@@ -190,9 +190,10 @@ def release(
     moved = store.transition_as_seen(seen, JobState.QUEUED, by=by, reason=reason,
                                      updates=updates)
     if moved:
+        # No revoke of the message a bumped epoch leaves behind: its claim refuses it in one
+        # round trip, while a revoke is a broadcast every worker handles before its next task
+        # (a tick moving thousands of jobs held each worker's next chunk for seconds).
         publish_chunk(store, seen, chunk=seen.next_chunk, epoch=epoch, queue=queue)
-        if bump_epoch and seen.last_task_id:
-            celery().control.revoke(seen.last_task_id)  # hygiene only: the epoch fences
     return moved
 
 

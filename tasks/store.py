@@ -64,6 +64,7 @@ def _commit_options(request: CommitRequest) -> str:
     return scripts.json_arg(
         then_continue=request.then_continue or None, artifact=request.artifact,
         timing=timing, hop_queues=dict(request.hop_queues) or None,
+        yielded=request.yielded or None,
         next_message=None if message is None else
         {"task_id": message.task_id, "before": message.before, "after": message.after})
 
@@ -216,6 +217,9 @@ class CommitRequest:
     next_message: NextMessage | None = None
     """The next chunk's message, pushed by the commit when the job hops
     (``Commit.published``), so a hop is one round trip."""
+    yielded: bool = False
+    """The chunk (``complete`` False) yielded for work its worker takes first, not for a flag:
+    the job stays in flight and hops with the same next chunk (``checkpoint`` required)."""
 
     def with_checkpoint(self, checkpoint: bytes) -> CommitRequest:
         """The same commit carrying the job's durable state (the store asked for one)."""

@@ -35,6 +35,10 @@
 --                               chunk of a class (a class not named: its class queue)
 --                     "next_message": {"task_id", "before", "after"}   the next chunk's
 --                               message, pushed as before .. <queue as JSON> .. after on a hop
+--                     "yielded": true   the chunk stopped inside (complete '0') for work its
+--                               worker takes first, not for a flag: unless a flag is raised the
+--                               job stays in flight and hops with the same next chunk, resumed
+--                               from the checkpoint (which it must carry)
 --
 -- Returns {'stale'}, {'needs_checkpoint'} (the job must stop here: send one), or {status, seq,
 -- next chunk, queue[, published task id]} with status 'done', 'cancelled', 'preempted',
@@ -69,8 +73,9 @@ local ran_whole = complete == '1'
 if ran_whole then nxt = nxt + 1 end
 local last = ran_whole and nxt == total
 local cancel = h[7] == '1'
-local stop = cancel or h[6] == '1' or not ran_whole
-if stop and not last and has_ckpt ~= '1' then return {'needs_checkpoint'} end
+local yielded = not ran_whole and options.yielded == true
+local stop = cancel or h[6] == '1' or (not ran_whole and not yielded)
+if (stop or yielded) and not last and has_ckpt ~= '1' then return {'needs_checkpoint'} end
 local new_seq = tonumber(seq) + 1
 redis.call('HSET', job, 'seq', new_seq, 'next_chunk', nxt, 'updated_at', now)
 redis.call('HINCRBYFLOAT', job, 'service_s', service_s)
@@ -112,8 +117,9 @@ if options.then_continue then return {'continue', unpack(cursor)} end
 local class = string.match(h[8], '([^.]+)$')
 local target = (options.hop_queues or {})[class] or class
 redis.call('HSET', job, 'state', STATE.QUEUED, 'queue', target, 'queued_at', now)
-event(events, 'state', STATE.RUNNING, STATE.QUEUED, worker,
-      'next chunk ' .. nxt .. ' on ' .. target, now)
+local why = 'next chunk ' .. nxt .. ' on ' .. target
+if yielded then why = 'yielded inside chunk ' .. nxt .. ' to waiting work; resumes on ' .. target end
+event(events, 'state', STATE.RUNNING, STATE.QUEUED, worker, why, now)
 local message = options.next_message
 if not message or message.task_id == '' then
   return {'hop', tostring(new_seq), tostring(nxt), target}
