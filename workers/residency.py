@@ -33,12 +33,13 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from workers.errors import WorkerError
+
+if TYPE_CHECKING:  # the residency itself never loads torch: a simulated worker imports it too
+    import torch
+    from torch import nn
 
 T = TypeVar("T")
 Tier = Literal["device", "host", "disk"]
@@ -83,6 +84,8 @@ class Resident:
     to_device: Callable[[Any], None] | None = None
     release: Callable[[Any], None] | None = None
     """Frees what a dropped model holds beyond its tensors (a MoE model's copy threads)."""
+    grows: bool = False
+    """Its bytes change as it serves (a MoE model's expert caches): measured again after use."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,10 +204,10 @@ class ModelResidency:
             with self._lock:
                 self._scope_depth -= 1
                 if self._scope_depth == 0:
-                    for key in self._scoped:
+                    used, self._scoped = self._scoped, set()
+                    for key in used:
                         self._unpin(key)
-                    self._scoped.clear()
-                    self.remeasure()
+                    self.remeasure(used)
 
     @contextmanager
     def pinned(self, key: str) -> Iterator[None]:
@@ -217,11 +220,14 @@ class ModelResidency:
             with self._lock:
                 self._unpin(key)
 
-    def remeasure(self) -> None:
-        """Measure every held model again and evict down to the budgets."""
+    def remeasure(self, keys: Iterable[str] | None = None) -> None:
+        """Measure the held models of ``keys`` (None: all) whose size changes as they serve
+        again, and evict down to the budgets."""
         with self._lock:
-            for entry in self._entries.values():
-                entry.bytes = tensor_bytes(entry.kind.tensors(entry.value))
+            for key in self._entries if keys is None else keys:
+                entry = self._entries.get(key)
+                if entry is not None and entry.kind.grows:
+                    entry.bytes = tensor_bytes(entry.kind.tensors(entry.value))
             self._make_room(0, keep=None, what=None)
 
     # -- what it holds -----------------------------------------------------------------------

@@ -90,8 +90,9 @@ def moe_resident(device: str) -> Resident:
     inside the same budget). On the CPU the host tier keeps a session as it is; on a GPU an
     evicted session is dropped (its expert caches' device slots are not moved to the host)."""
     if device.startswith("cuda"):
-        return Resident(tensors=session_tensors, release=_close)
-    return Resident(tensors=session_tensors, to_host=_stay, to_device=_stay, release=_close)
+        return Resident(tensors=session_tensors, release=_close, grows=True)
+    return Resident(tensors=session_tensors, to_host=_stay, to_device=_stay, release=_close,
+                    grows=True)
 
 
 def _stay(session: ModelSession) -> None:
