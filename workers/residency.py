@@ -134,7 +134,8 @@ class ModelResidency:
 
     def __init__(self, budget_bytes: int | None = None, host_budget_bytes: int | None = 0,
                  policy: Policy = "cost", half_life_s: float = 300.0,
-                 clock_s: Callable[[], float] = time.monotonic) -> None:
+                 clock_s: Callable[[], float] = time.monotonic,
+                 timer_s: Callable[[], float] = time.perf_counter) -> None:
         if policy not in POLICIES:
             raise ValueError(f"residency policy {policy!r}: use one of {', '.join(POLICIES)}")
         self.budget_bytes = budget_bytes
@@ -142,6 +143,8 @@ class ModelResidency:
         self.policy: Policy = policy
         self.half_life_s = half_life_s
         self._clock_s = clock_s
+        self._timer_s = timer_s
+        """Times loads (a test's clock can make a build take a chosen time)."""
         self._entries: dict[str, _Entry] = {}
         self._costs: dict[str, dict[str, float]] = {}
         """Measured load seconds per model and source tier, kept after the model is dropped."""
@@ -152,6 +155,7 @@ class ModelResidency:
         self._scoped: set[str] = set()
         self._lock = threading.RLock()
         self.counters = _Counters()
+        self._refused = 0
         self.recent: deque[LoadRecord] = deque(maxlen=RECENT_LOADS)
 
     # -- use ---------------------------------------------------------------------------------
@@ -168,18 +172,18 @@ class ModelResidency:
                 self.counters.hits += 1
             elif entry is not None:  # in host memory
                 self._make_room(entry.bytes, keep=key, what=key)
-                started_s = time.perf_counter()
+                started_s = self._timer_s()
                 if entry.kind.to_device is not None:
                     entry.kind.to_device(entry.value)
                 entry.tier = "device"
-                self._loaded(entry, "host", time.perf_counter() - started_s, now_s)
+                self._loaded(entry, "host", self._timer_s() - started_s, now_s)
             else:
                 estimate = self._last_bytes(key)
                 if estimate:
                     self._make_room(estimate, keep=key, what=key)
-                started_s = time.perf_counter()
+                started_s = self._timer_s()
                 value = build()
-                seconds = time.perf_counter() - started_s
+                seconds = self._timer_s() - started_s
                 entry = _Entry(key, value, kind, build, "device",
                                tensor_bytes(kind.tensors(value)), now_s)
                 self._entries[key] = entry
@@ -325,8 +329,10 @@ class ModelResidency:
             self._pinned.pop(key, None)
 
     def _victim(self, tier: Tier, keep: str | None) -> _Entry | None:
-        candidates = [e for e in self._entries.values()
-                      if e.tier == tier and e.key != keep and not self._pinned.get(e.key)]
+        """The policy's choice among ``tier``'s models other than ``keep``; on the device,
+        pinned ones are spared (in the host tier nothing is in use)."""
+        candidates = [e for e in self._entries.values() if e.tier == tier and e.key != keep
+                      and (tier != "device" or not self._pinned.get(e.key))]
         if not candidates:
             return None
         now_s = self._clock_s()
@@ -334,31 +340,42 @@ class ModelResidency:
 
     def _make_room(self, incoming: int, keep: str | None, what: str | None) -> None:
         """Evict until the device tier plus ``incoming`` bytes fits its budget (a device victim
-        falls to the host tier when that can hold it), then the host tier to its own."""
+        falls to the host tier when that can hold it), then the host tier to its own; raises
+        :class:`ModelMemoryError` when the models in use leave no room."""
+        refused = False
         if self.budget_bytes is not None:
             while self.tier_bytes("device") + incoming > self.budget_bytes:
                 victim = self._victim("device", keep)
                 if victim is None:
-                    self._refuse(incoming, what)
+                    refused = True
                     break
                 self._demote(victim)
+        if refused:
+            self._refuse(incoming, what)  # drops a just-built model that cannot stay
         if self.host_budget_bytes is not None:
             while self.tier_bytes("host") > self.host_budget_bytes:
-                victim = self._victim("host", None)
-                assert victim is not None  # nothing in the host tier is pinned or kept
+                victim = self._victim("host", keep)
+                if victim is None:  # only ``keep``, on its way back to the device
+                    break
                 self._drop(victim)
         device = self.tier_bytes("device")
         self.counters.peak_device_bytes = max(self.counters.peak_device_bytes, device)
+        if refused:
+            raise ModelMemoryError(self._refusal(incoming, what))
 
     def _refuse(self, incoming: int, what: str | None) -> None:
-        held = {k: e.bytes for k, e in self._entries.items() if e.tier == "device"}
+        """A model just built that does not fit beside the pinned ones goes again."""
         if what is not None and what in self._entries and self._entries[what].tier == "device":
-            # a model just built that does not fit beside the pinned ones: let it go again
+            self._refused = self._entries[what].bytes
             del self._entries[what]
-        raise ModelMemoryError(
-            f"model {what or '?'} ({incoming or self._last_bytes(what or '')} bytes) does not "
-            f"fit in the device memory budget of {self.budget_bytes} bytes beside the models "
-            f"in use ({held}); raise residency.memory_budget_bytes")
+
+    def _refusal(self, incoming: int, what: str | None) -> str:
+        held = {k: e.bytes for k, e in self._entries.items()
+                if e.tier == "device" and self._pinned.get(k)}
+        size = incoming or self._refused or self._last_bytes(what or "")
+        return (f"model {what or '?'} ({size} bytes) does not fit in the device memory budget "
+                f"of {self.budget_bytes} bytes beside the models in use ({held}); raise "
+                "residency.memory_budget_bytes")
 
     def _demote(self, entry: _Entry) -> None:
         host_room = self.host_budget_bytes is None or entry.bytes <= self.host_budget_bytes
