@@ -154,6 +154,9 @@ class ModelResidency:
         self._scope_depth = 0
         self._scoped: set[str] = set()
         self._lock = threading.RLock()
+        self._load_lock = threading.Lock()
+        self._loading: str | None = None
+        """The model being moved back from host memory or built: no tier evicts it."""
         self.counters = _Counters()
         self._refused = 0
         self.recent: deque[LoadRecord] = deque(maxlen=RECENT_LOADS)
@@ -162,38 +165,65 @@ class ModelResidency:
 
     def acquire(self, key: str, build: Callable[[], T], kind: Resident) -> T:
         """The model ``key``: resident already, moved back from host memory, or built by
-        ``build``; room is made by evicting unpinned models. Inside :meth:`in_use` it stays
-        pinned until the bracket closes."""
+        ``build``; room is made by evicting unpinned models first (when its size is known) and
+        after. Inside :meth:`in_use` it stays pinned until the bracket closes. Loads run one at
+        a time and outside the state lock: a heartbeat reading :meth:`summary` never waits for
+        a build."""
         with self._lock:
-            now_s = self._clock_s()
-            self._count_use(key, now_s)
-            entry = self._entries.get(key)
-            if entry is not None and entry.tier == "device":
-                self.counters.hits += 1
-            elif entry is not None:  # in host memory
-                self._make_room(entry.bytes, keep=key, what=key)
+            if (hit := self._hit(key)) is not None:
+                return hit  # type: ignore[no-any-return]
+        with self._load_lock:
+            with self._lock:
+                if (hit := self._hit(key)) is not None:  # loaded meanwhile by another thread
+                    return hit  # type: ignore[no-any-return]
+                now_s = self._clock_s()
+                self._count_use(key, now_s)
+                entry = self._entries.get(key)
+                incoming = entry.bytes if entry is not None else self._last_bytes(key)
+                self._loading = key
+                try:
+                    self._make_room(incoming, keep=key, what=key)
+                except ModelMemoryError:
+                    self._loading = None
+                    raise
+            try:
                 started_s = self._timer_s()
-                if entry.kind.to_device is not None:
-                    entry.kind.to_device(entry.value)
-                entry.tier = "device"
-                self._loaded(entry, "host", self._timer_s() - started_s, now_s)
-            else:
-                estimate = self._last_bytes(key)
-                if estimate:
-                    self._make_room(estimate, keep=key, what=key)
-                started_s = self._timer_s()
-                value = build()
+                if entry is not None:  # in host memory: moved back
+                    if entry.kind.to_device is not None:
+                        entry.kind.to_device(entry.value)
+                    source: Tier = "host"
+                else:
+                    entry = _Entry(key, build(), kind, build, "device", 0, now_s)
+                    source = "disk"
                 seconds = self._timer_s() - started_s
-                entry = _Entry(key, value, kind, build, "device",
-                               tensor_bytes(kind.tensors(value)), now_s)
+                entry.bytes = tensor_bytes(kind.tensors(entry.value))
+            finally:
+                with self._lock:
+                    self._loading = None
+            with self._lock:
+                entry.tier, entry.last_use_s = "device", now_s
                 self._entries[key] = entry
-                self._loaded(entry, "disk", seconds, now_s)
+                self._loaded(entry, source, seconds, now_s)
                 self._make_room(0, keep=key, what=key)
-            entry.last_use_s = now_s
-            if self._scope_depth > 0 and key not in self._scoped:
-                self._scoped.add(key)
-                self._pinned[key] = self._pinned.get(key, 0) + 1
-            return entry.value  # type: ignore[no-any-return]
+                self._pin_in_scope(key)
+                return entry.value  # type: ignore[no-any-return]
+
+    def _hit(self, key: str) -> Any | None:
+        """``key``'s model if it is on the device (counted as a use), else None."""
+        entry = self._entries.get(key)
+        if entry is None or entry.tier != "device":
+            return None
+        now_s = self._clock_s()
+        self._count_use(key, now_s)
+        self.counters.hits += 1
+        entry.last_use_s = now_s
+        self._pin_in_scope(key)
+        return entry.value
+
+    def _pin_in_scope(self, key: str) -> None:
+        if self._scope_depth > 0 and key not in self._scoped:
+            self._scoped.add(key)
+            self._pinned[key] = self._pinned.get(key, 0) + 1
 
     @contextmanager
     def in_use(self) -> Iterator[None]:
@@ -331,7 +361,8 @@ class ModelResidency:
     def _victim(self, tier: Tier, keep: str | None) -> _Entry | None:
         """The policy's choice among ``tier``'s models other than ``keep``; on the device,
         pinned ones are spared (in the host tier nothing is in use)."""
-        candidates = [e for e in self._entries.values() if e.tier == tier and e.key != keep
+        candidates = [e for e in self._entries.values()
+                      if e.tier == tier and e.key not in (keep, self._loading)
                       and (tier != "device" or not self._pinned.get(e.key))]
         if not candidates:
             return None

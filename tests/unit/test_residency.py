@@ -197,3 +197,21 @@ def test_the_heartbeat_carries_the_residency_both_ways() -> None:
     assert back.resident_bytes("device") == r.tier_bytes("device") <= 900
     assert back.resident_bytes("host") == r.tier_bytes("host") > 0
     assert "residency" not in Heartbeat(name="w").encode()
+
+
+def test_metrics_show_each_workers_resident_bytes_and_loads() -> None:
+    from app.api.metrics import residency_metrics
+
+    r = ModelResidency(budget_bytes=900, policy="lru")
+    for key in ("a", "b", "c"):
+        r.acquire(key, lambda key=key: _build(key), FAKE)  # type: ignore[misc]
+    beats = {"w1@h": Heartbeat(name="w1@h", residency=r.summary()), "w2@h": Heartbeat("w2@h")}
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for metric in residency_metrics(beats) for s in metric.samples}
+    assert samples[("stepline_worker_resident_bytes", (("tier", "device"), ("worker", "w1@h")))
+                   ] == r.tier_bytes("device") == SIZES["b"] + SIZES["c"]
+    assert samples[("stepline_worker_model_loads_total",
+                    (("source", "disk"), ("worker", "w1@h")))] == 3
+    assert ("stepline_worker_model_load_seconds_total",
+            (("source", "disk"), ("worker", "w1@h"))) in samples
+    assert not any("w2@h" in dict(labels).values() for _, labels in samples)
