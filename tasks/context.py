@@ -25,6 +25,7 @@ from tasks.settings.moe import cache_config, router_config
 from tasks.store import JobStore
 from workers.kinds import RunnerOptions, get_runner
 from workers.local_cache import LocalCheckpointCache
+from workers.residency import ModelResidency, configure, process_residency
 from workers.runner import JobRunner
 
 if TYPE_CHECKING:
@@ -85,12 +86,14 @@ class WorkerContext:
     _options: dict[str, RunnerOptions] = field(default_factory=dict)
     _runner_lock: threading.Lock = field(default_factory=threading.Lock)
     """Held while the worker runs a task's chunks: the heartbeat's idle unload waits them out."""
+    _models_set: bool = False
     _versions: VersionSync | None = None
     _beat: threading.Thread | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def runner(self, kind: str) -> JobRunner:
         """The runner for ``kind``, built with this worker's device and model settings."""
+        self.models()
         self._kinds_run.add(kind)
         if kind not in self._options:
             self._options[kind] = runner_options(self.settings, kind)
@@ -110,6 +113,15 @@ class WorkerContext:
 
     def runner_loaded(self, kind: str) -> bool:
         return kind in self._kinds_run
+
+    def models(self) -> ModelResidency:
+        """This process's model residency, set to this worker's ``residency`` settings."""
+        r = self.settings.residency
+        if not self._models_set:
+            configure(r.memory_budget_bytes, r.host_memory_budget_bytes, r.policy,
+                      r.reuse_half_life)
+            self._models_set = True
+        return process_residency()
 
     def consuming(self) -> tuple[str, ...]:
         """The queues this worker consumes now (remote control may have changed them)."""
@@ -153,7 +165,7 @@ class WorkerContext:
         """The worker runs chunks of ``job_ids`` (the first one the task's own): the heartbeat
         renews their leases, and the idle unload waits; after them, the expert residency the
         heartbeat advertises is re-read."""
-        with self._runner_lock:
+        with self._runner_lock, self.models().in_use():  # its models are never evicted meanwhile
             self.busy_job, self.batch_jobs = job_ids[0], tuple(job_ids[1:])
             try:
                 yield
@@ -194,6 +206,7 @@ class WorkerContext:
                         "hit_rate": round(self.cache.hit_rate, 4)},
             experts=self.experts, hop_profile=self.profile.as_dict(),
             expert_cache=self.expert_cache, warm=self.warm, warmed=tuple(self.warmed),
+            residency=self.models().summary() if self._models_set else {},
         )
         pipe = self.store.redis.pipeline(transaction=False)
         pipe.set(keys.worker(self.name), beat.encode(), px=int(lease_s * 1000))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -31,6 +31,7 @@ from app.api.stats import (
 )
 from scheduler.lifecycle import JobState, SloClass
 from tasks import keys
+from tasks.heartbeat import Heartbeat
 from tasks.read_model import FinishedCount, ReadModel
 from tasks.record import JobRecord
 from tasks.settings import Settings
@@ -96,6 +97,7 @@ class StoreCollector(Collector):
                 if rate is not None:
                     per_worker.add_metric([worker.name, name], rate)
         yield per_worker
+        yield from residency_metrics(beats)
         yield GaugeMetricFamily("stepline_origin_active", "1 while a job is the origin",
                                 value=1 if self.reads.origin_id() else 0)
 
@@ -180,3 +182,29 @@ class StoreCollector(Collector):
             if stats.attainment is not None:
                 gauge.add_metric([slo], stats.attainment)
         return gauge
+
+
+def residency_metrics(beats: Mapping[str, Heartbeat]) -> Iterator[Metric]:
+    """Per worker, from its heartbeat's ``residency``: bytes of the models it holds per tier,
+    and its model loads and their seconds per source tier (cumulative, so counters)."""
+    resident = GaugeMetricFamily("stepline_worker_resident_bytes",
+                                 "Measured tensor bytes of the models a worker holds",
+                                 labels=["worker", "tier"])
+    loads = CounterMetricFamily("stepline_worker_model_loads",
+                                "Model loads of a worker, by the tier they came from",
+                                labels=["worker", "source"])
+    seconds = CounterMetricFamily("stepline_worker_model_load_seconds",
+                                  "Seconds a worker spent loading models, by source tier",
+                                  labels=["worker", "source"])
+    for name, beat in sorted(beats.items()):
+        if not beat.residency:
+            continue
+        for tier in ("device", "host"):
+            resident.add_metric([name, tier], beat.resident_bytes(tier))
+        for source, count in dict(beat.residency.get("loads") or {}).items():
+            loads.add_metric([name, str(source)], float(count))
+        for source, spent in dict(beat.residency.get("load_s") or {}).items():
+            seconds.add_metric([name, str(source)], float(spent))
+    yield resident
+    yield loads
+    yield seconds

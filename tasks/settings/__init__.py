@@ -33,6 +33,7 @@ from tasks.settings.environment import (
 )
 from tasks.settings.moe import MoeSettings
 from tasks.settings.scheduler import SchedulerSettings
+from tasks.settings.workers import ResidencySettings
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.yaml"
@@ -146,6 +147,8 @@ class Settings(BaseSettings):
     """MoE serving."""
     diffusion: DiffusionSettings = Field(default_factory=DiffusionSettings)
     """Diffusion jobs."""
+    residency: ResidencySettings = Field(default_factory=ResidencySettings)
+    """The built models a worker keeps, under a memory budget."""
     broker: BrokerSettings = Field(default_factory=BrokerSettings)
     """Celery transport."""
     affinity: AffinitySettings = Field(default_factory=AffinitySettings)
@@ -227,5 +230,5 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
 
 __all__ = [
     "AffinitySettings", "ApiSettings", "AutoscaleSettings", "DiffusionSettings", "MoeSettings",
-    "SchedulerSettings", "Settings", "load_settings",
+    "ResidencySettings", "SchedulerSettings", "Settings", "load_settings",
 ]
