@@ -76,12 +76,11 @@ def submit_for(ctx: ApiContext, tenant: Tenant, spec: JobSpec) -> tuple[str, boo
     if spec.idempotency_key and (
             existing := ctx.reads.replayed_job(tenant.name, spec.idempotency_key)):
         return existing, False
-    wait_s = ctx.limits.take_token(tenant)
+    wait_s, unfinished = ctx.limits.take_token_and_count(tenant)  # one round trip, O(1)
     if wait_s > 0:
         raise TooManyRequests(
             f"tenant {tenant.name!r} is over its rate limit of {tenant.rate_limit_per_s:g} "
             f"submissions/s (burst {tenant.burst}); retry after {wait_s:.2f}s", wait_s)
-    unfinished = ctx.limits.unfinished(tenant)
     if unfinished >= tenant.max_queued:
         raise TooManyRequests(
             f"tenant {tenant.name!r} has {unfinished} unfinished jobs, its quota is "
@@ -89,12 +88,9 @@ def submit_for(ctx: ApiContext, tenant: Tenant, spec: JobSpec) -> tuple[str, boo
     for dep in spec.depends_on:
         _check_dependency(ctx, tenant, dep)
     try:
-        job_id, created = ctx.service.submit(spec, tenant=tenant.name, tier=tenant.tier)
+        return ctx.service.submit(spec, tenant=tenant.name, tier=tenant.tier)
     except WorkerError as exc:
         raise InvalidJob(f"invalid {spec.kind} job: {exc}") from exc
-    if created:
-        ctx.limits.track(tenant, job_id)
-    return job_id, created
 
 
 def _check_dependency(ctx: ApiContext, tenant: Tenant, dep: str) -> None:

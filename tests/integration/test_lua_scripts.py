@@ -34,7 +34,6 @@ def _calls(client: redis.Redis) -> list[tuple[str, Callable[[], object]]]:
         job_id, created = store.create(spec, tenant="t", tier="standard", num_chunks=2,
                                        cost_key="sim", cost_units=[1, 1], deadline_s=5,
                                        now_s=100.0, queue="interactive")
-        limits.track(tenant, job_id)
         return created
 
     def claim() -> object:
@@ -60,7 +59,7 @@ def _calls(client: redis.Redis) -> list[tuple[str, Callable[[], object]]]:
 
     return [
         ("create", create),
-        ("count_live", lambda: limits.unfinished(tenant)),
+        ("count_live", limits.live.rebuild),
         ("take_token", lambda: limits.take_token(tenant)),
         ("transition", lambda: store.transition(job_id, JobState.QUEUED, by="test")),
         ("first_estimate", first_estimate),
