@@ -59,6 +59,9 @@ LIVE_BY_STATE = PREFIX + "jobs:live:state"
 """Unfinished jobs per ``STATE|slo`` (a hash), kept by every state change (``_events.lua``)."""
 LIVE_BY_TENANT = PREFIX + "jobs:live:tenant"
 """Unfinished jobs per tenant (a hash): the queue quotas read it."""
+RAN = PREFIX + "jobs:ran"
+"""Jobs that held a worker in the last hour, scored by when they last left RUNNING (+inf while
+running): a zset the state changes keep (``_events.lua``), read by the dashboard's timeline."""
 DONE = PREFIX + "done"
 """A stream of (job id, final state): clients block on it instead of polling every job."""
 

@@ -40,7 +40,8 @@ class LiveCounts:
         """Set both counters to a full count of the live set's records, atomically (one script:
         O(unfinished jobs), once per API process, so a store written before the counters
         existed reads right); returns the unfinished jobs counted."""
-        return int(self._rebuild(keys=[keys.ACTIVE, keys.LIVE_BY_STATE, keys.LIVE_BY_TENANT],
+        return int(self._rebuild(keys=[keys.ACTIVE, keys.LIVE_BY_STATE, keys.LIVE_BY_TENANT,
+                                       keys.RAN],
                                  args=[keys.job("")]))
 
     def by_state(self) -> LiveByState:
@@ -55,6 +56,16 @@ class LiveCounts:
         """The tenant's unfinished jobs (its queue quota counts them)."""
         raw = self.redis.hget(keys.LIVE_BY_TENANT, tenant)
         return 0 if raw is None else int(cast(bytes, raw))
+
+    def ran_since(self, since_s: float) -> list[str]:
+        """Jobs that held a worker at some point since ``since_s`` (running now included), from
+        the last hour."""
+        raw = cast(list[bytes], self.redis.zrangebyscore(keys.RAN, since_s, "+inf"))
+        return [m.decode() for m in raw]
+
+    def running(self) -> list[str]:
+        """Jobs RUNNING now."""
+        return self.ran_since(float("inf"))
 
     def by_tenant(self) -> dict[str, int]:
         raw = cast(dict[bytes, bytes], self.redis.hgetall(keys.LIVE_BY_TENANT))

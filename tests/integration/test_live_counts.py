@@ -1,5 +1,6 @@
-"""The live counters (unfinished jobs per state and class, per tenant) that the Lua scripts keep on
-every state change equal a full count of the records after any history of the store's writers:
+"""The live counters (unfinished jobs per state and class and per tenant, the jobs that ran) that
+the Lua scripts keep on every state change equal a full count of the records after any history
+of the store's writers:
 submits, releases, claims, commits (hops, the last chunk, preemptions, cancels at a boundary),
 client cancels, suspensions, illegal moves and failures of unreadable records. A rebuild from the
 records agrees with them too."""
@@ -34,10 +35,12 @@ pytestmark = pytest.mark.timeout(120)
 TENANTS = ("acme", "globex", "initech")
 
 
-def full_count(client: redis.Redis) -> tuple[Counter[tuple[str, str]], Counter[str]]:
-    """Unfinished jobs per (state, class) and per tenant, from every record in the store."""
+def full_count(client: redis.Redis) -> tuple[Counter[tuple[str, str]], Counter[str], set[str]]:
+    """Unfinished jobs per (state, class) and per tenant, and the running jobs, from every
+    record in the store."""
     by_state: Counter[tuple[str, str]] = Counter()
     by_tenant: Counter[str] = Counter()
+    running: set[str] = set()
     for key in client.scan_iter(match=keys.job("*")):
         if key.count(b":") != 2:  # the job's events or checkpoint, not its record
             continue
@@ -45,7 +48,9 @@ def full_count(client: redis.Redis) -> tuple[Counter[tuple[str, str]], Counter[s
         if JobState(state) not in TERMINAL_STATES:
             by_state[(state, slo)] += 1
             by_tenant[tenant] += 1
-    return by_state, by_tenant
+        if state == JobState.RUNNING.value:
+            running.add(key.decode().removeprefix(keys.job("")))
+    return by_state, by_tenant, running
 
 
 class LiveCountHistories(RuleBasedStateMachine):
@@ -59,6 +64,8 @@ class LiveCountHistories(RuleBasedStateMachine):
         self.counts = LiveCounts(client)
         self.limits = TenantLimits(client)
         self.ids: list[str] = []
+        self.ever_ran: set[str] = set()
+        """Jobs seen RUNNING after some step (a step moves a job once at most)."""
         self.names = itertools.count()
 
     def _record(self, index: int) -> tuple[str, JobState, int, int, int]:
@@ -115,18 +122,22 @@ class LiveCountHistories(RuleBasedStateMachine):
 
     @invariant()
     def the_counters_equal_a_full_count(self) -> None:
-        by_state, by_tenant = full_count(self.client)
+        by_state, by_tenant, running = full_count(self.client)
         assert dict(self.counts.by_state().counts) == dict(by_state)
         assert self.counts.by_tenant() == dict(by_tenant)
+        assert set(self.counts.running()) == running
+        self.ever_ran |= running
+        assert set(self.counts.ran_since(0.0)) == self.ever_ran
         for tenant in TENANTS:
             quota = Tenant(tenant, "standard", 1.0, 1, 1)
             assert self.limits.unfinished(quota) == by_tenant[tenant]
 
     @invariant()
     def a_rebuild_changes_nothing(self) -> None:
-        before = (self.counts.by_state(), self.counts.by_tenant())
+        before = (self.counts.by_state(), self.counts.by_tenant(), self.counts.ran_since(0.0))
         assert self.counts.rebuild() == before[0].total
-        assert (self.counts.by_state(), self.counts.by_tenant()) == before
+        assert (self.counts.by_state(), self.counts.by_tenant(),
+                self.counts.ran_since(0.0)) == before
 
 
 def test_the_live_counters_equal_a_full_count_after_any_history(
