@@ -21,6 +21,15 @@ class LiveByState:
 
     counts: Mapping[tuple[str, str], int]
 
+    @classmethod
+    def parse(cls, raw: Mapping[bytes, bytes]) -> LiveByState:
+        """From the counter hash as read (fields ``STATE|slo``)."""
+        counts: dict[tuple[str, str], int] = {}
+        for field, value in raw.items():
+            state, _, slo = field.decode().partition("|")
+            counts[(state, slo)] = int(value)
+        return cls(counts)
+
     def of_class(self, slo: str) -> int:
         return sum(n for (_, s), n in self.counts.items() if s == slo)
 
@@ -45,12 +54,8 @@ class LiveCounts:
                                  args=[keys.job("")]))
 
     def by_state(self) -> LiveByState:
-        raw = cast(dict[bytes, bytes], self.redis.hgetall(keys.LIVE_BY_STATE))
-        counts: dict[tuple[str, str], int] = {}
-        for field, value in raw.items():
-            state, _, slo = field.decode().partition("|")
-            counts[(state, slo)] = int(value)
-        return LiveByState(counts)
+        return LiveByState.parse(cast(dict[bytes, bytes],
+                                      self.redis.hgetall(keys.LIVE_BY_STATE)))
 
     def of_tenant(self, tenant: str) -> int:
         """The tenant's unfinished jobs (its queue quota counts them)."""
