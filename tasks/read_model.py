@@ -14,7 +14,7 @@ import redis
 from scheduler.lifecycle import JobState, SloClass
 from tasks import keys, scripts
 from tasks.admission import PublishedAdmission
-from tasks.errors import AdmissionStatusError, RedisUnavailable
+from tasks.errors import AdmissionStatusError, JobNotFound, RedisUnavailable
 from tasks.heartbeat import Heartbeat
 from tasks.live_counts import LiveByState
 from tasks.record import JobRecord, UnreadableRecord, field_name
@@ -93,6 +93,17 @@ class ReadModel:
 
     def origin_id(self) -> str | None:
         return self.store.origin_id()
+
+    def record_and_origin(self, job_id: str) -> tuple[JobRecord, str | None]:
+        """The job's record and the origin's id, in one round trip (what a job's view needs);
+        raises like :meth:`JobStore.record`."""
+        pipe = self.store.redis.pipeline(transaction=False)
+        pipe.hgetall(keys.job(job_id))
+        pipe.get(keys.ORIGIN)
+        raw, origin = cast(tuple[dict[bytes, bytes], bytes | None], pipe.execute())
+        if not raw:
+            raise JobNotFound(f"no job {job_id}")
+        return JobRecord.from_hash(raw), None if origin is None else origin.decode()
 
     def active_ids(self) -> list[str]:
         return self.store.active_ids()

@@ -118,7 +118,7 @@ def create_job(spec: JobSpec, ctx: Ctx, tenant: Caller, response: Response) -> J
     if not created:
         response.status_code = 200
     response.headers["Location"] = f"/v1/jobs/{job_id}"
-    return job_detail(ctx.reads.record(job_id), ctx.reads.origin_id())
+    return job_detail(*ctx.reads.record_and_origin(job_id))
 
 
 # read -----------------------------------------------------------------------------------------

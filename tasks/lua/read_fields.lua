@@ -9,8 +9,11 @@
 --
 -- Returns one list per hash: its fields' values in order (nil for a missing one).
 
+local hashes = KEYS
+local fields = ARGV
+
 local out = {}
-for i, hash in ipairs(KEYS) do
-  out[i] = redis.call('HMGET', hash, unpack(ARGV))
+for i, hash in ipairs(hashes) do
+  out[i] = redis.call('HMGET', hash, unpack(fields))
 end
 return out
