@@ -139,7 +139,7 @@ class Bench:
             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=log,
             stderr=subprocess.STDOUT)
         log.close()
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 600  # the API imports torch first: minutes when loaded
         while time.monotonic() < deadline:
             try:
                 if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
@@ -147,7 +147,8 @@ class Bench:
             except httpx.HTTPError:
                 time.sleep(0.2)
         self.api.kill()
-        raise TimeoutError("the API did not answer within 120 s")
+        tail = (run_dir / "api.log").read_text()[-2000:]
+        raise TimeoutError(f"the API did not answer within 600 s; its log ends:\n{tail}")
 
     def close(self) -> None:
         self.api.terminate()
