@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import re
@@ -52,6 +53,9 @@ LIMITED_RESPONSES: dict[int | str, dict[str, Any]] = {
 MAX_PAGE = 500
 """Most jobs one GET /v1/jobs returns."""
 _FILTER_FIELDS = ("tenant", "state", "slo")
+SCAN_FIRST, SCAN_MAX = 128, 2048
+"""A listing reads the index (and three fields of each job) 128 jobs first, then twice as many
+each time, up to 2048 (round trips, not rows, are what a filter that matches little pays)."""
 _CURSOR = re.compile(r"^(\d+(?:\.\d+)?(?:e[+-]?\d+)?),([0-9A-Za-z]{1,64})$")
 
 
@@ -176,11 +180,13 @@ def _not_ready_detail(r: JobRecord) -> str:
 # list -----------------------------------------------------------------------------------------
 def _scan(ctx: ApiContext, cursor: tuple[float, str] | None) -> Iterator[tuple[float, str]]:
     """(score, id) newest first from the index, strictly after ``cursor``, at most
-    ``api.list_scan_limit`` of them."""
-    budget, batch = ctx.settings.api.list_scan_limit, 256
+    ``api.list_scan_limit`` of them, read in batches that double (a first page reads one, a
+    filter that matches little reads the budget in a few round trips)."""
+    budget, batch = ctx.settings.api.list_scan_limit, SCAN_FIRST // 2
     high = "+inf" if cursor is None else repr(cursor[0])
     after = cursor
     while budget > 0:
+        batch = min(batch * 2, SCAN_MAX)
         rows = ctx.reads.index_before(high, min(batch, budget))
         fresh = list(rows)
         if after is not None:  # equal scores come in reverse member order
@@ -239,11 +245,14 @@ def _matching(
     state: JobState | None, slo: SloClass | None,
 ) -> Iterator[tuple[float, str]]:
     """(score, id) of the caller's jobs that pass the filters, newest first, judged by three
-    fields read 256 jobs at a time (a page stops reading once it is full)."""
+    fields read in batches that double, as the index is (a page stops reading once it is
+    full)."""
     rows = _scan(ctx, cursor)
     want = (tenant.name.encode(), state.value.encode() if state else None,
             slo.value.encode() if slo else None)
-    while batch := [row for _, row in zip(range(256), rows, strict=False)]:
+    size = SCAN_FIRST
+    while batch := list(itertools.islice(rows, size)):
+        size = min(size * 2, SCAN_MAX)
         for (score, job_id), (owner, at, of) in zip(
                 batch, ctx.reads.fields([i for _, i in batch], _FILTER_FIELDS), strict=True):
             if owner == want[0] and want[1] in (None, at) and want[2] in (None, of):
