@@ -55,6 +55,13 @@ PREFIX = "sl:"
 
 ACTIVE = PREFIX + "jobs:active"
 INDEX = PREFIX + "jobs:index"
+LIVE_BY_STATE = PREFIX + "jobs:live:state"
+"""Unfinished jobs per ``STATE|slo`` (a hash), kept by every state change (``_events.lua``)."""
+LIVE_BY_TENANT = PREFIX + "jobs:live:tenant"
+"""Unfinished jobs per tenant (a hash): the queue quotas read it."""
+RAN = PREFIX + "jobs:ran"
+"""Jobs that held a worker in the last hour, scored by when they last left RUNNING (+inf while
+running): a zset the state changes keep (``_events.lua``), read by the dashboard's timeline."""
 DONE = PREFIX + "done"
 """A stream of (job id, final state): clients block on it instead of polling every job."""
 
@@ -122,10 +129,6 @@ def expert_step(model: str) -> str:
 
 def expert_stats_prefix(model: str) -> str:
     return f"{EXPERTS_PREFIX}{model}:stats:"
-
-
-def tenant_live(tenant: str) -> str:
-    return f"{PREFIX}tenant:{tenant}:live"
 
 
 def tenant_bucket(tenant: str) -> str:

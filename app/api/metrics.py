@@ -5,8 +5,7 @@ on a seen-set), which keeps the counters monotonic across API processes."""
 from __future__ import annotations
 
 import time
-from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -18,13 +17,13 @@ from prometheus_client.registry import Collector
 
 from app.api.stats import (
     ENDED,
+    Figures,
     WindowStats,
     class_stats,
     met_deadline,
     observed_queues,
     oldest_waits,
     queue_depths,
-    readable_records,
     recent_jobs,
     window_stats,
     worker_views,
@@ -33,21 +32,20 @@ from scheduler.lifecycle import JobState, SloClass
 from tasks import keys
 from tasks.heartbeat import Heartbeat
 from tasks.read_model import FinishedCount, ReadModel
-from tasks.record import JobRecord
 from tasks.settings import Settings
 
 LATENCY_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 SEEN_KEEP = 50_000
 
 
-def account_finished(reads: ReadModel, jobs: list[JobRecord]) -> None:
+def account_finished(reads: ReadModel, jobs: Sequence[Figures]) -> None:
     """Fold jobs that ended since the last scrape into the Redis counters (each one once)."""
     reads.count_finished([FinishedCount(r.job_id, r.finished_at_s, _increments(r))
                           for r in jobs if r.state.is_terminal and r.finished_at_s is not None],
                          keep=SEEN_KEEP)
 
 
-def _increments(r: JobRecord) -> tuple[tuple[str, str, int | float], ...]:
+def _increments(r: Figures) -> tuple[tuple[str, str, int | float], ...]:
     """What one ended job adds to the counters: its state, its latency bucket, its deadline."""
     state, slo = r.state.value, r.slo.value
     adds: list[tuple[str, str, int | float]] = [(keys.METRICS_FINISHED, f"{state}|{slo}", 1)]
@@ -155,11 +153,11 @@ class StoreCollector(Collector):
         yield met
 
     def _active(self) -> Metric:
-        active = readable_records(self.reads, self.reads.active_ids(), "/metrics")
-        counts = Counter((r.state.value, r.slo.value) for r in active)
+        """From the live counters the state changes keep: O(states x classes), not a read of
+        every unfinished record."""
         gauge = GaugeMetricFamily("stepline_jobs_active", "Jobs not yet ended, by state and class",
                                   labels=["state", "slo"])
-        for (state, slo), count in sorted(counts.items()):
+        for (state, slo), count in sorted(self.reads.live_by_state().counts.items()):
             gauge.add_metric([state, slo], count)
         return gauge
 
@@ -174,7 +172,7 @@ class StoreCollector(Collector):
             family.add_metric([slo.value], buckets, sum_value=got.get("sum", 0.0))
         yield family
 
-    def _attainment(self, jobs: list[JobRecord]) -> Metric:
+    def _attainment(self, jobs: Sequence[Figures]) -> Metric:
         gauge = GaugeMetricFamily(
             "stepline_slo_attainment",
             "Share of recently ended jobs DONE by their deadline, by class", labels=["slo"])
