@@ -21,7 +21,7 @@ from tasks import keys
 from tasks.record import JobRecord, encode
 from tasks.routing import BATCH_TASK, CHUNK_TASK, affinity_worker, class_queue_of
 from tasks.runtime import celery, current_settings
-from tasks.store import JobStore, NextMessage
+from tasks.store import JobStore, NextMessage, mark_changed
 
 if TYPE_CHECKING:
     from tasks.context import HopProfile
@@ -77,6 +77,7 @@ def _send(store: JobStore, task_name: str, task_id: str, args: list[Any],
             started = profile.add("publish", started)
     for job_id, fields in records:
         pipe.hset(keys.job(job_id), mapping=fields)  # type: ignore[arg-type]
+        mark_changed(pipe, job_id)
     pipe.execute()
     if profile is not None:
         profile.add("publish" if direct else "bookkeeping", started)
