@@ -38,7 +38,7 @@ from tasks.record import JobRecord, encode
 from tasks.routing import STANDBY, class_queue_of
 from tasks.runtime import celery
 from tasks.settings import Settings
-from tasks.snapshot import learned_cost_model, read_snapshot
+from tasks.snapshot import SnapshotCache, learned_cost_model, read_snapshot
 from tasks.store import JobStore
 
 log = logging.getLogger(__name__)
@@ -58,11 +58,15 @@ def policy_config(settings: Settings, store: JobStore) -> PolicyConfig:
     return replace(config, policy=PolicyKind(active), recovery=recovery)
 
 
-def run_tick(ctx: WorkerContext, now_s: float) -> TickPlan:
+def run_tick(ctx: WorkerContext, now_s: float, cache: SnapshotCache | None = None) -> TickPlan:
+    """One tick: read (from ``cache`` when given, folding in what changed; else every record),
+    plan, check, apply in pipelined batches."""
     store, settings = ctx.store, ctx.settings
     policy = policy_config(settings, store)
-    seen = read_snapshot(store, learned_cost_model(store, policy), policy, now_s,
-                         settings.diffusion.block_groups)
+    cost = learned_cost_model(store, policy)
+    block_groups = settings.diffusion.block_groups
+    seen = (cache.read(cost, policy, now_s, block_groups) if cache is not None
+            else read_snapshot(store, cost, policy, now_s, block_groups))
     plan = plan_tick(seen.snapshot, policy, now_s)
     try:
         check_plan_invariants(plan, seen.snapshot)
