@@ -52,7 +52,7 @@ class CacheAgainstFullRead(RuleBasedStateMachine):
         self.cache.heartbeat_scan_s = 3600.0  # registered workers are found without a scan
         self.jobs: list[str] = []
         self.names = itertools.count()
-        self.clock = 0.0
+        self.clock = 1000.0
         """Seconds added to the tick's clock: running jobs become long-running."""
 
     def _live(self) -> list[JobRecord]:
@@ -112,7 +112,19 @@ class CacheAgainstFullRead(RuleBasedStateMachine):
         self.store.commit_chunk(
             seen.job_id, chunk=seen.next_chunk, epoch=seen.epoch, seq=seen.seq,
             complete=complete, checkpoint=b"ckpt", service_s=service_ms / 1000,
-            worker=seen.running_on or "w", then_continue=job % 3 == 0)
+            worker=seen.running_on or "w", then_continue=job % 2 == 0)
+
+    @rule(job=PICK, service_ms=st.lists(st.integers(1, 900), min_size=1, max_size=3))
+    def an_atomic_worker_runs_on(self, job: int, service_ms: list[int]) -> None:
+        """Chunks committed under one claim: a long-running job's own chunk times grow."""
+        for ms in service_ms:
+            seen = self._in({JobState.RUNNING}, job)
+            if seen is None or seen.next_chunk >= seen.num_chunks:
+                return
+            self.store.commit_chunk(
+                seen.job_id, chunk=seen.next_chunk, epoch=seen.epoch, seq=seen.seq,
+                complete=True, checkpoint=b"ckpt", service_s=ms / 1000,
+                worker=seen.running_on or "w", then_continue=True)
 
     @rule(job=PICK, action=st.sampled_from(["preempt", "suspend", "cancel", "expire", "fail",
                                             "estimate", "standby", "level", "lease",
@@ -160,7 +172,7 @@ class CacheAgainstFullRead(RuleBasedStateMachine):
     def the_lease_changes_hands(self) -> None:
         self.cache.invalidate()
 
-    @rule(seconds=st.sampled_from([0.0, 10.0, 1000.0]))
+    @rule(seconds=st.sampled_from([0.0, 1000.0, 1000.0]))
     def time_passes(self, seconds: float) -> None:
         self.clock = seconds
 
@@ -220,3 +232,31 @@ def test_only_marked_records_are_read_and_a_trimmed_stream_reads_everything(
     redis_client.xtrim(keys.CHANGES, maxlen=0)
     seen = cache.read(POLICY.new_cost_model(), POLICY, time.time())
     assert (cache.full_reads, cache.changed) == (2, 10) and seen.records[ids[2]].level == 1
+
+
+def test_a_long_running_jobs_own_chunk_time_follows_its_commits_without_rereading_events(
+        redis_client: redis.Redis) -> None:
+    # given a job running chunk after chunk under one claim, long-running at the tick's clock
+    store = JobStore(redis_client)
+    spec = JobSpec(kind="simulated", params={"steps": 6, "step_ms": 1})
+    job_id, _ = store.create(spec, tenant="t", tier="standard", num_chunks=6, cost_key="sim",
+                             cost_units=[1.0, 2.0, 1.0, 2.0, 1.0, 2.0], deadline_s=60,
+                             now_s=time.time(), queue="interactive")
+    store.transition(job_id, JobState.QUEUED, by="test")
+    store.claim_chunk(job_id, 0, 0, "w", LEASE_S)
+    cache = SnapshotCache(store)
+    owns = []
+    for i in range(5):
+        r = store.record(job_id)
+        store.commit_chunk(job_id, chunk=r.next_chunk, epoch=r.epoch, seq=r.seq, complete=True,
+                           checkpoint=b"c", service_s=0.1 * (i + 1) ** 2, worker="w",
+                           then_continue=True)
+        now = time.time() + 1000.0
+        # when the tick reads after each commit
+        folded = cache.read(POLICY.new_cost_model(), POLICY, now).snapshot.jobs[0]
+        full = read_snapshot(store, POLICY.new_cost_model(), POLICY, now).snapshot.jobs[0]
+        # then the cache's own median is the one the event stream gives
+        assert folded.own_s_per_unit == full.own_s_per_unit
+        owns.append(folded.own_s_per_unit)
+    assert owns[:2] == [None, None] and None not in owns[2:] and len(set(owns[2:])) == 3
+    assert cache.full_reads == 1
