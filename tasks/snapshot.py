@@ -239,8 +239,8 @@ class SnapshotCache:
     remembers the id of the last mark it folded and reads from it, inclusive: when that entry is
     gone (the stream was trimmed past it, or flushed), marks may have been lost, and the cache
     reads every record again — as it does on its first tick and after :meth:`invalidate` (the
-    tick lease changed hands). A full read first appends an anchor mark, so anything written
-    after it is folded next tick.
+    tick lease changed hands), and every :attr:`resync_s`. A full read first appends an anchor
+    mark, so anything written after it is folded next tick.
 
     Derived facts come without a round trip per job: a waiting job's dependencies are live
     records in the cache or, once ended, states remembered (ended states never change; the rest
@@ -253,10 +253,14 @@ class SnapshotCache:
     """
 
     heartbeat_scan_s = 5.0
+    resync_s = 300.0
+    """Every record is read again at least this often: a Sentinel failover that lost the last
+    writes a tick folded (asynchronous replication) would otherwise leave them in the cache."""
 
     def __init__(self, store: JobStore) -> None:
         self.store = store
         self._last_id: str | None = None
+        self._read_all_at = float("-inf")
         self._items: dict[str, JobRecord | UnreadableRecord] = {}
         self._records: dict[str, JobRecord] = {}
         self._order: list[str] = []
@@ -276,16 +280,27 @@ class SnapshotCache:
         """How many times every record was read (the first tick's, gaps, lease changes)."""
         self.changed = 0
         """How many records the last tick read (all of them on a full read)."""
+        self._built: _Built | None = None
 
     def invalidate(self) -> None:
         """Read every record at the next tick (the tick lease changed hands)."""
         self._last_id = None
 
+    def fold(self) -> dict[str, JobRecord | UnreadableRecord]:
+        """Fold in what changed since the last tick and return the live records (and unreadable
+        ones) by id: what a full read of ``sl:jobs:active`` would find."""
+        try:
+            self._fold()
+        except BaseException:
+            self.invalidate()
+            raise
+        return dict(self._items)
+
     def read(self, cost: CostModel, policy: PolicyConfig, now_s: float,
              diffusion_block_groups: int = DIFFUSION_BLOCK_GROUPS) -> Seen:
         """What :func:`read_snapshot` reads, from the cache and what changed since."""
         if diffusion_block_groups != self._block_groups:
-            self._block_groups = diffusion_block_groups
+            self._block_groups, self._built = diffusion_block_groups, None
             self._views = {job_id: self._view(r) for job_id, r in self._records.items()}
         try:
             self._fold()
@@ -293,27 +308,39 @@ class SnapshotCache:
             self.invalidate()
             raise
         failed = self._failed_dependencies()
-        own = self._own(policy.recovery.stuck_min_s, now_s)
-        views: list[JobView] = []
-        unreadable: list[tuple[str, str]] = []
+        own = {job_id: s for job_id, s in
+               self._own(policy.recovery.stuck_min_s, now_s).items() if s is not None}
+        if self._built is None:
+            self._built = self._build()
+        jobs, unreadable, records, index = self._built
+        if failed or own:
+            views = list(jobs)
+            for job_id in {*failed, *own}:
+                i = index[job_id]
+                views[i] = replace(views[i], failed_dependency=failed.get(job_id),
+                                   own_s_per_unit=own.get(job_id))
+            jobs = tuple(views)
+        snapshot = ClusterSnapshot(jobs=jobs, workers=self._worker_views(), cost=cost,
+                                   state=load_policy_state(self.store), unreadable=unreadable)
+        return Seen(snapshot, records)
+
+    def _build(self) -> _Built:
+        """The views in the full read's order (by id), the unreadable records, a copy of the
+        records for the tick's apply, and each view's index: rebuilt only after a change."""
+        views, unreadable = [], []
         for job_id in self._order:
             view = self._views.get(job_id)
             if view is None:
-                item = self._items[job_id]
-                unreadable.append((job_id, cast(UnreadableRecord, item).problem))
-                continue
-            dep, mine = failed.get(job_id), own.get(job_id)
-            if dep is not None or mine is not None:
-                view = replace(view, failed_dependency=dep, own_s_per_unit=mine)
-            views.append(view)
-        snapshot = ClusterSnapshot(jobs=tuple(views), workers=self._worker_views(),
-                                   cost=cost, state=load_policy_state(self.store),
-                                   unreadable=tuple(unreadable))
-        return Seen(snapshot, dict(self._records))
+                item = cast(UnreadableRecord, self._items[job_id])
+                unreadable.append((job_id, item.problem))
+            else:
+                views.append(view)
+        index = {view.job_id: i for i, view in enumerate(views)}
+        return tuple(views), tuple(unreadable), dict(self._records), index
 
     # folding ---------------------------------------------------------------------------------
     def _fold(self) -> None:
-        if self._last_id is None:
+        if self._last_id is None or time.monotonic() - self._read_all_at >= self.resync_s:
             self._read_all()
             return
         raw = cast(list[tuple[bytes, dict[bytes, bytes]]],
@@ -337,6 +364,7 @@ class SnapshotCache:
         self.changed = len(changed)
         if not changed:
             return
+        self._built = None
         pipe = self.store.redis.pipeline(transaction=False)
         for job_id in changed:
             pipe.hgetall(keys.job(job_id))
@@ -359,6 +387,7 @@ class SnapshotCache:
         pipe.smembers(keys.ACTIVE)
         anchor, members = pipe.execute()
         self._items, self._records, self._views, self._order = {}, {}, {}, []
+        self._built = None
         self._waiting_deps, self._running, self._commits, self._ended = set(), set(), {}, {}
         for item in self.store.records(sorted(m.decode() for m in members)):
             if isinstance(item, UnreadableRecord):
@@ -368,6 +397,7 @@ class SnapshotCache:
                 self._keep(item)
         self._order = sorted(self._items)
         self._last_id = anchor.decode()
+        self._read_all_at = time.monotonic()
         self.full_reads += 1
         self.changed = len(self._items)
 
@@ -469,6 +499,10 @@ class SnapshotCache:
         names = sorted({*self._scanned, *(keys.worker(n.decode()) for n in registered)})
         bodies = cast(list[bytes | None], redis.mget(names)) if names else []
         return _worker_views(decode_heartbeats(names, bodies).values())
+
+
+_Built = tuple[tuple[JobView, ...], tuple[tuple[str, str], ...], dict[str, JobRecord],
+               dict[str, int]]
 
 
 def _parsed(job_id: str, fields: Mapping[bytes, bytes]) -> JobRecord | UnreadableRecord:

@@ -97,8 +97,9 @@ def populate(store: JobStore, n: int, rng: random.Random) -> list[str]:
                                  deadline_s=rng.uniform(5, 600), now_s=time.time(),
                                  queue=slo.value)
         ids.append(job_id)
-    for job_id in ids[: n // 5]:
+    for job_id in ids[: n // 5]:  # released as the tick does: moved, then its message noted
         store.transition(job_id, JobState.QUEUED, by="bench")
+        store.set_fields(job_id, published=0, last_task_id=f"{job_id}.0.0.bench")
     pipe = store.redis.pipeline(transaction=False)
     for w in range(WORKERS):
         job_id = ids[w]
