@@ -22,7 +22,7 @@ from tasks.record import encode
 from tasks.runtime import current_settings, store_client
 from tasks.settings import Settings
 from tasks.settings.moe import cache_config, router_config
-from tasks.store import JobStore
+from tasks.store import JobStore, mark_changed, write_heartbeat
 from workers.kinds import RunnerOptions, get_runner
 from workers.local_cache import LocalCheckpointCache
 from workers.residency import ModelResidency, configure, process_residency
@@ -209,11 +209,12 @@ class WorkerContext:
             residency=self.models().summary() if self._models_set else {},
         )
         pipe = self.store.redis.pipeline(transaction=False)
-        pipe.set(keys.worker(self.name), beat.encode(), px=int(lease_s * 1000))
+        write_heartbeat(pipe, beat, lease_s)
         if self.busy_job is not None:
             lease = encode(lease_until_s=time.time() + lease_s)
             for job_id in {self.busy_job, *self.batch_jobs}:
                 pipe.hset(keys.job(job_id), mapping=lease)  # type: ignore[arg-type]
+                mark_changed(pipe, job_id)
         pipe.execute()
 
     def _heartbeat_loop(self) -> None:
@@ -234,6 +235,7 @@ class WorkerContext:
             self._versions.stop()
         try:
             self.store.redis.delete(keys.worker(self.name))
+            self.store.redis.zrem(keys.WORKERS_LIVE, self.name)
         except Exception:
             log.debug("could not remove worker key of %s", self.name, exc_info=True)
 

@@ -5,7 +5,7 @@
 -- queue's list, as kombu's Redis transport would (priority 0: the queue's own list), and
 -- records it published: the commit, the publish and its bookkeeping are one round trip.
 --
--- KEYS: job, ckpt, events, active, done, timings
+-- KEYS: job, ckpt, events, active, done, timings, changes
 -- ARGV: chunk, epoch, seq, complete, has_ckpt, checkpoint, service_s, now, worker, task_id,
 --       options
 -- Needs: lifecycle, _events
@@ -16,6 +16,8 @@
 -- active      set     ids of jobs not yet terminal (sl:jobs:active)
 -- done        stream  (id, final state) of every job that ended (sl:done)
 -- timings     stream  measured seconds per cost unit of each chunk (sl:timings)
+-- changes     stream  the change stream the tick folds (sl:changes); a commit's entry
+--                     carries its seq, chunk and service_s (the job's own chunk times)
 -- chunk       int     the chunk that ran
 -- epoch       int     the epoch it was claimed at
 -- seq         int     the sequence number it was claimed at
@@ -50,6 +52,7 @@ local events = KEYS[3]
 local active = KEYS[4]
 local done = KEYS[5]
 local timings = KEYS[6]
+local changes = KEYS[7]
 local chunk = ARGV[1]
 local epoch = ARGV[2]
 local seq = ARGV[3]
@@ -85,6 +88,7 @@ if has_ckpt == '1' then
 end
 redis.call('XADD', events, '*', 'kind', 'commit', 'chunk', chunk, 'complete', complete,
            'seq', new_seq, 'by', worker, 'task', task_id, 'service_s', service_s, 'ts', now)
+changed(changes, job, 'seq', new_seq, 'chunk', chunk, 'service_s', service_s)
 local timing = options.timing
 if ran_whole and timing then
   redis.call('XADD', timings, 'MAXLEN', '~', 10000, '*', 'cost_key', timing.cost_key or h[11],
