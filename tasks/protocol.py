@@ -5,6 +5,7 @@ message; only its hop differs (the next chunk message, which the commit pushes i
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -15,7 +16,6 @@ import redis
 from scheduler.batching import batch_cost_key
 from scheduler.cost import chunk_cost_key
 from scheduler.lifecycle import JobState
-from tasks import keys
 from tasks.affinity import hop_queues
 from tasks.context import WorkerContext
 from tasks.dispatch import (
@@ -487,7 +487,7 @@ class YieldPoll:
     def __init__(self, ctx: WorkerContext, job_id: str, ahead: Sequence[str]) -> None:
         self.ctx, self.job_id, self.ahead = ctx, job_id, tuple(ahead)
         self.gap_s = ctx.settings.scheduler.preemption_timeout / 5
-        self.last_s = time.monotonic()
+        self.last_s = -math.inf  # the first boundary always asks
         self.yielded_to: str | None = None
 
     def __call__(self) -> bool:
@@ -508,13 +508,7 @@ class YieldPoll:
 
     def _ask(self) -> tuple[bool, str | None]:
         """(a flag is raised, the first queue ahead that holds work), in one round trip."""
-        pipe = self.ctx.store.redis.pipeline(transaction=False)
-        pipe.hmget(keys.job(self.job_id), "preempt", "cancel")
-        for queue in self.ahead:
-            pipe.llen(queue)
-        flags, *lengths = pipe.execute()
-        waiting = next((q for q, n in zip(self.ahead, lengths, strict=True) if int(n) > 0), None)
-        return any(flag == b"1" for flag in flags), waiting
+        return self.ctx.store.chunk_signals(self.job_id, self.ahead)
 
     def mark(self, attempts: Sequence[Attempt]) -> None:
         """Name, on the lone attempt that stopped inside its chunk, the work it yielded to."""

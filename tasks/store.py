@@ -606,9 +606,17 @@ class JobStore:
         return bool(self._flag_preempt(keys=[keys.job(job_id), keys.CHANGES],
                                        args=[state.value, str(epoch)]))
 
-    def preempt_requested(self, job_id: str) -> bool:
-        flags = cast(list[bytes | None], self.redis.hmget(keys.job(job_id), "preempt", "cancel"))
-        return any(flag == b"1" for flag in flags)
+    def chunk_signals(self, job_id: str, ahead: Sequence[str] = ()) -> tuple[bool, str | None]:
+        """What a running chunk asks between its block groups, in one round trip: whether the
+        job's preempt or cancel flag is raised, and the first of the queues ``ahead`` (those
+        its worker takes before the job's own) that holds work (None: none does)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hmget(keys.job(job_id), "preempt", "cancel")
+        for queue in ahead:
+            pipe.llen(queue)
+        flags, *lengths = pipe.execute()
+        waiting = next((q for q, n in zip(ahead, lengths, strict=True) if int(n) > 0), None)
+        return any(flag == b"1" for flag in flags), waiting
 
     # chunks -----------------------------------------------------------------------------------
     def claim(self, request: ClaimRequest) -> tuple[JobRecord | str, bytes | None]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
@@ -120,11 +121,11 @@ class _BlippingStore(JobStore):
 
     blips = 1
 
-    def preempt_requested(self, job_id: str) -> bool:
+    def chunk_signals(self, job_id: str, ahead: Sequence[str] = ()) -> tuple[bool, str | None]:
         if self.blips:
             self.blips -= 1
             raise redis.ConnectionError("Connection closed by server.")
-        return super().preempt_requested(job_id)
+        return super().chunk_signals(job_id, ahead)
 
 
 def test_a_redis_blip_inside_a_chunk_leaves_the_job_to_the_watchdog_instead_of_failing_it(
