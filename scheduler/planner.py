@@ -62,6 +62,8 @@ class _Emit:
     previous: PolicyState
     policy: PolicyConfig
     now_s: float
+    estimates: dict[str, float] | None = None
+    """The first estimates, when the caller has them already (else found here)."""
 
     def plan(self, standby: tuple[int, ...], cap: int, restored: tuple[int, ...]) -> TickPlan:
         order, allocation, policy = self.order, self.allocation, self.policy
@@ -94,7 +96,7 @@ class _Emit:
             admission=admission_status(judgement.admission, judgement.load, policy, self.now_s),
             capacity_slots=cap,
             state=self._next_state(),
-            estimates=self._first_estimates(),
+            estimates=self._first_estimates() if self.estimates is None else self.estimates,
             reserve_reason=self.reserve.reason,
             deferred=_job_ids(live, sorted(judgement.deferred)),
         )
