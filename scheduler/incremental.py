@@ -207,7 +207,13 @@ class IncrementalPlanner:
     def __init__(self) -> None:
         self._columns: _Columns | None = None
 
+    @property
+    def views_read(self) -> int:
+        """Job views read into columns since the columns were last rebuilt."""
+        return 0 if self._columns is None else len(self._columns.views)
+
     def plan(self, snapshot: ClusterSnapshot, policy: PolicyConfig, now_s: float) -> TickPlan:
+        """``plan_tick(snapshot, policy, now_s)``."""
         if policy.policy is not PolicyKind.STEPLINE:
             return plan_tick(snapshot, policy, now_s)
         columns = self._columns
@@ -406,14 +412,32 @@ class _Planning:
             return frozenset()
         work_of = tick.remaining[order]
         room = (tick.deadline[order] - self.now_s) * max(workers, 1)
-        remaining = tick.remaining
+        remaining: list[float] = []
         heap: list[tuple[float, int]] = []
         deferred: list[int] = []
-        work_s, start, pushed, block = 0.0, 0, 0, 64
-        keys: list[float] | None = None
+        push, pop = heapq.heappush, heapq.heappop
+        work_s, start, pushed, block, dense = 0.0, 0, 0, 64, False
+        keys: list[float] = []
         indices: list[int] = []
         room_list: list[float] = []
+        work_list: list[float] = []
         while start < n:
+            if dense:
+                # Jobs that do not fit come close together: the readable loop, a stretch at a
+                # time, until a stretch fits whole.
+                stop, hit = min(start + 64, n), False
+                for k in range(start, stop):
+                    work_s += work_list[k]
+                    push(heap, (keys[k], indices[k]))
+                    if work_s > room_list[k]:
+                        hit = True
+                        while work_s > room_list[k] and heap:
+                            _, j = pop(heap)
+                            work_s -= remaining[j]
+                            deferred.append(j)
+                start = pushed = stop
+                dense, block = hit, 64
+                continue
             end = min(start + block, n)
             sums = np.cumsum(np.concatenate(([work_s], work_of[start:end])))[1:]
             over = sums > room[start:end]
@@ -422,23 +446,23 @@ class _Planning:
                 continue
             at = start + int(over.argmax())
             work_s = float(sums[at - start])
-            if keys is None:
+            if not keys:
                 keys = ((-work_of) / self.c.f["value"][tick.rows[order]]).tolist()
-                indices = order.tolist()
-                room_list = room.tolist()
+                indices, room_list, work_list = order.tolist(), room.tolist(), work_of.tolist()
+                remaining = tick.remaining.tolist()
             fresh = list(zip(keys[pushed:at + 1], indices[pushed:at + 1], strict=True))
             if len(fresh) > len(heap) // 4:
                 heap.extend(fresh)
                 heapq.heapify(heap)
             else:
                 for item in fresh:
-                    heapq.heappush(heap, item)
+                    push(heap, item)
             pushed = at + 1
             while work_s > room_list[at] and heap:
-                _, j = heapq.heappop(heap)
+                _, j = pop(heap)
                 work_s -= remaining[j]
                 deferred.append(j)
-            start, block = at + 1, 16
+            start, dense = at + 1, True
         return frozenset(deferred)
 
     # -- ranking (Ranking.keys for every job) ------------------------------------------------
