@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import fields, is_dataclass, replace
 from enum import Enum
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -29,6 +30,7 @@ from scheduler.batching import BatchingConfig
 from scheduler.incremental import IncrementalPlanner
 from scheduler.plan import TickPlan
 from scheduler.queues import NORMAL_WORKER_QUEUES, STANDBY_QUEUE
+from tests.bench.bench_tick import build_snapshot
 from tests.unit.test_scheduler_support import NOW_S, _job, make_job, make_snapshot
 
 _POLICIES = (
@@ -73,7 +75,7 @@ class History(RuleBasedStateMachine):
         self.serial = 0
         self.ticks = 0
 
-    @initialize(workers=st.integers(0, 6), jobs=st.integers(0, 30), data=st.data())
+    @initialize(workers=st.integers(0, 6), jobs=st.integers(0, 20), data=st.data())
     def start(self, workers: int, jobs: int, data: st.DataObject) -> None:
         self.workers = [WorkerView(f"w{k}", True, None, NORMAL_WORKER_QUEUES,
                                    "cpu" if k % 3 else "cuda") for k in range(workers)]
@@ -180,9 +182,21 @@ def _next_state(plan: TickPlan) -> PolicyState:
     return plan.state if plan.state is not None else PolicyState()
 
 
-History.TestCase.settings = settings(max_examples=60, stateful_step_count=25, deadline=None,
+History.TestCase.settings = settings(max_examples=30, stateful_step_count=12, deadline=None,
                                      suppress_health_check=[HealthCheck.too_slow])
 TestIncrementalPlannerHistory = History.TestCase
+
+
+@pytest.mark.parametrize("scenario", ["steady", "converged", "overload"])
+def test_plans_at_bench_scale_are_equal(scenario: str) -> None:
+    """Thousands of jobs: the deferral's long stretches that fit (summed a block at a time)
+    between dense ones (walked job by job), the partial sorts of the pool and the top."""
+    snapshot = build_snapshot(1500, 16, scenario, seed=5)
+    planner = IncrementalPlanner()
+    for now_s in (1000.0, 1000.1, 1030.0):
+        expected = plan_tick(snapshot, PolicyConfig(), now_s)
+        assert exact(planner.plan(snapshot, PolicyConfig(), now_s)) == exact(expected)
+        snapshot = replace(snapshot, state=_next_state(expected))
 
 
 def test_the_planner_reads_each_view_once() -> None:
