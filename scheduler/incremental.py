@@ -80,6 +80,8 @@ class _Columns:
         self.key_of: dict[str, int] = {}
         self.key_names: list[str] = []
         self.group_of: dict[str, int] = {}
+        self.row_of_id: dict[str, int] = {}
+        """The row last read for each job id."""
         self.capacity = 0
         self.f: dict[str, Floats] = {name: np.zeros(0) for name in _FLOATS}
         self.i: dict[str, Ints] = {name: np.zeros(0, np.int64) for name in _INTS}
@@ -165,6 +167,7 @@ class _Columns:
         self.group[at] = [-1 if j.batch_group is None else groups.setdefault(
             j.batch_group, len(groups)) for j in views]
         self.ids[at] = [j.job_id for j in views]
+        self.row_of_id.update((j.job_id, row) for row, j in enumerate(views, start))
         # The survey's score terms a view alone decides, summed in its order (a zero term
         # added is the same float as one skipped: every term is >= 0).
         t = ScoreTerms.from_policy(self.policy)
@@ -197,6 +200,12 @@ class _Tick:
     k1: Floats
     k2: Floats
     """:meth:`Ranking.keys` of every job, valid once the ranking is settled (zeros before)."""
+    waiting_realtime: Ints
+    waiting_other: Ints
+    suspended: Ints
+    standby: Ints
+    late: Ints
+    """The survey's index tuples of the same names, as arrays."""
 
 
 class IncrementalPlanner:
@@ -280,7 +289,7 @@ class _Planning:
         keys = c.i["key"][rows]
         rates = np.zeros(len(c.key_names))
         sure_of = np.zeros(len(c.key_names), np.bool_)
-        for k in np.unique(keys).tolist():
+        for k in np.flatnonzero(np.bincount(keys, minlength=len(c.key_names))).tolist():
             rates[k] = table.learn(c.key_names[k])
             sure_of[k] = table.confident[c.key_names[k]]
         remaining = f["units"][rows] * rates[keys]
@@ -319,20 +328,33 @@ class _Planning:
         holding = queued_or_running & ~b["preempt"][rows]
         on_standby = b["on_standby"][rows]
         incumbent: int | None = None
-        if snapshot.state.origin_id is not None:
-            found = np.flatnonzero(c.ids[rows] == snapshot.state.origin_id)
+        origin_id = snapshot.state.origin_id
+        if origin_id is not None:
+            # the row last read for that id first (job ids are unique in a snapshot); else
+            # every live job's id
+            row = c.row_of_id.get(origin_id)
+            found = np.flatnonzero(rows == row) if row is not None else np.zeros(0, np.int64)
+            if not found.size:
+                found = np.flatnonzero(c.ids[rows] == origin_id)
             incumbent = int(found[-1]) if found.size else None
+        waiting_rt = np.flatnonzero(waiting & realtime)
+        waiting_other = np.flatnonzero(waiting & ~realtime)
+        suspended_at = np.flatnonzero(suspended)
+        standby = np.flatnonzero(holding & on_standby)
+        late_at = np.flatnonzero(late)
         survey = Survey(
             live=live, remaining_s=tuple(remaining.tolist()),
             values=tuple(f["value"][rows].tolist()), scores=tuple(scores.tolist()),
-            waiting_realtime=_indices(waiting & realtime),
-            waiting_other=_indices(waiting & ~realtime), suspended=_indices(suspended),
-            inflight=_indices(holding & ~on_standby), standby=_indices(holding & on_standby),
-            aged=_indices(waiting & (waited >= bound_s)), late=_indices(late),
+            waiting_realtime=tuple(waiting_rt.tolist()),
+            waiting_other=tuple(waiting_other.tolist()),
+            suspended=tuple(suspended_at.tolist()),
+            inflight=_indices(holding & ~on_standby), standby=tuple(standby.tolist()),
+            aged=_indices(waiting & (waited >= bound_s)), late=tuple(late_at.tolist()),
             with_deps=_indices(b["deps"][rows]), outstanding_s=outstanding,
             incumbent=incumbent)
         return survey, _Tick(rows, state, remaining, demand, deadline, waited, scores,
-                             np.zeros(len(rows)), np.zeros(len(rows)))
+                             np.zeros(len(rows)), np.zeros(len(rows)), waiting_rt,
+                             waiting_other, suspended_at, standby, late_at)
 
     # -- judgement (scheduler.judgement.judge) ----------------------------------------------
 
@@ -343,7 +365,7 @@ class _Planning:
                             workers, policy)
         admission = next_admission_state(self.snapshot.state.admission, load, policy)
         converging = admission is AdmissionState.CONVERGING
-        late = np.asarray(survey.late, np.int64)
+        late = tick.late
         shed = self.c.b["shed"][tick.rows[late]] & converging
         expired = {i: reason for i in late[shed].tolist() if (reason := expiry_reason(
             survey.live[i], survey.remaining_s[i], load, policy, now_s)) is not None}
@@ -353,6 +375,9 @@ class _Planning:
         for i in (*demoted, *blocked, *expired):
             skip[i] = True
         deferred = self._defer(tick, np.flatnonzero(~skip), workers)
+        if not (expired or demoted or deferred):
+            return Judgement(load, admission, expired, demoted, blocked, deferred,
+                             survey.scores), tick.scores
         scores = tick.scores.copy()
         if expired:
             scores[list(expired)] = -1.0
@@ -416,7 +441,7 @@ class _Planning:
         heap: list[tuple[float, int]] = []
         deferred: list[int] = []
         push, pop = heapq.heappush, heapq.heappop
-        work_s, start, pushed, block, dense = 0.0, 0, 0, 64, False
+        work_s, start, pushed, block, dense = 0.0, 0, 0, n, False
         keys: list[float] = []
         indices: list[int] = []
         room_list: list[float] = []
@@ -531,8 +556,8 @@ class _Planning:
         out = np.zeros(n, np.bool_)
         if gone:
             out[list(gone)] = True
-        waiting = np.asarray((*survey.waiting_realtime, *survey.waiting_other), np.int64)
-        standing = np.asarray(survey.standby, np.int64)
+        waiting = np.concatenate((tick.waiting_realtime, tick.waiting_other))
+        standing = tick.standby
         keep = ~out[standing]
         if converging:
             keep &= ~lowest[standing]
@@ -560,8 +585,7 @@ class _Planning:
             held_back.append(levels.origin)
         if held_back:
             kept[held_back] = True
-        other = np.asarray(order.survey.waiting_other, np.int64)
-        realtime = np.asarray(order.survey.waiting_realtime, np.int64)
+        other, realtime = tick.waiting_other, tick.waiting_realtime
         held = other[~kept[other] & (c.b["batch"][rows[other]] | at_lowest[other])]
         urgent = realtime[~kept[realtime] & at_lowest[realtime]]
         return (*held.tolist(), *urgent.tolist())
@@ -570,8 +594,7 @@ class _Planning:
         policy, survey = self.policy, order.survey
         room = (policy.convergence_threshold - policy.convergence_hysteresis
                 - order.judgement.load) * max(len(order.alive), 1) * policy.load_horizon_s
-        resumable = np.asarray(survey.suspended, np.int64)
-        resumable = resumable[~out[resumable]]
+        resumable = tick.suspended[~out[tick.suspended]]
         chosen: list[int] = []
         for i in self._earliest(resumable, policy.resume_per_tick, tick):
             if survey.remaining_s[i] > room:
@@ -636,7 +659,7 @@ class _Planning:
         idle = cap - in_flight - len(order.survey.standby) - len(standby)
         if idle <= 0:
             return ()
-        suspended = np.asarray(order.survey.suspended, np.int64)
+        suspended = tick.suspended
         out = {*flight.excluded, *order.judgement.blocked}
         if out:
             mask = np.zeros(len(tick.rows), np.bool_)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from scheduler.admission import admission_status
 from scheduler.allocation import Allocation, Flight, allocate, fill_idle, plan_flight
@@ -124,7 +124,8 @@ class _Emit:
                 moving.append(i)
             else:
                 batch, join = batches.get(i, (None, False))
-                releases.append(replace(self._release(i, levels.queue(i)), batch=batch,
+                releases.append(Release(job.job_id, levels.queue(i), estimate_s=job.service_s
+                                        + self.order.survey.remaining_s[i], batch=batch,
                                         join=join))
         shared = Counter(live[i].batch_id for i in moving if live[i].batch_id is not None)
         for i in moving:
