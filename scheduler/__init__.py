@@ -2,6 +2,7 @@
 
 from scheduler.admission import Admission, AdmissionDecision, admit
 from scheduler.cost import CostEstimate, CostModel
+from scheduler.incremental import IncrementalPlanner
 from scheduler.lifecycle import JobState, SloClass
 from scheduler.model import ClusterSnapshot, JobKind, JobView, ResourceProfile, Tier, WorkerView
 from scheduler.plan import (
@@ -27,6 +28,7 @@ __all__ = [
     "CostEstimate",
     "CostModel",
     "Expiry",
+    "IncrementalPlanner",
     "JobKind",
     "JobState",
     "JobView",
