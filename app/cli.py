@@ -9,6 +9,7 @@ key in ``STEPLINE_API_KEY`` or ``<run-dir>/api-key``; the API's address is
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -17,22 +18,32 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
-from rich.console import Console
 
 from scheduler.lifecycle import JobState, SloClass
 from tasks.errors import SteplineError
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
+    from rich.console import Console
 
 # Each command imports what only it needs (the API, the dashboard, the bench, the stack, torch)
 # inside its body, so `stepline submit --help` or `stepline jobs` start in a fraction of a
 # second; tests/unit/test_cli_imports.py holds them out of the module's imports.
 
+# Plain (click) help and tracebacks: rich's help renderer and traceback imports alone cost more
+# than the 0.4 s a command's start is allowed; the output itself goes through rich (console()).
 cli = typer.Typer(
-    help="Stepline: SLO-aware serving of diffusion and MoE jobs.", no_args_is_help=True
+    help="Stepline: SLO-aware serving of diffusion and MoE jobs.", no_args_is_help=True,
+    rich_markup_mode=None, pretty_exceptions_enable=False,
 )
-console = Console()
+
+
+@functools.cache
+def console() -> Console:
+    """The output console, made on first use (rich is imported by the commands that print)."""
+    from rich.console import Console
+
+    return Console()
 
 RunDir = Annotated[Optional[Path], typer.Option("--run-dir", help="Run directory of the stack.")]
 ConfigFile = Annotated[Optional[Path], typer.Option("--config", help="YAML settings file.")]
@@ -93,7 +104,7 @@ def up(
                   on_autoscale=lambda line: print(f"  autoscale  {line}", flush=True))
     stack.start()
     if not wait_for_api(stack.api_url):
-        console.print(f"[yellow]the API is not answering yet; see {stack.run_dir / 'logs'}")
+        console().print(f"[yellow]the API is not answering yet; see {stack.run_dir / 'logs'}")
     elif settings.warm_start:
         _await_warm_workers(stack.api_url, wait_for_ready)
     raise typer.Exit(run_until_signalled(stack, up_banner(stack, pool)))
@@ -102,13 +113,13 @@ def up(
 def _await_warm_workers(api_url: str, wait_for_ready: Any) -> None:
     """Hold the banner until every worker has run its warm-up (GET /readyz)."""
     started_s = time.monotonic()
-    with console.status("workers warming up (a tiny job of every recipe; warm_start: false "
+    with console().status("workers warming up (a tiny job of every recipe; warm_start: false "
                         "skips it)"):
         warm = wait_for_ready(api_url)
     if warm:
-        console.print(f"workers warm in {time.monotonic() - started_s:.1f}s")
+        console().print(f"workers warm in {time.monotonic() - started_s:.1f}s")
     else:
-        console.print(f"[yellow]workers still warming; {api_url}/readyz says when they are")
+        console().print(f"[yellow]workers still warming; {api_url}/readyz says when they are")
 
 
 @cli.command()
@@ -176,11 +187,11 @@ def submit(
     except ApiUnreachable:
         raise
     except (SteplineError, ValueError) as exc:
-        console.print(f"[red]rejected:[/red] {exc}")
+        console().print(f"[red]rejected:[/red] {exc}")
         raise typer.Exit(2) from exc
     if as_json:
         raise typer.Exit(_print_json_result(job_id))
-    console.print(job_id)
+    console().print(job_id)
     if wait:
         code = _watch(job_id)
         if code == 0 and kind == "text":
@@ -230,7 +241,7 @@ def _watch(job_id: str) -> int:
 
     client = _client()
     with Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
-                  TimeElapsedColumn(), console=console, transient=True) as progress:
+                  TimeElapsedColumn(), console=console(), transient=True) as progress:
         bar = progress.add_task(job_id, total=None)
         while True:
             job = client.get(job_id)
@@ -241,7 +252,7 @@ def _watch(job_id: str) -> int:
                 break
             time.sleep(0.1)
     latency = f"{job.latency_s:.2f}s" if job.latency_s is not None else "-"
-    console.print(f"{job_id} {job.state.value} in {latency}"
+    console().print(f"{job_id} {job.state.value} in {latency}"
                   + (f" artifact={job.artifact}" if job.artifact else "")
                   + (f" error={job.error}" if job.error else ""))
     return 0 if job.state is JobState.DONE else 1
@@ -289,8 +300,8 @@ def bench(
     report = run_bench(policies=policies, workload_name=workload, load=load, workers=workers,
                        out_dir=out, duration_s=duration_s, trace_file=trace,
                        run_dir=Path(os.environ["STEPLINE_RUN_DIR"]))
-    console.print(summary_table(report))
-    console.print(f"report: {out / 'report.json'}; plots: {', '.join(report['plots'])}")
+    console().print(summary_table(report))
+    console().print(f"report: {out / 'report.json'}; plots: {', '.join(report['plots'])}")
 
 
 @cli.command()
@@ -310,9 +321,9 @@ def cancel(job_id: str, run_dir: RunDir = None) -> None:
     try:
         state = _client().cancel(job_id).state
     except JobMissing as exc:
-        console.print(f"[red]{exc}[/red]")
+        console().print(f"[red]{exc}[/red]")
         raise typer.Exit(1) from exc
-    console.print(f"{job_id} {state.value}")
+    console().print(f"{job_id} {state.value}")
 
 
 @cli.command()
@@ -335,13 +346,13 @@ def result(
         view = client.get(job_id)
         data = client.result(job_id)
     except (JobMissing, NotReady) as exc:
-        console.print(f"[red]{exc}[/red]")
+        console().print(f"[red]{exc}[/red]")
         raise typer.Exit(1) from exc
     if as_json or (output is None and view.kind == "text"):
         raise typer.Exit(_print_document(job_id, view.media_type, data, as_json))
     target = output or Path(view.artifact or f"{job_id}.bin")
     target.write_bytes(data)
-    console.print(f"{target} ({len(data)} bytes, {view.media_type})")
+    console().print(f"{target} ({len(data)} bytes, {view.media_type})")
 
 
 def _print_document(job_id: str, media_type: str | None, data: bytes, as_json: bool) -> int:
@@ -349,7 +360,7 @@ def _print_document(job_id: str, media_type: str | None, data: bytes, as_json: b
     import json
 
     if media_type != "application/json":
-        console.print(f"[red]job {job_id}'s result is {media_type}, not JSON; write it to a "
+        console().print(f"[red]job {job_id}'s result is {media_type}, not JSON; write it to a "
                       "file with -o[/red]")
         return 2
     typer.echo(json.dumps(json.loads(data), indent=2) if as_json else _generated_text(data))
@@ -371,7 +382,7 @@ def _detail(job_id: str) -> None:
         ("error", r.error or ""), ("result", r.result_url or ""),
     ):
         table.add_row(name, value)
-    console.print(table)
+    console().print(table)
 
 
 @cli.command(name="status")
@@ -408,7 +419,7 @@ def jobs(
         latency = f"{r.latency_s:.2f}s" if r.latency_s is not None else ""
         table.add_row(r.id + (" ★" if r.origin else ""), r.kind, r.slo.value, r.state.value,
                       f"{bar} {r.progress}/{r.total}", latency, str(r.preemptions))
-    console.print(table)
+    console().print(table)
 
 
 @cli.command()
@@ -451,8 +462,8 @@ def simulate(
     out.mkdir(parents=True, exist_ok=True)
     (out / "simulation.json").write_text(json.dumps(report, indent=2))
     for run in report["runs"]:
-        console.print(simulation_table(run))
-    console.print(f"report: {out / 'simulation.json'} (simulated)")
+        console().print(simulation_table(run))
+    console().print(f"report: {out / 'simulation.json'} (simulated)")
 
 
 def _simulate_suite(dispatch_overhead_s: float, seed: int, out: Path) -> None:
@@ -468,13 +479,13 @@ def _simulate_suite(dispatch_overhead_s: float, seed: int, out: Path) -> None:
         outcome = run_row(replace(row, seed=seed), dispatch_overhead_s=dispatch_overhead_s)
         outcomes.append(outcome)
         verdict = "pass" if outcome.passed else "FAIL"
-        console.print(f"[{k}/{len(SUITE_ROWS)}] {row.name}: {outcome.jobs} jobs, stepline "
+        console().print(f"[{k}/{len(SUITE_ROWS)}] {row.name}: {outcome.jobs} jobs, stepline "
                       f"{verdict} ({time.perf_counter() - started:.0f}s)")
     report = suite_report(outcomes, wall_s=time.perf_counter() - started)
     out.mkdir(parents=True, exist_ok=True)
     (out / "suite.json").write_text(json.dumps(report, indent=2))
-    console.print(suite_table(outcomes))
-    console.print(f"stepline met every goal on {report['rows_passed']} of "
+    console().print(suite_table(outcomes))
+    console().print(f"stepline met every goal on {report['rows_passed']} of "
                   f"{report['rows_judged']} rows; report: {out / 'suite.json'} (simulated)")
 
 
@@ -486,9 +497,26 @@ def reliability(
     ),
     cpu_hogs: Annotated[int, typer.Option(min=0, max=64, help="Busy processes competing for "
                                           "the cores for the whole drill.")] = 0,
+    hosts: Annotated[int, typer.Option(min=0, max=16, help="Run the drill across this many "
+                                       "simulated hosts (network namespaces; needs root) "
+                                       "instead: Redis with Sentinel and S3 on a bridge.")] = 0,
+    faults: Annotated[Optional[str], typer.Option(help="With --hosts: comma-separated faults "
+                                                  "(default: all).")] = None,
 ) -> None:
     """Start a private stack, inject each fault under a mixed load, try bad inputs; write
     reliability.json and exit non-zero if any accepted job was lost or ran twice."""
+    if hosts:
+        from app.drills.hosts import FAULTS, HostsUnavailable, run_hosts_drill  # deferred
+
+        chosen = tuple(f for f in (faults or ",".join(FAULTS)).split(",") if f)
+        try:
+            code = run_hosts_drill(out.resolve(), hosts, chosen)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from exc
+        except HostsUnavailable as exc:
+            typer.echo(f"stepline: {exc}", err=True)
+            code = 2
+        raise typer.Exit(code)
     from app.drills.reliability import run_reliability  # deferred: the stack and the bench
 
     raise typer.Exit(run_reliability(out.resolve(), burst_s=burst_s, cpu_hogs=cpu_hogs))
@@ -535,7 +563,7 @@ def experts_update(
         raise typer.BadParameter(f"{path} holds no layers.<i>.gate_up_proj/down_proj tensors")
     record = _expert_updates().begin(model, name or path.stem, path, time.time())
     state = record.state
-    console.print(f"{model}: {state['candidate']} takes {state['share']:.0%} of new jobs "
+    console().print(f"{model}: {state['candidate']} takes {state['share']:.0%} of new jobs "
                   f"(live {state['live']}); follow with `stepline experts status --model {model}`")
 
 
@@ -547,13 +575,13 @@ def experts_status(
     _setup(run_dir, None)
     record = _expert_updates().record(model)
     if record is None:
-        console.print(f"{model}: never updated; live version base")
+        console().print(f"{model}: never updated; live version base")
         return
     s = record.state
-    console.print(f"{model}: live {s['live']}, candidate {s.get('candidate') or '-'} at "
+    console().print(f"{model}: live {s['live']}, candidate {s.get('candidate') or '-'} at "
                   f"{s.get('share', 0.0):.0%}, kept {', '.join(s.get('kept', []))}")
     for item in record.history[-10:]:
-        console.print(f"  {item['decision']:<16} {item.get('version', '')} "
+        console().print(f"  {item['decision']:<16} {item.get('version', '')} "
                       f"{item.get('share', 0.0):.0%} {item.get('reason', '')}")
 
 
@@ -564,7 +592,7 @@ def experts_rollback(
     """Stop the update in progress, or else make the previous kept version live again."""
     _setup(run_dir, None)
     record = _expert_updates().roll_back(model, time.time())
-    console.print(f"{model}: live {record.state['live']}")
+    console().print(f"{model}: live {record.state['live']}")
 
 
 def _int_list(text: str, what: str) -> list[int]:
@@ -593,7 +621,7 @@ def experts_record(
     trace = record_trace(model, read_inputs(inputs, max_new_tokens))
     write_trace(trace, out)
     accuracy = top_k_overlap(trace)
-    console.print(f"{out}: {len(trace.requests)} requests, {trace.tokens()} steps, "
+    console().print(f"{out}: {len(trace.requests)} requests, {trace.tokens()} steps, "
                   f"{len(trace.moe_layers())} MoE layers x {trace.experts()} experts; lookahead "
                   f"top-k accuracy {'-' if accuracy is None else format(accuracy, '.3f')}")
 
@@ -629,7 +657,7 @@ def experts_synth(
                             layer_correlation=layer_correlation,
                             lookahead_accuracy=lookahead_accuracy, seed=seed)
     write_trace(trace, out)
-    console.print(f"{out}: {len(trace.requests)} requests, {trace.tokens()} steps")
+    console().print(f"{out}: {len(trace.requests)} requests, {trace.tokens()} steps")
 
 
 @experts_cli.command("replay")
@@ -694,18 +722,18 @@ def experts_replay(
                                    prefetch_min_confidence=options.min_confidence)
     rows = replay_table(trace, options.slots, settings, policies, options.copy_cost)
     accuracy = top_k_overlap(trace)
-    console.print(f"{trace_file}: {len(trace.requests)} requests, {trace.tokens()} steps, "
+    console().print(f"{trace_file}: {len(trace.requests)} requests, {trace.tokens()} steps, "
                   f"{len(trace.moe_layers())} MoE layers x {trace.experts()} experts; default "
                   f"{settings.policy} + {settings.allocation} slots; copy cost {copy_cost} "
                   f"layer(s); recorded lookahead accuracy "
                   f"{'-' if accuracy is None else format(accuracy, '.3f')}")
-    console.print(format_table(rows, policies), highlight=False, soft_wrap=True)
+    console().print(format_table(rows, policies), highlight=False, soft_wrap=True)
     if out is not None:
         report = {"trace": str(trace_file), "copy_cost": copy_cost, "policy": settings.policy,
                   "allocation": settings.allocation, "prefetch": settings.prefetch_experts,
                   "lookahead_accuracy": accuracy, "rows": [r.as_dict() for r in rows]}
         out.write_text(json.dumps(report, indent=2))
-        console.print(f"wrote {out}")
+        console().print(f"wrote {out}")
 
 
 def _validation_message(exc: ValidationError) -> str:
@@ -717,7 +745,7 @@ def main() -> None:
     try:
         cli()
     except SteplineError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console().print(f"[red]error:[/red] {exc}")
         sys.exit(2)
 
 

@@ -1,6 +1,6 @@
 """Tenants: API keys → (tenant, tier, limits), the development key, and the per-tenant limits
-enforced in Redis (a token-bucket rate limit and a quota of unfinished jobs), each one Lua script
-(``tasks/lua/take_token.lua``, ``tasks/lua/count_live.lua``).
+enforced in Redis (a token-bucket rate limit, one Lua script ``tasks/lua/take_token.lua``, and a
+quota of unfinished jobs, one read of the live counters ``tasks.live_counts`` keeps).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tasks import keys, scripts
+from tasks.live_counts import LiveCounts
 from tasks.settings import Settings
 from tasks.settings.api import ApiKeySettings
 
@@ -92,11 +93,7 @@ class TenantLimits:
     def __init__(self, client: redis.Redis) -> None:
         self.redis = client
         self._take = scripts.register(client, "take_token")
-        self._count = scripts.register(client, "count_live")
-
-    @staticmethod
-    def live_key(tenant: str) -> str:
-        return keys.tenant_live(tenant)
+        self.live = LiveCounts(client)
 
     def take_token(self, tenant: Tenant) -> float:
         """Spend one submission token; returns 0, or the seconds until one is available."""
@@ -104,10 +101,26 @@ class TenantLimits:
                           args=[repr(tenant.rate_limit_per_s), tenant.burst])
         return float(wait)
 
-    def unfinished(self, tenant: Tenant) -> int:
-        """Jobs of ``tenant`` submitted through the API that have not ended."""
-        return int(self._count(keys=[self.live_key(tenant.name)],
-                               args=[keys.job("")]))
+    def take_token_and_count(self, tenant: Tenant) -> tuple[float, int]:
+        """``take_token`` and ``unfinished`` in one round trip (the submit path's two checks).
+        The script goes as a bare ``EVALSHA`` (a redis-py pipeline would first ask ``SCRIPT
+        EXISTS``, one more round trip); refused as ``NOSCRIPT`` it did not run, and the two
+        checks are made one by one, which loads it."""
+        from redis.exceptions import NoScriptError  # the command line imports no redis
 
-    def track(self, tenant: Tenant, job_id: str) -> None:
-        self.redis.sadd(self.live_key(tenant.name), job_id)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.evalsha(self._take.sha, 1, keys.tenant_bucket(tenant.name),
+                     repr(tenant.rate_limit_per_s), tenant.burst)
+        pipe.hget(keys.LIVE_BY_TENANT, tenant.name)
+        wait, unfinished = pipe.execute(raise_on_error=False)
+        if isinstance(wait, NoScriptError):
+            return self.take_token(tenant), self.unfinished(tenant)
+        for reply in (wait, unfinished):
+            if isinstance(reply, Exception):
+                raise reply
+        return float(wait), 0 if unfinished is None else int(unfinished)
+
+    def unfinished(self, tenant: Tenant) -> int:
+        """Jobs of ``tenant`` that have not ended, however they were submitted: one read of a
+        counter the state changes keep, whatever the backlog."""
+        return self.live.of_tenant(tenant.name)

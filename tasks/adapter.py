@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import cast
 
 from scheduler import (
     AdmissionStatus,
+    IncrementalPlanner,
     PolicyConfig,
     PolicyKind,
     TickPlan,
@@ -32,14 +33,20 @@ from tasks.admission import PublishedAdmission
 from tasks.affinity import WorkerDirectory, common_prefix, expand_worker_queues, release_queue
 from tasks.apply import apply_plan
 from tasks.context import WorkerContext
-from tasks.dispatch import release, release_batch, requeue_from_checkpoint
+from tasks.dispatch import (
+    publish_chunks,
+    release,
+    release_batch,
+    release_updates,
+    requeue_from_checkpoint,
+)
 from tasks.heartbeat import Heartbeat
 from tasks.record import JobRecord, encode
 from tasks.routing import STANDBY, class_queue_of
 from tasks.runtime import celery
 from tasks.settings import Settings
-from tasks.snapshot import learned_cost_model, read_snapshot
-from tasks.store import JobStore
+from tasks.snapshot import SnapshotCache, learned_cost_model, read_snapshot
+from tasks.store import JobStore, ScriptBatch
 
 log = logging.getLogger(__name__)
 
@@ -58,18 +65,28 @@ def policy_config(settings: Settings, store: JobStore) -> PolicyConfig:
     return replace(config, policy=PolicyKind(active), recovery=recovery)
 
 
-def run_tick(ctx: WorkerContext, now_s: float) -> TickPlan:
+def run_tick(ctx: WorkerContext, now_s: float, cache: SnapshotCache | None = None,
+             planner: IncrementalPlanner | None = None) -> TickPlan:
+    """One tick: read (from ``cache`` when given, folding in what changed; else every record),
+    plan (with ``planner`` when given: it keeps per-job columns across ticks, found by the
+    identity of the cache's unchanged views; its plans equal ``plan_tick``'s), check, apply in
+    pipelined batches."""
     store, settings = ctx.store, ctx.settings
     policy = policy_config(settings, store)
-    seen = read_snapshot(store, learned_cost_model(store, policy), policy, now_s,
-                         settings.diffusion.block_groups)
-    plan = plan_tick(seen.snapshot, policy, now_s)
+    cost = learned_cost_model(store, policy)
+    block_groups = settings.diffusion.block_groups
+    seen = (cache.read(cost, policy, now_s, block_groups) if cache is not None
+            else read_snapshot(store, cost, policy, now_s, block_groups))
+    plan = (planner.plan(seen.snapshot, policy, now_s) if planner is not None
+            else plan_tick(seen.snapshot, policy, now_s))
     try:
         check_plan_invariants(plan, seen.snapshot)
     except SchedulerError:
         log.exception("the plan broke an invariant; applying nothing this tick")
         return plan
-    apply_plan(plan, LiveTarget(store, seen.records, settings))
+    target = LiveTarget(store, seen.records, settings, buffered=True)
+    apply_plan(plan, target)
+    target.flush()
     advance_expert_updates(store, settings, now_s)
     return plan
 
@@ -94,16 +111,77 @@ def load_admission(store: JobStore) -> AdmissionStatus | None:
 
 
 # apply ----------------------------------------------------------------------------------------
+APPLY_BATCH = 500
+"""Job actions a buffered :class:`LiveTarget` sends in one round trip."""
+
+
 class LiveTarget:
     """Where a plan takes effect on a running stack: the store (Lua, every job action fenced on
-    the record the snapshot saw) and Celery (publishes, remote control)."""
+    the record the snapshot saw) and Celery (publishes, remote control).
+
+    ``buffered`` (the tick's): the job actions whose outcome the plan's loop does not read —
+    levels, expiries, suspensions, preempt flags, requeues, retargets, standbys, releases,
+    estimates — are queued and sent in pipelined batches of ``APPLY_BATCH``, each still the
+    fenced script it would be alone, in the plan's order; what follows a move (the next chunk's
+    publish, the old message's revoke, a log line) follows from the batch's replies. Those
+    methods then return True for "sent": whether each job moved is in :attr:`moved`. Any other
+    call (a failure, a recovery, a batch release, the worker queues, the decisions) sends the
+    queue first, so the order holds. Unbuffered, every action is its own round trip."""
 
     def __init__(self, store: JobStore, seen: Mapping[str, JobRecord],
-                 settings: Settings) -> None:
+                 settings: Settings, *, buffered: bool = False) -> None:
         self.store, self.seen, self.settings = store, seen, settings
         self._directory: WorkerDirectory | None = None
+        self.buffered = buffered
+        self._batch = ScriptBatch(store)
+        self._then: list[Callable[[bool], None]] = []
+        self._publish: list[tuple[JobRecord, int, int, str]] = []
+        self._revoke: list[str] = []
+        self.moved: dict[str, bool] = {}
+        """Buffered: whether each job's queued action took effect (after :meth:`flush`)."""
 
+    # buffering ----------------------------------------------------------------------------
+    def _queue(self, job_id: str, then: Callable[[bool], None] | None = None) -> bool:
+        def record(moved: bool) -> None:
+            self.moved[job_id] = moved
+            if then is not None:
+                then(moved)
+        self._then.append(record)
+        if len(self._batch) >= APPLY_BATCH:
+            self.flush()
+        return True
+
+    def flush(self) -> None:
+        """Send the queued job actions, then what follows from their outcomes."""
+        if not self._then:
+            return
+        for then, moved in zip(self._then, self._batch.execute(), strict=True):
+            then(moved)
+        self._then = []
+        publish, self._publish = self._publish, []
+        revoke, self._revoke = self._revoke, []
+        if publish:
+            publish_chunks(self.store, publish)
+        if revoke:
+            celery().control.revoke(revoke)  # hygiene only: the epochs fence
+
+    def _release_queued(self, job: JobRecord, queue: str, *, reason: str, bump_epoch: bool,
+                        atomic: bool | None = None, estimate_s: float | None = None) -> bool:
+        epoch, updates = release_updates(job, queue=queue, bump_epoch=bump_epoch,
+                                         atomic=atomic, estimate_s=estimate_s)
+        self._batch.transition_as_seen(job, JobState.QUEUED, by="scheduler", reason=reason,
+                                       updates=updates)
+
+        def then(moved: bool) -> None:
+            if moved:
+                self._publish.append((job, job.next_chunk, epoch, queue))
+                if bump_epoch and job.last_task_id:
+                    self._revoke.append(job.last_task_id)
+        return self._queue(job.job_id, then)
+
+    # the plan's actions -------------------------------------------------------------------
     def fail(self, failure: Failure) -> bool:
+        self.flush()
         job = self.seen.get(failure.job_id)
         if job is None:  # unreadable: no record to condition on
             return self.store.fail_unreadable(failure.job_id, failure.reason)
@@ -112,6 +190,7 @@ class LiveTarget:
                                              updates=encode(error=failure.reason))
 
     def recover(self, recovery: Recovery) -> bool:
+        self.flush()
         job = self.seen[recovery.job_id]
         if recovery.cause is RecoveryCause.PARKED:
             moved = release(self.store, job, queue=class_queue_of(job.queue), by="scheduler",
@@ -126,38 +205,67 @@ class LiveTarget:
         return moved
 
     def record_estimate(self, job_id: str, estimate_s: float) -> None:
-        self.store.keep_first_estimate(job_id, estimate_s)
+        if self.buffered:
+            self._batch.keep_first_estimate(job_id, estimate_s)
+            self._queue(job_id)
+        else:
+            self.store.keep_first_estimate(job_id, estimate_s)
 
     def mark_level(self, job_id: str, mark: LevelMark) -> None:
-        self.store.set_fields(job_id, level=mark.level, level_mark_s=mark.service_mark_s)
+        if self.buffered:
+            self._batch.set_fields(job_id, level=mark.level, level_mark_s=mark.service_mark_s)
+            self._queue(job_id)
+        else:
+            self.store.set_fields(job_id, level=mark.level, level_mark_s=mark.service_mark_s)
+
+    def _end_as_seen(self, job_id: str, target: JobState, reason: str,
+                     updates: Mapping[str, str] | None = None) -> bool:
+        if self.buffered:
+            self._batch.transition_as_seen(self.seen[job_id], target, by="scheduler",
+                                           reason=reason, updates=updates)
+            return self._queue(job_id)
+        return self.store.transition_as_seen(self.seen[job_id], target, by="scheduler",
+                                             reason=reason, updates=updates)
 
     def expire(self, job_id: str, reason: str) -> bool:
-        return self.store.transition_as_seen(self.seen[job_id], JobState.EXPIRED,
-                                             by="scheduler", reason=reason,
-                                             updates=encode(error=reason))
+        return self._end_as_seen(job_id, JobState.EXPIRED, reason, encode(error=reason))
 
     def suspend(self, job_id: str) -> bool:
-        return self.store.transition_as_seen(self.seen[job_id], JobState.SUSPENDED,
-                                             by="scheduler",
-                                             reason="overload convergence: held back")
+        return self._end_as_seen(job_id, JobState.SUSPENDED,
+                                 "overload convergence: held back")
 
     def flag_preempt(self, job_id: str) -> bool:
         job = self.seen[job_id]
+        if self.buffered:
+            self._batch.request_preempt(job_id, state=job.state, epoch=job.epoch)
+            return self._queue(job_id)
         return self.store.request_preempt(job_id, state=job.state, epoch=job.epoch)
 
     def requeue(self, job_id: str, to_queue: str, reason: str) -> bool:
+        if self.buffered:
+            return self._release_queued(self.seen[job_id], to_queue, reason=reason,
+                                        bump_epoch=True)
         return release(self.store, self.seen[job_id], queue=to_queue, by="scheduler",
                        bump_epoch=True, reason=reason)
 
+    def _update(self, job: JobRecord, queue: str) -> bool:
+        if self.buffered:
+            self._batch.update_as_seen(job, queue=queue)
+            return self._queue(job.job_id)
+        return self.store.update_as_seen(job, queue=queue)
+
     def retarget(self, job_id: str, to_queue: str) -> bool:
-        return self.store.update_as_seen(self.seen[job_id], queue=to_queue)
+        return self._update(self.seen[job_id], to_queue)
 
     def standby(self, job_id: str) -> bool:
         job = self.seen[job_id]
-        if job.state is JobState.QUEUED:
-            return release(self.store, job, queue=STANDBY, by="scheduler", bump_epoch=True,
-                           reason="overload convergence: moved to standby")
-        return self.store.update_as_seen(job, queue=STANDBY)
+        if job.state is not JobState.QUEUED:
+            return self._update(job, STANDBY)
+        reason = "overload convergence: moved to standby"
+        if self.buffered:
+            return self._release_queued(job, STANDBY, reason=reason, bump_epoch=True)
+        return release(self.store, job, queue=STANDBY, by="scheduler", bump_epoch=True,
+                       reason=reason)
 
     def release(self, job_id: str, queue: str, atomic: bool,
                 estimate_s: float | None = None) -> bool:
@@ -165,11 +273,16 @@ class LiveTarget:
         if self._directory is None and job.kind is JobKind.TEXT:
             self._directory = WorkerDirectory.read(self.store)
         queue = release_queue(self.settings, job, queue, self._directory)
+        if self.buffered:
+            return self._release_queued(job, queue, reason=f"released to {queue}",
+                                        bump_epoch=False, atomic=True if atomic else None,
+                                        estimate_s=estimate_s)
         return release(self.store, job, queue=queue, by="scheduler",
                        reason=f"released to {queue}", atomic=True if atomic else None,
                        estimate_s=estimate_s)
 
     def release_batch(self, batch_id: str, releases: Sequence[Release], join: bool) -> None:
+        self.flush()
         queue = releases[0].queue
         estimates = {r.job_id: r.estimate_s for r in releases if r.estimate_s is not None}
         release_batch(self.store, batch_id, [self.seen[r.job_id] for r in releases],
@@ -177,9 +290,11 @@ class LiveTarget:
                       lease_s=self.settings.broker.chunk_lease)
 
     def set_worker_queues(self, wanted: Mapping[str, tuple[str, ...]]) -> None:
+        self.flush()
         apply_worker_queues(self.store, expand_worker_queues(self.settings, wanted))
 
     def publish_decisions(self, plan: TickPlan) -> None:
+        self.flush()
         _publish_decisions(self.store, plan)
 
 

@@ -22,9 +22,10 @@ from tasks.record import encode
 from tasks.runtime import current_settings, store_client
 from tasks.settings import Settings
 from tasks.settings.moe import cache_config, router_config
-from tasks.store import JobStore
+from tasks.store import JobStore, mark_changed, write_heartbeat
 from workers.kinds import RunnerOptions, get_runner
 from workers.local_cache import LocalCheckpointCache
+from workers.residency import ModelResidency, configure, process_residency
 from workers.runner import JobRunner
 
 if TYPE_CHECKING:
@@ -85,12 +86,14 @@ class WorkerContext:
     _options: dict[str, RunnerOptions] = field(default_factory=dict)
     _runner_lock: threading.Lock = field(default_factory=threading.Lock)
     """Held while the worker runs a task's chunks: the heartbeat's idle unload waits them out."""
+    _models_set: bool = False
     _versions: VersionSync | None = None
     _beat: threading.Thread | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def runner(self, kind: str) -> JobRunner:
         """The runner for ``kind``, built with this worker's device and model settings."""
+        self.models()
         self._kinds_run.add(kind)
         if kind not in self._options:
             self._options[kind] = runner_options(self.settings, kind)
@@ -110,6 +113,15 @@ class WorkerContext:
 
     def runner_loaded(self, kind: str) -> bool:
         return kind in self._kinds_run
+
+    def models(self) -> ModelResidency:
+        """This process's model residency, set to this worker's ``residency`` settings."""
+        r = self.settings.residency
+        if not self._models_set:
+            configure(r.memory_budget_bytes, r.host_memory_budget_bytes, r.policy,
+                      r.reuse_half_life)
+            self._models_set = True
+        return process_residency()
 
     def consuming(self) -> tuple[str, ...]:
         """The queues this worker consumes now (remote control may have changed them)."""
@@ -153,7 +165,7 @@ class WorkerContext:
         """The worker runs chunks of ``job_ids`` (the first one the task's own): the heartbeat
         renews their leases, and the idle unload waits; after them, the expert residency the
         heartbeat advertises is re-read."""
-        with self._runner_lock:
+        with self._runner_lock, self.models().in_use():  # its models are never evicted meanwhile
             self.busy_job, self.batch_jobs = job_ids[0], tuple(job_ids[1:])
             try:
                 yield
@@ -194,13 +206,15 @@ class WorkerContext:
                         "hit_rate": round(self.cache.hit_rate, 4)},
             experts=self.experts, hop_profile=self.profile.as_dict(),
             expert_cache=self.expert_cache, warm=self.warm, warmed=tuple(self.warmed),
+            residency=self.models().summary() if self._models_set else {},
         )
         pipe = self.store.redis.pipeline(transaction=False)
-        pipe.set(keys.worker(self.name), beat.encode(), px=int(lease_s * 1000))
+        write_heartbeat(pipe, beat, lease_s)
         if self.busy_job is not None:
             lease = encode(lease_until_s=time.time() + lease_s)
             for job_id in {self.busy_job, *self.batch_jobs}:
                 pipe.hset(keys.job(job_id), mapping=lease)  # type: ignore[arg-type]
+                mark_changed(pipe, job_id)
         pipe.execute()
 
     def _heartbeat_loop(self) -> None:
@@ -221,6 +235,7 @@ class WorkerContext:
             self._versions.stop()
         try:
             self.store.redis.delete(keys.worker(self.name))
+            self.store.redis.zrem(keys.WORKERS_LIVE, self.name)
         except Exception:
             log.debug("could not remove worker key of %s", self.name, exc_info=True)
 

@@ -21,7 +21,7 @@ from tasks import keys
 from tasks.record import JobRecord, encode
 from tasks.routing import BATCH_TASK, CHUNK_TASK, affinity_worker, class_queue_of
 from tasks.runtime import celery, current_settings
-from tasks.store import JobStore, NextMessage
+from tasks.store import JobStore, NextMessage, mark_changed
 
 if TYPE_CHECKING:
     from tasks.context import HopProfile
@@ -77,6 +77,7 @@ def _send(store: JobStore, task_name: str, task_id: str, args: list[Any],
             started = profile.add("publish", started)
     for job_id, fields in records:
         pipe.hset(keys.job(job_id), mapping=fields)  # type: ignore[arg-type]
+        mark_changed(pipe, job_id)
     pipe.execute()
     if profile is not None:
         profile.add("publish" if direct else "bookkeeping", started)
@@ -181,19 +182,50 @@ def release(
     estimate of the job's whole service time, kept from its first release. Returns False if the
     job moved since ``seen`` was read.
     """
+    epoch, updates = release_updates(seen, queue=queue, bump_epoch=bump_epoch, atomic=atomic,
+                                     estimate_s=estimate_s)
+    moved = store.transition_as_seen(seen, JobState.QUEUED, by=by, reason=reason,
+                                     updates=updates)
+    if moved:
+        # No revoke of the message a bumped epoch leaves behind: its claim refuses it in one
+        # round trip, while a revoke is a broadcast every worker handles before its next task
+        # (a tick moving thousands of jobs held each worker's next chunk for seconds).
+        publish_chunk(store, seen, chunk=seen.next_chunk, epoch=epoch, queue=queue)
+    return moved
+
+
+def release_updates(seen: JobRecord, *, queue: str, bump_epoch: bool = False,
+                    atomic: bool | None = None, estimate_s: float | None = None
+                    ) -> tuple[int, dict[str, str]]:
+    """The epoch a release of ``seen`` publishes under and the fields its move to QUEUED
+    writes (:func:`release`)."""
     epoch = seen.epoch + (1 if bump_epoch else 0)
     updates = encode(queue=queue, epoch=epoch, preempt=False, queued_at_s=time.time())
     if atomic is not None:
         updates.update(encode(atomic=atomic))
     if estimate_s is not None and seen.first_estimate_s is None:
         updates.update(encode(first_estimate_s=estimate_s))
-    moved = store.transition_as_seen(seen, JobState.QUEUED, by=by, reason=reason,
-                                     updates=updates)
-    if moved:
-        publish_chunk(store, seen, chunk=seen.next_chunk, epoch=epoch, queue=queue)
-        if bump_epoch and seen.last_task_id:
-            celery().control.revoke(seen.last_task_id)  # hygiene only: the epoch fences
-    return moved
+    return epoch, updates
+
+
+def publish_chunks(store: JobStore, chunks: list[tuple[JobRecord, int, int, str]]) -> None:
+    """:func:`publish_chunk` of each (job, chunk, epoch, queue): with direct publish, every
+    plain chunk message and its record's note go out in one MULTI (one round trip); a batchable
+    job (a batch of one) or Celery's publish, one at a time."""
+    direct = direct_publish()
+    pipe = store.redis.pipeline(transaction=True)
+    for job, chunk, epoch, queue in chunks:
+        if not direct or (job.batch_group is not None and not job.atomic):
+            publish_chunk(store, job, chunk=chunk, epoch=epoch, queue=queue)
+            continue
+        task_id, args, kwargs = chunk_task(job, chunk, epoch)
+        message = wire_message(CHUNK_TASK, task_id, args, kwargs)
+        pipe.lpush(queue, message.for_queue(queue))
+        note = encode(published=chunk, last_task_id=task_id)
+        pipe.hset(keys.job(job.job_id), mapping=note)  # type: ignore[arg-type]
+        mark_changed(pipe, job.job_id)
+    if len(pipe):
+        pipe.execute()
 
 
 def release_batch(

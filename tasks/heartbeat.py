@@ -44,6 +44,15 @@ class Heartbeat:
     without the entry (an older worker) counts as warm."""
     warmed: tuple[str, ...] = ()
     """The recipes its warm-up ran."""
+    residency: Mapping[str, Any] = field(default_factory=dict)
+    """The built models it holds (``workers.residency``): bytes per model in the ``device`` and
+    ``host`` tiers, its budgets, ``loads`` and ``load_s`` per source tier, evictions and the
+    ``recent`` loads (absent from the wire until the worker builds a runner)."""
+
+    def resident_bytes(self, tier: str = "device") -> int:
+        """Bytes of the models it holds in ``tier`` (``device`` or ``host``)."""
+        held = self.residency.get(tier, {})
+        return sum(int(v) for v in held.values()) if isinstance(held, Mapping) else 0
 
     def age_s(self, now_s: float) -> float | None:
         return None if self.ts is None else now_s - self.ts
@@ -68,6 +77,8 @@ class Heartbeat:
         }
         if self.expert_cache:
             body["expert_cache"] = dict(self.expert_cache)
+        if self.residency:
+            body["residency"] = dict(self.residency)
         return json.dumps(body)
 
     @classmethod
@@ -92,6 +103,7 @@ class Heartbeat:
             hop_profile=fields.get("hop_profile", dict, {}),
             expert_cache=fields.get("expert_cache", dict, {}),
             warm=fields.get("warm", bool, True), warmed=tuple(fields.strings("warmed")),
+            residency=fields.get("residency", dict, {}),
         )
 
 

@@ -12,6 +12,8 @@ Jobs
   ``sl:jobs:active``           set     ids of jobs not yet terminal (what the tick snapshots)
   ``sl:jobs:index``            zset    every job id by submit time (listing, newest first)
   ``sl:done``                  stream  (job id, final state) of every job that ended
+  ``sl:changes``               stream  a mark (``k``: the record's key) per write of a job
+                                       record, for the tick to fold only what changed
   ``sl:idem:<tenant>:<key>``   string  idempotency key → the first job's id (24 h)
 
 Batches (step-level batching)
@@ -32,6 +34,7 @@ The scheduler
 
 Workers
   ``sl:worker:<name>``         string  a worker's heartbeat (JSON, expires with its lease)
+  ``sl:workers:live``          zset    worker → when its heartbeat lapses (ms since the epoch)
   ``sl:workers:queues``        hash    worker → the queues the tick last told it to consume
   ``sl:autoscale:events``      stream  the autoscaler's decisions (with reasons) and drains
 
@@ -55,8 +58,21 @@ PREFIX = "sl:"
 
 ACTIVE = PREFIX + "jobs:active"
 INDEX = PREFIX + "jobs:index"
+LIVE_BY_STATE = PREFIX + "jobs:live:state"
+"""Unfinished jobs per ``STATE|slo`` (a hash), kept by every state change (``_events.lua``)."""
+LIVE_BY_TENANT = PREFIX + "jobs:live:tenant"
+"""Unfinished jobs per tenant (a hash): the queue quotas read it."""
+RAN = PREFIX + "jobs:ran"
+"""Jobs that held a worker in the last hour, scored by when they last left RUNNING (+inf while
+running): a zset the state changes keep (``_events.lua``), read by the dashboard's timeline."""
 DONE = PREFIX + "done"
 """A stream of (job id, final state): clients block on it instead of polling every job."""
+CHANGES = PREFIX + "changes"
+"""A mark per write of a job record (``k``: the record's key; a commit's mark adds its ``seq``,
+``chunk`` and ``service_s``): the tick reads records only when marked (``tasks.snapshot``)."""
+CHANGES_MAXLEN = 100_000
+"""About how many marks the change stream keeps (``_events.lua``'s ``CHANGES_MAXLEN``): a tick
+that finds its last-read mark trimmed away reads every record again."""
 
 TICK_LEASE = PREFIX + "tick:lease"
 TICK_STATS = PREFIX + "tick:stats"
@@ -70,6 +86,9 @@ TIMINGS = PREFIX + "timings"
 
 WORKER_PREFIX = PREFIX + "worker:"
 """Heartbeat keys, one per worker; ``WORKER_PREFIX + "*"`` finds the live workers."""
+WORKERS_LIVE = PREFIX + "workers:live"
+"""Worker name → when its heartbeat lapses (ms): the tick reads heartbeats by name, without a
+scan of the keyspace."""
 WORKER_QUEUES = PREFIX + "workers:queues"
 """What the adapter last told each worker to consume (so consumers are not churned)."""
 AUTOSCALE_EVENTS = PREFIX + "autoscale:events"
@@ -86,6 +105,11 @@ METRICS_LATENCY_PREFIX = PREFIX + "metrics:latency:"
 
 def job(job_id: str) -> str:
     return f"{PREFIX}job:{job_id}"
+
+
+def job_id_of(key: str) -> str:
+    """The job id in a job record's key (``sl:job:<id>``)."""
+    return key.removeprefix(f"{PREFIX}job:")
 
 
 def job_events(job_id: str) -> str:
@@ -122,10 +146,6 @@ def expert_step(model: str) -> str:
 
 def expert_stats_prefix(model: str) -> str:
     return f"{EXPERTS_PREFIX}{model}:stats:"
-
-
-def tenant_live(tenant: str) -> str:
-    return f"{PREFIX}tenant:{tenant}:live"
 
 
 def tenant_bucket(tenant: str) -> str:

@@ -15,6 +15,7 @@ import redis
 from scheduler.batching import batch_cost_key
 from scheduler.cost import chunk_cost_key
 from scheduler.lifecycle import JobState
+from tasks import keys
 from tasks.affinity import hop_queues
 from tasks.context import WorkerContext
 from tasks.dispatch import (
@@ -27,6 +28,7 @@ from tasks.dispatch import (
 )
 from tasks.kind_hooks import KindHooks, hooks_of
 from tasks.record import JobRecord, encode
+from tasks.routing import class_queue_of
 from tasks.store import Commit, CommitRequest, CommitStatus, JobStore, NextMessage
 from workers.checkpoint import Checkpoint
 from workers.errors import CheckpointError
@@ -57,6 +59,8 @@ class Attempt:
     state: Checkpoint | None
     result: ChunkResult | None = None
     error: str | None = None
+    yielded_to: str | None = None
+    """The queue whose waiting work the chunk yielded to, inside (None: no such yield)."""
 
     @property
     def units(self) -> float:
@@ -149,7 +153,10 @@ def _run_attempts(ctx: WorkerContext, delivery: Delivery, jobs: list[JobRecord],
     hops: dict[str, list[BatchMember]] = {}
     joiners: list[BatchMember] = []
     while attempts:
-        elapsed_s = _run_step(runner, attempts, _should_yield(ctx, delivery, attempts))
+        poll = _should_yield(ctx, delivery, attempts)
+        elapsed_s = _run_step(runner, attempts, poll)
+        if isinstance(poll, YieldPoll):
+            poll.mark(attempts)
         ran = _close(ctx, hooks, attempts, outcomes)
         commits, joined = _commit(ctx, delivery, hooks, ran, elapsed_s)
         joiners += joined
@@ -191,10 +198,14 @@ def _open(ctx: WorkerContext, runner: JobRunner, hooks: KindHooks, job: JobRecor
 
 def _should_yield(ctx: WorkerContext, delivery: Delivery,
                   attempts: list[Attempt]) -> ShouldYield:
-    """A chunk message's lone chunk may stop at a block-group boundary for a flag; a batched
-    chunk always runs to its end (a batch yields between steps)."""
+    """A chunk message's lone chunk may stop at a block-group boundary for a flag, or for work
+    its worker takes first (:class:`YieldPoll`); a batched chunk always runs to its end (a
+    batch yields between steps)."""
     if delivery.batch_id is None and len(attempts) == 1:
-        return _flag_poll(ctx, attempts[0].job.job_id)
+        job = attempts[0].job
+        ahead = queues_ahead(ctx.consuming(), job.queue) \
+            if ctx.settings.scheduler.yield_to_waiting and not job.atomic else ()
+        return YieldPoll(ctx, job.job_id, ahead)
     return _never
 
 
@@ -309,8 +320,10 @@ def commit_request(ctx: WorkerContext, hooks: KindHooks, attempt: Attempt, servi
         artifact = (ctx.artifacts.put(job.job_id, result.artifact), result.artifact.media_type)
     timing = (ctx.settings.device, service_s / max(attempt.units, 1e-9)) \
         if result.complete and attempt.size == 1 else None
-    pushes = delivery.batch_id is None and result.complete and not last \
+    yielded = attempt.yielded_to is not None and not result.complete
+    pushes = delivery.batch_id is None and (result.complete or yielded) and not last \
         and pushes_next_message(ctx, job)
+    follows = chunk + 1 if result.complete else chunk  # a yielded chunk resumes where it stopped
     return CommitRequest(
         job.job_id, chunk=chunk, epoch=job.epoch, seq=attempt.seq, complete=result.complete,
         checkpoint=_encode(ctx, result) if durable else None,
@@ -318,7 +331,7 @@ def commit_request(ctx: WorkerContext, hooks: KindHooks, attempt: Attempt, servi
         hop_queues=hop_queues(ctx.settings, ctx.name, ctx.consuming(), job.kind.value),
         then_continue=job.atomic, artifact=artifact, timing=timing,
         timing_key=chunk_cost_key(job.cost_key, job.chunk_name),
-        next_message=_next_message(ctx, job, chunk + 1) if pushes else None,
+        next_message=_next_message(ctx, job, follows) if pushes else None, yielded=yielded,
     )
 
 
@@ -438,23 +451,76 @@ def _republish(ctx: WorkerContext, delivery: Delivery, lost: list[JobRecord]) ->
                       lease_s=lease_s)
 
 
-def _flag_poll(ctx: WorkerContext, job_id: str) -> ShouldYield:
-    """The runner's ``should_yield`` between block groups: asks Redis for a preempt or cancel
-    flag, at most once per fifth of the preemption timeout. A flag raised while the chunk runs
-    is then seen within that fifth (the commit sees it anyway), and short steps — most of a
-    small job's hops — skip the round trip."""
-    gap_s = ctx.settings.scheduler.preemption_timeout / 5
-    last_s = time.monotonic()
+def queues_ahead(consuming: Sequence[str], job_queue: str) -> tuple[str, ...]:
+    """The queues this worker takes before the job's next chunk: those it consumes ahead of the
+    job's class queue and of its own affinity queue for that class (strict priority order).
+    A job whose class the worker does not consume (a reserved worker's lent chunk) yields to
+    none: the tick's flags stay in charge of it."""
+    cls = class_queue_of(job_queue)
+    ahead: list[str] = []
+    for queue in consuming:
+        if class_queue_of(queue) == cls:
+            return tuple(ahead)
+        ahead.append(queue)
+    return ()
 
-    def should_yield() -> bool:
-        nonlocal last_s
+
+YIELD_GRACE_S = 0.003
+"""How long waiting work must stay queued before a chunk yields to it: a worker idle in its
+blocking pop takes a new message well within it, so a chunk does not yield for work another
+worker is already taking."""
+
+
+class YieldPoll:
+    """The runner's ``should_yield`` between block groups of a lone chunk, asked of Redis at
+    most once per fifth of the preemption timeout (short steps — most of a small job's hops —
+    skip the round trip): a preempt or cancel flag (the tick's, the client's, a drain's) stops
+    the job; otherwise, when a queue this worker takes first (``ahead``: more urgent classes)
+    still holds work after :data:`YIELD_GRACE_S`, the chunk yields at this boundary and its job
+    hops back to its own queue, still in flight, to resume from this block group — so urgent
+    work that lands behind a running chunk waits one block group, not for a tick to flag it.
+
+    Which jobs are in flight stays the scheduler's decision (it releases, requeues, trims and
+    flags); the worker only orders the chunks already in flight, by the queue priority the
+    scheduler gave it."""
+
+    def __init__(self, ctx: WorkerContext, job_id: str, ahead: Sequence[str]) -> None:
+        self.ctx, self.job_id, self.ahead = ctx, job_id, tuple(ahead)
+        self.gap_s = ctx.settings.scheduler.preemption_timeout / 5
+        self.last_s = time.monotonic()
+        self.yielded_to: str | None = None
+
+    def __call__(self) -> bool:
         now_s = time.monotonic()
-        if now_s - last_s < gap_s:
+        if now_s - self.last_s < self.gap_s:
             return False
-        last_s = now_s
-        return ctx.store.preempt_requested(job_id)
+        self.last_s = now_s
+        flagged, waiting = self._ask()
+        if flagged:
+            self.yielded_to = None
+            return True
+        if waiting is not None:
+            time.sleep(YIELD_GRACE_S)
+            flagged, waiting = self._ask()
+            self.yielded_to = None if flagged else waiting
+            return flagged or waiting is not None
+        return False
 
-    return should_yield
+    def _ask(self) -> tuple[bool, str | None]:
+        """(a flag is raised, the first queue ahead that holds work), in one round trip."""
+        pipe = self.ctx.store.redis.pipeline(transaction=False)
+        pipe.hmget(keys.job(self.job_id), "preempt", "cancel")
+        for queue in self.ahead:
+            pipe.llen(queue)
+        flags, *lengths = pipe.execute()
+        waiting = next((q for q, n in zip(self.ahead, lengths, strict=True) if int(n) > 0), None)
+        return any(flag == b"1" for flag in flags), waiting
+
+    def mark(self, attempts: Sequence[Attempt]) -> None:
+        """Name, on the lone attempt that stopped inside its chunk, the work it yielded to."""
+        for attempt in attempts:
+            if attempt.result is not None and not attempt.result.complete:
+                attempt.yielded_to = self.yielded_to
 
 
 def load_state(

@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import redis
 
-from tasks import keys
+from scheduler.lifecycle import JobState, SloClass
+from tasks import keys, scripts
 from tasks.admission import PublishedAdmission
-from tasks.errors import AdmissionStatusError, RedisUnavailable
+from tasks.errors import AdmissionStatusError, JobNotFound, RedisUnavailable
 from tasks.heartbeat import Heartbeat
+from tasks.live_counts import LiveByState
 from tasks.record import JobRecord, UnreadableRecord, field_name
 from tasks.store import JobStore
 
@@ -23,6 +25,9 @@ log = logging.getLogger(__name__)
 STORE_UNAVAILABLE: tuple[type[Exception], ...] = (
     redis.ConnectionError, redis.TimeoutError, RedisUnavailable)
 """What a call into the store raises while Redis cannot be reached (answered 503)."""
+
+FIELDS_BATCH = 1000
+"""Most records one ``read_fields`` call reads (Redis serves nothing else meanwhile)."""
 
 Fields = dict[str, str]
 """One stream entry's fields, decoded."""
@@ -39,10 +44,46 @@ class FinishedCount:
 
 
 @dataclass(frozen=True, slots=True)
+class JobOutcome:
+    """The few fields of a job that SLO attainment and latency need: read with one ``HMGET``
+    instead of the whole record, for the hundreds of jobs one /v1/stats or scrape counts."""
+
+    job_id: str
+    slo: SloClass
+    state: JobState
+    submitted_at_s: float
+    deadline_at_s: float
+    finished_at_s: float | None
+
+    FIELDS = ("slo", "state", "submitted_at", "deadline_at", "finished_at")
+
+    @property
+    def latency_s(self) -> float | None:
+        return None if self.finished_at_s is None else self.finished_at_s - self.submitted_at_s
+
+    @classmethod
+    def parse(cls, job_id: str, raw: Sequence[bytes | None]) -> JobOutcome:
+        """From the ``FIELDS`` as read; raises ``ValueError``/``TypeError`` for a missing or
+        malformed one."""
+        slo, state, submitted, deadline, finished = raw
+        if slo is None or state is None or submitted is None or deadline is None:
+            raise ValueError("a required field is missing")
+        return cls(job_id=job_id, slo=SloClass(slo.decode()), state=JobState(state.decode()),
+                   submitted_at_s=float(submitted), deadline_at_s=float(deadline),
+                   finished_at_s=None if finished is None else float(finished))
+
+
+@dataclass(frozen=True, slots=True)
 class ReadModel:
-    """Read-only queries over one store (plus the ``/metrics`` counters, kept exactly once)."""
+    """Read-only queries over one store (plus the ``/metrics`` counters, kept exactly once, and
+    the write a replayed submit WAITs on: see :meth:`replayed_job`)."""
 
     store: JobStore
+    _read_fields: Any = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_read_fields", scripts.register(self.store.redis,
+                                                                  "read_fields"))
 
     # jobs ---------------------------------------------------------------------------------------
     def record(self, job_id: str) -> JobRecord:
@@ -54,12 +95,47 @@ class ReadModel:
     def origin_id(self) -> str | None:
         return self.store.origin_id()
 
+    def record_and_origin(self, job_id: str) -> tuple[JobRecord, str | None]:
+        """The job's record and the origin's id, in one round trip (what a job's view needs);
+        raises like :meth:`JobStore.record`."""
+        pipe = self.store.redis.pipeline(transaction=False)
+        pipe.hgetall(keys.job(job_id))
+        pipe.get(keys.ORIGIN)
+        raw, origin = cast(tuple[dict[bytes, bytes], bytes | None], pipe.execute())
+        if not raw:
+            raise JobNotFound(f"no job {job_id}")
+        return JobRecord.from_hash(raw), None if origin is None else origin.decode()
+
     def active_ids(self) -> list[str]:
         return self.store.active_ids()
 
     def newest_ids(self, count: int) -> list[str]:
         """The ``count`` most recently submitted job ids."""
         return self.store.list_ids(0, count)
+
+    def outcomes(self, job_ids: Sequence[str]) -> list[JobOutcome]:
+        """Each job's :class:`JobOutcome`, in one round trip; a job that is gone is left out,
+        and so is one whose fields cannot be read (logged)."""
+        out = []
+        for job_id, raw in zip(job_ids, self.fields(job_ids, JobOutcome.FIELDS), strict=True):
+            if all(v is None for v in raw):
+                continue
+            try:
+                out.append(JobOutcome.parse(job_id, raw))
+            except (ValueError, TypeError) as exc:
+                log.warning("job %s left out of the figures: %s", job_id, exc)
+        return out
+
+    def live_by_state(self) -> LiveByState:
+        """Unfinished jobs per (state, class), from the counters the state changes keep."""
+        return LiveByState.parse(cast(dict[bytes, bytes],
+                                      self.store.redis.hgetall(keys.LIVE_BY_STATE)))
+
+    def ran_since(self, since_s: float) -> list[str]:
+        """Jobs that held a worker at some point since ``since_s`` (running now included; the
+        last hour at most)."""
+        raw = cast(list[bytes], self.store.redis.zrangebyscore(keys.RAN, since_s, "+inf"))
+        return [m.decode() for m in raw]
 
     def owners(self, job_ids: Iterable[str]) -> dict[str, str | None]:
         """The raw tenant field of each job (None for a job that is gone), read even from a
@@ -75,11 +151,32 @@ class ReadModel:
     def replayed_job(self, tenant: str, idempotency_key: str) -> str | None:
         """The job a tenant's earlier submit with this idempotency key created, if it still
         exists."""
-        raw = self.store.redis.get(keys.idempotency(tenant, idempotency_key))
+        key = keys.idempotency(tenant, idempotency_key)
+        raw = self.store.redis.get(key)
         existing = cast(bytes, raw).decode() if raw is not None else None
         if existing is not None and self.store.redis.exists(keys.job(existing)):
+            self._replicated(key, existing)
             return existing
         return None
+
+    def _replicated(self, key: str, job_id: str) -> None:
+        """A replayed job is answered only once ``broker.commit_replicas`` replicas hold it, as
+        a new one is: the retry that follows a 503 ("reached 0 of N replicas") may find the job
+        on a master a failover is about to demote, which then drops it. The key is written
+        again (same value, same TTL) and WAITed for; replication keeps order, so replicas that
+        hold this write hold the job created before it. Raises :class:`RedisUnavailable` (503,
+        retry with the same key) when they do not."""
+        wanted = self.store.commit_replicas
+        if not wanted:
+            return
+        pipe = self.store.redis.pipeline(transaction=False)
+        pipe.set(key, job_id, xx=True, keepttl=True)
+        pipe.execute_command("WAIT", wanted, self.store.commit_replica_timeout_ms)
+        _, reached = pipe.execute()
+        if int(reached) < wanted:
+            raise RedisUnavailable(
+                f"job {job_id} reached {reached} of {wanted} replicas; submit again (with the "
+                "same idempotency key, to get this job if it survived)")
 
     def index_before(self, high: str, count: int) -> list[tuple[float, str]]:
         """Up to ``count`` (score, id) of the submit index at or below score ``high`` (a number
@@ -89,11 +186,14 @@ class ReadModel:
         return [(score, member.decode()) for member, score in rows]
 
     def fields(self, job_ids: Sequence[str], names: Sequence[str]) -> list[list[bytes | None]]:
-        """The named raw fields of each job's record, in one round trip."""
-        pipe = self.store.redis.pipeline(transaction=False)
-        for job_id in job_ids:
-            pipe.hmget(keys.job(job_id), list(names))
-        return cast(list[list[bytes | None]], pipe.execute()) if job_ids else []
+        """The named raw fields of each job's record, in one round trip: one script call per
+        ``FIELDS_BATCH`` records (a pipeline of one ``HMGET`` each costs this process ten
+        times the CPU to pack and parse)."""
+        out: list[list[bytes | None]] = []
+        for at in range(0, len(job_ids), FIELDS_BATCH):
+            batch = [keys.job(job_id) for job_id in job_ids[at:at + FIELDS_BATCH]]
+            out += cast(list[list[bytes | None]], self._read_fields(keys=batch, args=list(names)))
+        return out
 
     # streams ------------------------------------------------------------------------------------
     def ended_ids_since(self, start_ms: int, limit: int) -> tuple[list[str], bool]:

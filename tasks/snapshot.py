@@ -1,15 +1,23 @@
 """Reading the world for the tick: live job records, worker heartbeats, the learned cost model
 (new chunk timings folded in and written back) and the policy's memory, turned into the pure
 policy's ``ClusterSnapshot``: facts only, every ``JobView`` field the planner reads written here.
+
+Two readers give the same snapshot: :func:`read_snapshot` reads every live record each time;
+:class:`SnapshotCache`, the scheduler worker's, keeps the records and their views between ticks
+and reads only those the change stream (``sl:changes``, marked by every writer of a record)
+names since its last tick — and everything again when it cannot trust the stream.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import statistics
+import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any, cast
 
 from scheduler import (
     ClusterSnapshot,
@@ -27,7 +35,7 @@ from tasks.errors import JobNotFound
 from tasks.record import JobRecord, UnreadableRecord
 from tasks.routing import CONTROL, affinity_worker, class_queue_of
 from tasks.settings.diffusion import DiffusionSettings
-from tasks.store import JobStore
+from tasks.store import JobStore, decode_heartbeats
 
 log = logging.getLogger(__name__)
 
@@ -135,10 +143,16 @@ def failed_dependencies(store: JobStore, records: Iterable[JobRecord]) -> dict[s
                 state = store.state(dep)
             except JobNotFound:
                 state = JobState.FAILED
-            if state.is_terminal and state is not JobState.DONE:
-                reasons[r.job_id] = f"dependency {dep} ended {state.value}"
+            if (reason := _dependency_failed(dep, state)) is not None:
+                reasons[r.job_id] = reason
                 break
     return reasons
+
+
+def _dependency_failed(dep: str, state: JobState) -> str | None:
+    if state.is_terminal and state is not JobState.DONE:
+        return f"dependency {dep} ended {state.value}"
+    return None
 
 
 def _long_running(records: Iterable[JobRecord], floor_s: float, now_s: float) -> list[str]:
@@ -151,19 +165,31 @@ def _long_running(records: Iterable[JobRecord], floor_s: float, now_s: float) ->
 def own_s_per_unit(store: JobStore, r: JobRecord) -> float | None:
     """The job's own median seconds per cost unit over its commits (None with fewer than
     :data:`OWN_MEDIAN_MIN_COMMITS`)."""
-    rates = []
-    for event in store.events(r.job_id):
-        index = int(event.get("chunk", -1))
-        if (event.get("kind") == "commit" and 0 <= index < r.num_chunks
-                and r.cost_units[index] > 0):
-            rates.append(float(event["service_s"]) / r.cost_units[index])
+    return own_median(r, _commits_of(store.events(r.job_id)).values())
+
+
+def _commits_of(events: Iterable[Mapping[str, str]]) -> dict[int, tuple[int, float]]:
+    """A job's commits from its event stream: seq → (chunk, service seconds)."""
+    return {int(e["seq"]): (int(e.get("chunk", -1)), float(e["service_s"]))
+            for e in events if e.get("kind") == "commit"}
+
+
+def own_median(r: JobRecord, commits: Iterable[tuple[int, float]]) -> float | None:
+    """The median seconds per cost unit of ``r``'s commits ((chunk, service seconds) each) over
+    chunks with a cost (None with fewer than :data:`OWN_MEDIAN_MIN_COMMITS`)."""
+    rates = [service_s / r.cost_units[index] for index, service_s in commits
+             if 0 <= index < r.num_chunks and r.cost_units[index] > 0]
     return float(statistics.median(rates)) if len(rates) >= OWN_MEDIAN_MIN_COMMITS else None
 
 
 def worker_views(store: JobStore) -> tuple[WorkerView, ...]:
     """Chunk workers from their heartbeats (scheduler workers, on ``control``, run ticks)."""
+    return _worker_views(store.heartbeats().values())
+
+
+def _worker_views(beats: Iterable[Any]) -> tuple[WorkerView, ...]:
     views = []
-    for beat in store.heartbeats().values():
+    for beat in beats:
         if CONTROL in beat.queues:
             continue
         views.append(WorkerView(name=beat.name, alive=True, busy_job=beat.busy_job,
@@ -201,3 +227,286 @@ def load_policy_state(store: JobStore) -> PolicyState:
     except (SchedulerError, ValueError):
         log.warning("stored policy state unreadable; starting afresh")
         return PolicyState()
+
+
+class SnapshotCache:
+    """The tick's snapshot kept between ticks in the scheduler worker: the live records (and
+    unreadable ones) by id, each record's view, and the facts derived from them; each tick folds
+    in only the records the change stream names since the last one.
+
+    Every writer of a job record marks it on ``sl:changes`` in the same script (or MULTI) as
+    its write, so a record read after its mark is at least as new as the mark. The cache
+    remembers the id of the last mark it folded and reads from it, inclusive: when that entry is
+    gone (the stream was trimmed past it, or flushed), marks may have been lost, and the cache
+    reads every record again — as it does on its first tick and after :meth:`invalidate` (the
+    tick lease changed hands), and every :attr:`resync_s`. A full read first appends an anchor
+    mark, so anything written after it is folded next tick.
+
+    Derived facts come without a round trip per job: a waiting job's dependencies are live
+    records in the cache or, once ended, states remembered (ended states never change; the rest
+    is one pipelined read per tick); a long-running job's own chunk times are read from its
+    event stream once, then kept up to date from the commits' marks (seq, chunk, service time).
+    Heartbeats are read by name from ``sl:workers:live``, plus a scan of the keyspace every
+    :attr:`heartbeat_scan_s` for workers that do not register there.
+
+    :meth:`read` gives the snapshot :func:`read_snapshot` would give of the same store.
+    """
+
+    heartbeat_scan_s = 5.0
+    resync_s = 300.0
+    """Every record is read again at least this often: a Sentinel failover that lost the last
+    writes a tick folded (asynchronous replication) would otherwise leave them in the cache."""
+
+    def __init__(self, store: JobStore) -> None:
+        self.store = store
+        self._last_id: str | None = None
+        self._read_all_at = float("-inf")
+        self._items: dict[str, JobRecord | UnreadableRecord] = {}
+        self._records: dict[str, JobRecord] = {}
+        self._order: list[str] = []
+        """The ids of ``_items``, sorted (the full read's order)."""
+        self._views: dict[str, JobView] = {}
+        self._block_groups = DIFFUSION_BLOCK_GROUPS
+        self._waiting_deps: set[str] = set()
+        """PENDING jobs with dependencies."""
+        self._running: set[str] = set()
+        self._commits: dict[str, dict[int, tuple[int, float]]] = {}
+        """Own commits (seq → chunk, service seconds) of jobs whose event stream was read."""
+        self._ended: dict[str, JobState] = {}
+        """Terminal states of dependencies outside the live set."""
+        self._scanned: list[str] = []
+        self._scanned_at = float("-inf")
+        self.full_reads = 0
+        """How many times every record was read (the first tick's, gaps, lease changes)."""
+        self.changed = 0
+        """How many records the last tick read (all of them on a full read)."""
+        self._built: _Built | None = None
+
+    def invalidate(self) -> None:
+        """Read every record at the next tick (the tick lease changed hands)."""
+        self._last_id = None
+
+    def fold(self) -> dict[str, JobRecord | UnreadableRecord]:
+        """Fold in what changed since the last tick and return the live records (and unreadable
+        ones) by id: what a full read of ``sl:jobs:active`` would find."""
+        try:
+            self._fold()
+        except BaseException:
+            self.invalidate()
+            raise
+        return dict(self._items)
+
+    def read(self, cost: CostModel, policy: PolicyConfig, now_s: float,
+             diffusion_block_groups: int = DIFFUSION_BLOCK_GROUPS) -> Seen:
+        """What :func:`read_snapshot` reads, from the cache and what changed since."""
+        if diffusion_block_groups != self._block_groups:
+            self._block_groups, self._built = diffusion_block_groups, None
+            self._views = {job_id: self._view(r) for job_id, r in self._records.items()}
+        try:
+            self._fold()
+        except BaseException:
+            self.invalidate()
+            raise
+        failed = self._failed_dependencies()
+        own = {job_id: s for job_id, s in
+               self._own(policy.recovery.stuck_min_s, now_s).items() if s is not None}
+        if self._built is None:
+            self._built = self._build()
+        jobs, unreadable, records, index = self._built
+        if failed or own:
+            views = list(jobs)
+            for job_id in {*failed, *own}:
+                i = index[job_id]
+                views[i] = replace(views[i], failed_dependency=failed.get(job_id),
+                                   own_s_per_unit=own.get(job_id))
+            jobs = tuple(views)
+        snapshot = ClusterSnapshot(jobs=jobs, workers=self._worker_views(), cost=cost,
+                                   state=load_policy_state(self.store), unreadable=unreadable)
+        return Seen(snapshot, records)
+
+    def _build(self) -> _Built:
+        """The views in the full read's order (by id), the unreadable records, a copy of the
+        records for the tick's apply, and each view's index: rebuilt only after a change."""
+        views, unreadable = [], []
+        for job_id in self._order:
+            view = self._views.get(job_id)
+            if view is None:
+                item = cast(UnreadableRecord, self._items[job_id])
+                unreadable.append((job_id, item.problem))
+            else:
+                views.append(view)
+        index = {view.job_id: i for i, view in enumerate(views)}
+        return tuple(views), tuple(unreadable), dict(self._records), index
+
+    # folding ---------------------------------------------------------------------------------
+    def _fold(self) -> None:
+        if self._last_id is None or time.monotonic() - self._read_all_at >= self.resync_s:
+            self._read_all()
+            return
+        raw = cast(list[tuple[bytes, dict[bytes, bytes]]],
+                   self.store.redis.xrange(keys.CHANGES, min=self._last_id, max="+"))
+        if not raw or raw[0][0].decode() != self._last_id:
+            log.info("the change stream was trimmed past the tick's last read: reading every "
+                     "live record")
+            self._read_all()
+            return
+        changed: dict[str, None] = {}
+        commits: list[tuple[str, int, int, float]] = []
+        for _, fields in raw[1:]:
+            job_id = keys.job_id_of(fields[b"k"].decode())
+            if not job_id:
+                continue  # an anchor
+            changed[job_id] = None
+            if b"seq" in fields:
+                commits.append((job_id, int(fields[b"seq"]), int(fields[b"chunk"]),
+                                float(fields[b"service_s"])))
+        self._last_id = raw[-1][0].decode()
+        self.changed = len(changed)
+        if not changed:
+            return
+        self._built = None
+        pipe = self.store.redis.pipeline(transaction=False)
+        for job_id in changed:
+            pipe.hgetall(keys.job(job_id))
+            pipe.sismember(keys.ACTIVE, job_id)
+        replies = pipe.execute()
+        for i, job_id in enumerate(changed):
+            fields, live = replies[2 * i], replies[2 * i + 1]
+            if live and fields:
+                self._put(job_id, _parsed(job_id, fields))
+            else:
+                self._drop(job_id)
+        for job_id, seq, chunk, service_s in commits:
+            known = self._commits.get(job_id)
+            if known is not None:
+                known[seq] = (chunk, service_s)
+
+    def _read_all(self) -> None:
+        pipe = self.store.redis.pipeline(transaction=False)
+        pipe.xadd(keys.CHANGES, {"k": ""}, maxlen=keys.CHANGES_MAXLEN, approximate=True)
+        pipe.smembers(keys.ACTIVE)
+        anchor, members = pipe.execute()
+        self._items, self._records, self._views, self._order = {}, {}, {}, []
+        self._built = None
+        self._waiting_deps, self._running, self._commits, self._ended = set(), set(), {}, {}
+        for item in self.store.records(sorted(m.decode() for m in members)):
+            if isinstance(item, UnreadableRecord):
+                log.error("job %s: %s", item.job_id, item)
+                self._items[item.job_id] = item
+            else:
+                self._keep(item)
+        self._order = sorted(self._items)
+        self._last_id = anchor.decode()
+        self._read_all_at = time.monotonic()
+        self.full_reads += 1
+        self.changed = len(self._items)
+
+    def _put(self, job_id: str, item: JobRecord | UnreadableRecord) -> None:
+        if job_id not in self._items:
+            bisect.insort(self._order, job_id)
+        self._forget(job_id)
+        if isinstance(item, UnreadableRecord):
+            log.error("job %s: %s", item.job_id, item)
+            self._items[job_id] = item
+        else:
+            self._keep(item)
+
+    def _keep(self, r: JobRecord) -> None:
+        job_id = r.job_id
+        self._items[job_id] = self._records[job_id] = r
+        self._views[job_id] = self._view(r)
+        if r.depends_on and r.state is JobState.PENDING:
+            self._waiting_deps.add(job_id)
+        if r.state is JobState.RUNNING:
+            self._running.add(job_id)
+
+    def _forget(self, job_id: str) -> None:
+        self._records.pop(job_id, None)
+        self._views.pop(job_id, None)
+        self._waiting_deps.discard(job_id)
+        self._running.discard(job_id)
+
+    def _drop(self, job_id: str) -> None:
+        if self._items.pop(job_id, None) is not None:
+            del self._order[bisect.bisect_left(self._order, job_id)]
+        self._forget(job_id)
+        self._commits.pop(job_id, None)
+
+    def _view(self, r: JobRecord) -> JobView:
+        return job_view(r, None, None, self._block_groups)
+
+    # derived facts ---------------------------------------------------------------------------
+    def _failed_dependencies(self) -> dict[str, str]:
+        """:func:`failed_dependencies`, from the cache: a dependency in the live set is not
+        terminal; one outside it is read once (in one round trip for all) and, once ended,
+        remembered."""
+        waiting = [self._records[job_id] for job_id in sorted(self._waiting_deps)]
+        wanted = {dep for r in waiting for dep in r.depends_on}
+        unknown = sorted(dep for dep in wanted
+                         if dep not in self._records and dep not in self._ended)
+        states: dict[str, JobState] = {}
+        if unknown:
+            pipe = self.store.redis.pipeline(transaction=False)
+            for dep in unknown:
+                pipe.hget(keys.job(dep), "state")
+            for dep, raw in zip(unknown, pipe.execute(), strict=True):
+                state = JobState.FAILED if raw is None else JobState(raw.decode())
+                states[dep] = state
+                if raw is not None and state.is_terminal:
+                    self._ended[dep] = state
+        if len(self._ended) > 2 * len(wanted) + 1000:
+            self._ended = {dep: s for dep, s in self._ended.items() if dep in wanted}
+        reasons: dict[str, str] = {}
+        for r in waiting:
+            for dep in r.depends_on:
+                live = self._records.get(dep)
+                if live is not None:
+                    state = live.state
+                else:
+                    state = self._ended[dep] if dep in self._ended else states[dep]
+                if (reason := _dependency_failed(dep, state)) is not None:
+                    reasons[r.job_id] = reason
+                    break
+        return reasons
+
+    def _own(self, floor_s: float, now_s: float) -> dict[str, float | None]:
+        """:func:`own_s_per_unit` of each long-running job: its commits read from its event
+        stream the first time (one round trip for all such jobs), then kept from the marks."""
+        running = _long_running((self._records[job_id] for job_id in self._running),
+                                floor_s, now_s)
+        unread = [job_id for job_id in running if job_id not in self._commits]
+        if unread:
+            pipe = self.store.redis.pipeline(transaction=False)
+            for job_id in unread:
+                pipe.xrange(keys.job_events(job_id))
+            for job_id, raw in zip(unread, pipe.execute(), strict=True):
+                self._commits[job_id] = _commits_of(
+                    {k.decode(): v.decode() for k, v in fields.items()} for _, fields in raw)
+        return {job_id: own_median(self._records[job_id], self._commits[job_id].values())
+                for job_id in running}
+
+    def _worker_views(self) -> tuple[WorkerView, ...]:
+        """:func:`worker_views`: the heartbeats of the workers registered as live and of those
+        the last scan found, in two round trips (a scan every :attr:`heartbeat_scan_s`)."""
+        redis = self.store.redis
+        now = time.monotonic()
+        if now - self._scanned_at >= self.heartbeat_scan_s:
+            self._scanned, self._scanned_at = self.store.heartbeat_names(), now
+        pipe = redis.pipeline(transaction=False)
+        pipe.zrange(keys.WORKERS_LIVE, 0, -1)
+        pipe.zremrangebyscore(keys.WORKERS_LIVE, "-inf", int(time.time() * 1000) - 60_000)
+        registered, _ = pipe.execute()
+        names = sorted({*self._scanned, *(keys.worker(n.decode()) for n in registered)})
+        bodies = cast(list[bytes | None], redis.mget(names)) if names else []
+        return _worker_views(decode_heartbeats(names, bodies).values())
+
+
+_Built = tuple[tuple[JobView, ...], tuple[tuple[str, str], ...], dict[str, JobRecord],
+               dict[str, int]]
+
+
+def _parsed(job_id: str, fields: Mapping[bytes, bytes]) -> JobRecord | UnreadableRecord:
+    try:
+        return JobRecord.from_hash(fields)
+    except UnreadableRecord as exc:
+        return UnreadableRecord(job_id, exc.problem)

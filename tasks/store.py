@@ -42,7 +42,7 @@ def _commit_call(request: CommitRequest) -> tuple[list[str], list[Any]]:
     """The keys and arguments of the commit script (``tasks/lua/commit.lua``)."""
     job_id = request.job_id
     keys_ = [keys.job(job_id), keys.job_checkpoint(job_id), keys.job_events(job_id),
-             keys.ACTIVE, keys.DONE, keys.TIMINGS]
+             keys.ACTIVE, keys.DONE, keys.TIMINGS, keys.CHANGES]
     args = [
         request.chunk, request.epoch, request.seq, int(request.complete),
         int(request.checkpoint is not None), request.checkpoint or b"",
@@ -64,6 +64,7 @@ def _commit_options(request: CommitRequest) -> str:
     return scripts.json_arg(
         then_continue=request.then_continue or None, artifact=request.artifact,
         timing=timing, hop_queues=dict(request.hop_queues) or None,
+        yielded=request.yielded or None,
         next_message=None if message is None else
         {"task_id": message.task_id, "before": message.before, "after": message.after})
 
@@ -72,7 +73,8 @@ def _claim_call(request: ClaimRequest, now: str) -> tuple[list[str], list[Any]]:
     """The keys and arguments of the claim script (``tasks/lua/claim.lua``)."""
     job_id = request.job_id
     held = "" if request.cached_seq is None else request.cached_seq
-    return ([keys.job(job_id), keys.job_events(job_id), keys.job_checkpoint(job_id)],
+    return ([keys.job(job_id), keys.job_events(job_id), keys.job_checkpoint(job_id),
+             keys.CHANGES],
             [request.chunk, request.epoch, request.worker, now, request.lease_s, held])
 
 
@@ -107,6 +109,14 @@ def _claimed(reply: Any) -> tuple[JobRecord | str, bytes | None]:
     record = JobRecord.from_hash(dict(zip(flat[::2], flat[1::2], strict=True)))
     blob = reply[2] if len(reply) > 2 and isinstance(reply[2], bytes) else None
     return record, blob
+
+
+def mark_changed(pipe: Any, job_id: str) -> None:
+    """Queue on ``pipe`` (after the write to the job's record, or in its MULTI) the mark the
+    scripts' ``changed`` writes: the tick folds a record only when marked, so a write of a live
+    record without its mark would never reach the scheduler's snapshot."""
+    pipe.xadd(keys.CHANGES, {"k": keys.job(job_id)}, maxlen=keys.CHANGES_MAXLEN,
+              approximate=True)
 
 
 def _flat(fields: Mapping[str, str]) -> list[str]:
@@ -216,6 +226,9 @@ class CommitRequest:
     next_message: NextMessage | None = None
     """The next chunk's message, pushed by the commit when the job hops
     (``Commit.published``), so a hop is one round trip."""
+    yielded: bool = False
+    """The chunk (``complete`` False) yielded for work its worker takes first, not for a flag:
+    the job stays in flight and hops with the same next chunk (``checkpoint`` required)."""
 
     def with_checkpoint(self, checkpoint: bytes) -> CommitRequest:
         """The same commit carrying the job's durable state (the store asked for one)."""
@@ -257,6 +270,83 @@ class _ScriptPipeline:
             if isinstance(reply, Exception):
                 raise reply
         return list(replies)
+
+
+class ScriptBatch:
+    """Fenced writes of many jobs sent together, in one round trip per :meth:`execute`: each is
+    the script (or MULTI-free write and its mark) the store's own method sends, fenced the same
+    way, so a job that moved since the writer saw it is left alone; :meth:`execute` returns
+    whether each write took effect, in the order queued. For a tick's thousands of actions."""
+
+    def __init__(self, store: JobStore) -> None:
+        self.store = store
+        self._pipe = _ScriptPipeline(store.redis)
+        self._kinds: list[str] = []
+
+    def __len__(self) -> int:
+        return len(self._kinds)
+
+    def transition_as_seen(self, seen: JobRecord, target: JobState, *, by: str, reason: str,
+                           expect: Mapping[str, str] | None = None,
+                           updates: Mapping[str, str] | None = None) -> None:
+        """:meth:`JobStore.transition_as_seen`, queued (an illegal move, or a job gone, is a
+        refusal: False)."""
+        fence = encode(state=seen.state, epoch=seen.epoch, seq=seen.seq)
+        options = scripts.json_arg(expect={**fence, **(expect or {})},
+                                   set=_flat(updates or {}) or None)
+        job_id = seen.job_id
+        self._pipe.script(self.store._transition,
+                          [keys.job(job_id), keys.job_events(job_id), keys.ACTIVE, keys.DONE,
+                           keys.CHANGES],
+                          [target.value, repr(time.time()), by, reason, options])
+        self._kinds.append("transition")
+
+    def update_as_seen(self, seen: JobRecord, **values: Any) -> None:
+        """:meth:`JobStore.update_as_seen`, queued."""
+        self._pipe.script(self.store._update_as_seen, [keys.job(seen.job_id), keys.CHANGES],
+                          [seen.state.value, str(seen.epoch), str(seen.seq),
+                           _flat_json(encode(**values))])
+        self._kinds.append("flag")
+
+    def request_preempt(self, job_id: str, *, state: JobState, epoch: int) -> None:
+        """:meth:`JobStore.request_preempt`, queued."""
+        self._pipe.script(self.store._flag_preempt, [keys.job(job_id), keys.CHANGES],
+                          [state.value, str(epoch)])
+        self._kinds.append("flag")
+
+    def keep_first_estimate(self, job_id: str, estimate_s: float) -> None:
+        """:meth:`JobStore.keep_first_estimate`, queued."""
+        self._pipe.script(self.store._first_estimate, [keys.job(job_id), keys.CHANGES],
+                          [field_name("first_estimate_s"), repr(estimate_s)])
+        self._kinds.append("always")
+
+    def set_fields(self, job_id: str, **values: Any) -> None:
+        """:meth:`JobStore.set_fields`, queued: the write, then its mark (one connection keeps
+        their order)."""
+        self._pipe.command("hset", keys.job(job_id), mapping=encode(**values))
+        self._pipe.command("xadd", keys.CHANGES, {"k": keys.job(job_id)},
+                           maxlen=keys.CHANGES_MAXLEN, approximate=True)
+        self._kinds.append("write")
+
+    def execute(self) -> list[bool]:
+        """Send everything queued in one round trip; whether each write took effect."""
+        if not self._kinds:
+            return []
+        replies = iter(self._pipe.execute())
+        out = []
+        for kind in self._kinds:
+            reply = next(replies)
+            if kind == "transition":
+                out.append(_text(reply[0]) == "ok")
+            elif kind == "flag":
+                out.append(bool(reply))
+            elif kind == "write":
+                next(replies)  # the mark
+                out.append(True)
+            else:
+                out.append(True)
+        self._pipe, self._kinds = _ScriptPipeline(self.store.redis), []
+        return out
 
 
 class JobStore:
@@ -312,7 +402,8 @@ class JobStore:
             batch_growth=batch_growth,
         )
         idem = keys.idempotency(tenant, spec.idempotency_key) if spec.idempotency_key else ""
-        keys_ = [keys.job(job_id), keys.job_events(job_id), keys.ACTIVE, keys.INDEX, idem]
+        keys_ = [keys.job(job_id), keys.job_events(job_id), keys.ACTIVE, keys.INDEX, idem,
+                 keys.CHANGES]
         args: list[Any] = [job_id, repr(now_s), _flat_json(fields)]
         if not self.commit_replicas:
             status, value = self._create(keys=keys_, args=args)
@@ -416,17 +507,13 @@ class JobStore:
         renewing it; an unreadable one is logged and skipped)."""
         names = sorted(self.redis.scan_iter(keys.WORKER_PREFIX + "*", count=1000))
         bodies = cast(list[bytes | None], self.redis.mget(names)) if names else []
-        beats: dict[str, Heartbeat] = {}
-        for key, raw in zip(names, bodies, strict=True):
-            if raw is None:  # expired between the scan and the read
-                continue
-            try:
-                beat = Heartbeat.decode(raw, _text(key).removeprefix(keys.WORKER_PREFIX))
-            except HeartbeatError as exc:
-                log.warning("%s; skipped", exc)
-                continue
-            beats[beat.name] = beat
-        return beats
+        return decode_heartbeats(names, bodies)
+
+    def heartbeat_names(self) -> list[str]:
+        """Every heartbeat key, found by a scan of the keyspace (what :meth:`heartbeats` reads;
+        a worker that registers in ``sl:workers:live`` is also found without a scan)."""
+        return sorted(_text(k) for k in self.redis.scan_iter(keys.WORKER_PREFIX + "*",
+                                                             count=1000))
 
     # lifecycle --------------------------------------------------------------------------------
     def transition(
@@ -446,7 +533,8 @@ class JobStore:
         options = scripts.json_arg(expect=dict(expect or {}) or None,
                                    set=_flat(updates or {}) or None)
         status, current = self._transition(
-            keys=[keys.job(job_id), keys.job_events(job_id), keys.ACTIVE, keys.DONE],
+            keys=[keys.job(job_id), keys.job_events(job_id), keys.ACTIVE, keys.DONE,
+                  keys.CHANGES],
             args=[target.value, repr(now_s or time.time()), by, reason, options],
         )
         status = _text(status)
@@ -478,25 +566,32 @@ class JobStore:
     def update_as_seen(self, seen: JobRecord, **values: Any) -> bool:
         """Write record attributes only if the job is still as ``seen`` (state, epoch, seq)."""
         return bool(self._update_as_seen(
-            keys=[keys.job(seen.job_id)],
+            keys=[keys.job(seen.job_id), keys.CHANGES],
             args=[seen.state.value, str(seen.epoch), str(seen.seq), _flat_json(encode(**values))]))
 
     def fail_unreadable(self, job_id: str, reason: str) -> bool:
         """Take a record nobody can parse out of the live set, FAILED with ``reason``; False if
         it had already ended."""
         return bool(self._fail_unreadable(
-            keys=[keys.job(job_id), keys.job_events(job_id), keys.ACTIVE, keys.DONE],
+            keys=[keys.job(job_id), keys.job_events(job_id), keys.ACTIVE, keys.DONE,
+                  keys.CHANGES],
             args=[job_id, reason[:500], repr(time.time())]))
 
     def set_fields(self, job_id: str, **values: Any) -> None:
         """Write record attributes (typed, encoded by the record's codecs)."""
-        self.redis.hset(keys.job(job_id), mapping=encode(**values))  # type: ignore[arg-type]
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hset(keys.job(job_id), mapping=encode(**values))  # type: ignore[arg-type]
+        mark_changed(pipe, job_id)
+        pipe.execute()
 
     def request_cancel(self, job_id: str) -> JobState:
         """Cancel a job: at once unless a worker is running one of its chunks, in which case it
         stops at the next chunk (or block-group) boundary. Returns the state after the call."""
         self.record(job_id)  # raises JobNotFound
-        self.redis.hset(keys.job(job_id), "cancel", "1")
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hset(keys.job(job_id), "cancel", "1")
+        mark_changed(pipe, job_id)
+        pipe.execute()
         for waiting in (JobState.PENDING, JobState.QUEUED, JobState.SUSPENDED, JobState.PREEMPTED):
             if self.try_transition(
                 job_id, JobState.CANCELLED, by="client", reason="cancelled by client",
@@ -508,7 +603,7 @@ class JobStore:
     def request_preempt(self, job_id: str, *, state: JobState, epoch: int) -> bool:
         """Flag the job's running attempt to stop at its next boundary, only if the job is
         still in ``state`` at ``epoch`` (what the caller saw)."""
-        return bool(self._flag_preempt(keys=[keys.job(job_id)],
+        return bool(self._flag_preempt(keys=[keys.job(job_id), keys.CHANGES],
                                        args=[state.value, str(epoch)]))
 
     def preempt_requested(self, job_id: str) -> bool:
@@ -648,11 +743,39 @@ class JobStore:
     def keep_first_estimate(self, job_id: str, estimate_s: float) -> None:
         """Record the scheduler's first estimate of the job's whole service time, once, and
         only on a record that still exists (never recreating a deleted job's hash)."""
-        self._first_estimate(keys=[keys.job(job_id)],
+        self._first_estimate(keys=[keys.job(job_id), keys.CHANGES],
                              args=[field_name("first_estimate_s"), repr(estimate_s)])
 
     def load_checkpoint(self, job_id: str) -> bytes | None:
         return cast(bytes | None, self.redis.get(keys.job_checkpoint(job_id)))
 
     def renew_lease(self, job_id: str, lease_s: float) -> None:
-        self.redis.hset(keys.job(job_id), "lease_until", repr(time.time() + lease_s))
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hset(keys.job(job_id), "lease_until", repr(time.time() + lease_s))
+        mark_changed(pipe, job_id)
+        pipe.execute()
+
+
+def write_heartbeat(pipe: Any, beat: Heartbeat, lease_s: float) -> None:
+    """Queue a worker's heartbeat on ``pipe``: its key (expiring with its lease) and its entry in
+    ``sl:workers:live`` (when it lapses), where the tick finds it without scanning."""
+    lease_ms = int(lease_s * 1000)
+    pipe.set(keys.worker(beat.name), beat.encode(), px=lease_ms)
+    pipe.zadd(keys.WORKERS_LIVE, {beat.name: int(time.time() * 1000) + lease_ms})
+
+
+def decode_heartbeats(names: Sequence[bytes | str], bodies: Sequence[bytes | None]
+                      ) -> dict[str, Heartbeat]:
+    """Heartbeats by worker name from their keys and bodies (a key that expired is skipped, an
+    unreadable body logged and skipped)."""
+    beats: dict[str, Heartbeat] = {}
+    for key, raw in zip(names, bodies, strict=True):
+        if raw is None:  # expired between the scan and the read
+            continue
+        try:
+            beat = Heartbeat.decode(raw, _text(key).removeprefix(keys.WORKER_PREFIX))
+        except HeartbeatError as exc:
+            log.warning("%s; skipped", exc)
+            continue
+        beats[beat.name] = beat
+    return beats

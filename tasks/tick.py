@@ -12,16 +12,20 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from enum import Enum
 from typing import Any
 
 import redis
 from celery import shared_task
 from redis.commands.core import Script
 
+from scheduler import IncrementalPlanner
 from tasks import keys, scripts
 from tasks.adapter import run_tick
 from tasks.context import worker_context
 from tasks.routing import TICK_TASK
+from tasks.snapshot import SnapshotCache
+from tasks.store import JobStore
 
 log = logging.getLogger(__name__)
 
@@ -32,12 +36,16 @@ def tick(self: Any) -> str:
     ctx = worker_context()
     me = self.request.hostname or "scheduler"
     interval_s = ctx.settings.scheduler.origin_detection_interval
-    if not _hold_lease(ctx.store.redis, me, ttl_s=max(10 * interval_s, 1.0)):
+    cache = snapshot_cache(ctx.store)
+    held = _take_lease(ctx.store.redis, me, ttl_s=max(10 * interval_s, 1.0))
+    if held is Lease.OTHER:
         return "standby"
+    if held is Lease.TAKEN:  # another scheduler may have ticked since: trust nothing kept
+        cache.invalidate()
 
     started = time.perf_counter()
     with collector_paused():
-        run_tick(ctx, now_s=time.time())
+        run_tick(ctx, now_s=time.time(), cache=cache, planner=held_planner(ctx.store))
     _record(ctx.store.redis, time.perf_counter() - started)
     return "ticked"
 
@@ -58,9 +66,38 @@ def collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _hold_lease(client: redis.Redis, me: str, ttl_s: float) -> bool:
+class Lease(Enum):
+    """What asking for the tick lease found."""
+
+    TAKEN = 1
+    """This worker holds it now and did not just before (its snapshot cache may be stale)."""
+    RENEWED = 2
+    """This worker held it and still does."""
+    OTHER = 0
+    """Another scheduler holds it."""
+
+
+@functools.cache
+def snapshot_cache(store: JobStore) -> SnapshotCache:
+    """The worker's snapshot, kept between its ticks (one per store)."""
+    return SnapshotCache(store)
+
+
+@functools.cache
+def held_planner(store: JobStore) -> IncrementalPlanner:
+    """The worker's planner, kept between its ticks beside the snapshot cache (one per store)."""
+    return IncrementalPlanner()
+
+
+def _take_lease(client: redis.Redis, me: str, ttl_s: float) -> Lease:
     """Take or renew the tick lease; another live scheduler keeps it until it stops ticking."""
-    return bool(_lease_script(client)(keys=[keys.TICK_LEASE], args=[me, int(ttl_s * 1000)]))
+    return Lease(int(_lease_script(client)(keys=[keys.TICK_LEASE],
+                                           args=[me, int(ttl_s * 1000)])))
+
+
+def _hold_lease(client: redis.Redis, me: str, ttl_s: float) -> bool:
+    """Whether this worker holds the tick lease (taken or renewed)."""
+    return _take_lease(client, me, ttl_s) is not Lease.OTHER
 
 
 @functools.cache

@@ -60,7 +60,7 @@ class SeaweedS3:
             weed_binary(), "server", f"-dir={self.root / 'data'}", "-ip=127.0.0.1",
             "-ip.bind=127.0.0.1", f"-master.port={p['master']}",
             f"-master.port.grpc={p['master_grpc']}", f"-volume.port={p['volume']}",
-            f"-volume.port.grpc={p['volume_grpc']}", "-volume.max=4",
+            f"-volume.port.grpc={p['volume_grpc']}", "-volume.max=16",
             "-master.volumeSizeLimitMB=64", "-filer", f"-filer.port={p['filer']}",
             f"-filer.port.grpc={p['filer_grpc']}", "-s3", f"-s3.port={p['s3']}",
             f"-s3.port.grpc={p['s3_grpc']}", "-s3.port.iceberg=0", "-s3.port.lance=0",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import re
@@ -49,6 +50,12 @@ COMMON_RESPONSES: dict[int | str, dict[str, Any]] = {
 LIMITED_RESPONSES: dict[int | str, dict[str, Any]] = {
     429: {"model": ErrorBody, "description": "Rate limit or queue quota; see Retry-After."},
 }
+MAX_PAGE = 500
+"""Most jobs one GET /v1/jobs returns."""
+_FILTER_FIELDS = ("tenant", "state", "slo")
+SCAN_FIRST, SCAN_MAX = 128, 2048
+"""A listing reads the index (and three fields of each job) 128 jobs first, then twice as many
+each time, up to 2048 (round trips, not rows, are what a filter that matches little pays)."""
 _CURSOR = re.compile(r"^(\d+(?:\.\d+)?(?:e[+-]?\d+)?),([0-9A-Za-z]{1,64})$")
 
 
@@ -76,12 +83,11 @@ def submit_for(ctx: ApiContext, tenant: Tenant, spec: JobSpec) -> tuple[str, boo
     if spec.idempotency_key and (
             existing := ctx.reads.replayed_job(tenant.name, spec.idempotency_key)):
         return existing, False
-    wait_s = ctx.limits.take_token(tenant)
+    wait_s, unfinished = ctx.limits.take_token_and_count(tenant)  # one round trip, O(1)
     if wait_s > 0:
         raise TooManyRequests(
             f"tenant {tenant.name!r} is over its rate limit of {tenant.rate_limit_per_s:g} "
             f"submissions/s (burst {tenant.burst}); retry after {wait_s:.2f}s", wait_s)
-    unfinished = ctx.limits.unfinished(tenant)
     if unfinished >= tenant.max_queued:
         raise TooManyRequests(
             f"tenant {tenant.name!r} has {unfinished} unfinished jobs, its quota is "
@@ -89,12 +95,9 @@ def submit_for(ctx: ApiContext, tenant: Tenant, spec: JobSpec) -> tuple[str, boo
     for dep in spec.depends_on:
         _check_dependency(ctx, tenant, dep)
     try:
-        job_id, created = ctx.service.submit(spec, tenant=tenant.name, tier=tenant.tier)
+        return ctx.service.submit(spec, tenant=tenant.name, tier=tenant.tier)
     except WorkerError as exc:
         raise InvalidJob(f"invalid {spec.kind} job: {exc}") from exc
-    if created:
-        ctx.limits.track(tenant, job_id)
-    return job_id, created
 
 
 def _check_dependency(ctx: ApiContext, tenant: Tenant, dep: str) -> None:
@@ -119,7 +122,7 @@ def create_job(spec: JobSpec, ctx: Ctx, tenant: Caller, response: Response) -> J
     if not created:
         response.status_code = 200
     response.headers["Location"] = f"/v1/jobs/{job_id}"
-    return job_detail(ctx.reads.record(job_id), ctx.reads.origin_id())
+    return job_detail(*ctx.reads.record_and_origin(job_id))
 
 
 # read -----------------------------------------------------------------------------------------
@@ -177,11 +180,13 @@ def _not_ready_detail(r: JobRecord) -> str:
 # list -----------------------------------------------------------------------------------------
 def _scan(ctx: ApiContext, cursor: tuple[float, str] | None) -> Iterator[tuple[float, str]]:
     """(score, id) newest first from the index, strictly after ``cursor``, at most
-    ``api.list_scan_limit`` of them."""
-    budget, batch = ctx.settings.api.list_scan_limit, 256
+    ``api.list_scan_limit`` of them, read in batches that double (a first page reads one, a
+    filter that matches little reads the budget in a few round trips)."""
+    budget, batch = ctx.settings.api.list_scan_limit, SCAN_FIRST // 2
     high = "+inf" if cursor is None else repr(cursor[0])
     after = cursor
     while budget > 0:
+        batch = min(batch * 2, SCAN_MAX)
         rows = ctx.reads.index_before(high, min(batch, budget))
         fresh = list(rows)
         if after is not None:  # equal scores come in reverse member order
@@ -211,41 +216,47 @@ def list_jobs(
     ctx: Ctx, tenant: Caller,
     state: Annotated[JobState | None, Query(description="Only jobs in this state.")] = None,
     slo: Annotated[SloClass | None, Query(alias="class", description="Only this class.")] = None,
-    limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    offset: Annotated[int, Query(ge=0, le=100_000)] = 0,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="Page size.")] = 50,
+    offset: Annotated[int, Query(ge=0, le=100_000, description="Matching jobs to skip (a cursor "
+                                 "is cheaper: it starts where the last page ended).")] = 0,
     cursor: Annotated[str | None, Query(max_length=100, description="next_cursor of the "
                                         "previous page (replaces offset).")] = None,
 ) -> JobPage:
+    """One page costs O(limit) whole records plus, while filtering, three fields of each job of
+    the index it passes over: at most ``api.list_scan_limit`` of them, whatever the backlog."""
+    page: list[tuple[float, str]] = []
+    for skipped, row in enumerate(_matching(ctx, _parse_cursor(cursor), tenant, state, slo)):
+        if skipped >= offset:
+            page.append(row)
+            if len(page) == limit:
+                break
     origin_id = ctx.reads.origin_id()
-    picked: list[JobDetail] = []
-    skipped, last = 0, None
-    for score, record in _matching(ctx, _parse_cursor(cursor), tenant, state, slo):
-        if skipped < offset:
-            skipped += 1
-            continue
-        picked.append(job_detail(record, origin_id))
-        last = (score, record.job_id)
-        if len(picked) == limit:
-            break
-    more = len(picked) == limit and last is not None
+    by_id = {r.job_id: r for r in readable_records(ctx.reads, [i for _, i in page],
+                                                   "GET /v1/jobs")}
+    picked = [job_detail(r, origin_id) for _, job_id in page
+              if (r := by_id.get(job_id)) is not None and _passes(r, state, slo)]
+    more = len(page) == limit
     return JobPage(jobs=picked, limit=limit, offset=offset,
-                   next_cursor=f"{last[0]!r},{last[1]}" if more and last else None)
+                   next_cursor=f"{page[-1][0]!r},{page[-1][1]}" if more else None)
 
 
 def _matching(
     ctx: ApiContext, cursor: tuple[float, str] | None, tenant: Tenant,
     state: JobState | None, slo: SloClass | None,
-) -> Iterator[tuple[float, JobRecord]]:
-    """(score, record) of the caller's jobs that pass the filters, newest first; records are
-    read 128 at a time, so a page stops reading once it is full."""
+) -> Iterator[tuple[float, str]]:
+    """(score, id) of the caller's jobs that pass the filters, newest first, judged by three
+    fields read in batches that double, as the index is (a page stops reading once it is
+    full)."""
     rows = _scan(ctx, cursor)
-    while batch := [row for _, row in zip(range(128), rows, strict=False)]:
-        by_id = {r.job_id: r for r in readable_records(ctx.reads, [i for _, i in batch],
-                                                       "GET /v1/jobs")}
-        for score, job_id in batch:
-            r = by_id.get(job_id)
-            if r is not None and r.tenant == tenant.name and _passes(r, state, slo):
-                yield score, r
+    want = (tenant.name.encode(), state.value.encode() if state else None,
+            slo.value.encode() if slo else None)
+    size = SCAN_FIRST
+    while batch := list(itertools.islice(rows, size)):
+        size = min(size * 2, SCAN_MAX)
+        for (score, job_id), (owner, at, of) in zip(
+                batch, ctx.reads.fields([i for _, i in batch], _FILTER_FIELDS), strict=True):
+            if owner == want[0] and want[1] in (None, at) and want[2] in (None, of):
+                yield score, job_id
 
 
 def _passes(r: JobRecord, state: JobState | None, slo: SloClass | None) -> bool:

@@ -17,6 +17,7 @@ from app.api import dashboard, jobs, observe, openai
 from app.api.context import ApiContext
 from app.api.errors import install_error_handlers
 from app.celery import configure as configure_celery
+from tasks.read_model import STORE_UNAVAILABLE
 from tasks.runtime import current_settings
 from tasks.settings import Settings
 from tasks.submit import prepare_submits
@@ -58,10 +59,20 @@ async def _prepared(api: FastAPI) -> AsyncIterator[None]:
     """The app's startup: uvicorn binds its socket only after it, so no request (``/healthz``
     included) waits for these imports, and warming never competes with serving for the GIL. An
     embedded server without lifespan imports on first use."""
+    await run_in_threadpool(_rebuild_live_counts, api.state.ctx)
     await run_in_threadpool(import_job_kinds)
     if api.state.warm_start:
         await run_in_threadpool(_warm_submits, api.state.warm)
     yield
+
+
+def _rebuild_live_counts(ctx: ApiContext) -> None:
+    """Count the unfinished jobs once (``tasks.live_counts``): a store written before the
+    counters existed then reads right; the scripts keep them from there on."""
+    try:
+        ctx.limits.live.rebuild()
+    except STORE_UNAVAILABLE:
+        log.warning("the live counters were not rebuilt: Redis is unavailable")
 
 
 def import_job_kinds() -> None:

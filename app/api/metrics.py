@@ -5,8 +5,7 @@ on a seen-set), which keeps the counters monotonic across API processes."""
 from __future__ import annotations
 
 import time
-from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -18,35 +17,35 @@ from prometheus_client.registry import Collector
 
 from app.api.stats import (
     ENDED,
+    Figures,
     WindowStats,
     class_stats,
     met_deadline,
     observed_queues,
     oldest_waits,
     queue_depths,
-    readable_records,
     recent_jobs,
     window_stats,
     worker_views,
 )
 from scheduler.lifecycle import JobState, SloClass
 from tasks import keys
+from tasks.heartbeat import Heartbeat
 from tasks.read_model import FinishedCount, ReadModel
-from tasks.record import JobRecord
 from tasks.settings import Settings
 
 LATENCY_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 SEEN_KEEP = 50_000
 
 
-def account_finished(reads: ReadModel, jobs: list[JobRecord]) -> None:
+def account_finished(reads: ReadModel, jobs: Sequence[Figures]) -> None:
     """Fold jobs that ended since the last scrape into the Redis counters (each one once)."""
     reads.count_finished([FinishedCount(r.job_id, r.finished_at_s, _increments(r))
                           for r in jobs if r.state.is_terminal and r.finished_at_s is not None],
                          keep=SEEN_KEEP)
 
 
-def _increments(r: JobRecord) -> tuple[tuple[str, str, int | float], ...]:
+def _increments(r: Figures) -> tuple[tuple[str, str, int | float], ...]:
     """What one ended job adds to the counters: its state, its latency bucket, its deadline."""
     state, slo = r.state.value, r.slo.value
     adds: list[tuple[str, str, int | float]] = [(keys.METRICS_FINISHED, f"{state}|{slo}", 1)]
@@ -96,6 +95,7 @@ class StoreCollector(Collector):
                 if rate is not None:
                     per_worker.add_metric([worker.name, name], rate)
         yield per_worker
+        yield from residency_metrics(beats)
         yield GaugeMetricFamily("stepline_origin_active", "1 while a job is the origin",
                                 value=1 if self.reads.origin_id() else 0)
 
@@ -153,11 +153,11 @@ class StoreCollector(Collector):
         yield met
 
     def _active(self) -> Metric:
-        active = readable_records(self.reads, self.reads.active_ids(), "/metrics")
-        counts = Counter((r.state.value, r.slo.value) for r in active)
+        """From the live counters the state changes keep: O(states x classes), not a read of
+        every unfinished record."""
         gauge = GaugeMetricFamily("stepline_jobs_active", "Jobs not yet ended, by state and class",
                                   labels=["state", "slo"])
-        for (state, slo), count in sorted(counts.items()):
+        for (state, slo), count in sorted(self.reads.live_by_state().counts.items()):
             gauge.add_metric([state, slo], count)
         return gauge
 
@@ -172,7 +172,7 @@ class StoreCollector(Collector):
             family.add_metric([slo.value], buckets, sum_value=got.get("sum", 0.0))
         yield family
 
-    def _attainment(self, jobs: list[JobRecord]) -> Metric:
+    def _attainment(self, jobs: Sequence[Figures]) -> Metric:
         gauge = GaugeMetricFamily(
             "stepline_slo_attainment",
             "Share of recently ended jobs DONE by their deadline, by class", labels=["slo"])
@@ -180,3 +180,29 @@ class StoreCollector(Collector):
             if stats.attainment is not None:
                 gauge.add_metric([slo], stats.attainment)
         return gauge
+
+
+def residency_metrics(beats: Mapping[str, Heartbeat]) -> Iterator[Metric]:
+    """Per worker, from its heartbeat's ``residency``: bytes of the models it holds per tier,
+    and its model loads and their seconds per source tier (cumulative, so counters)."""
+    resident = GaugeMetricFamily("stepline_worker_resident_bytes",
+                                 "Measured tensor bytes of the models a worker holds",
+                                 labels=["worker", "tier"])
+    loads = CounterMetricFamily("stepline_worker_model_loads",
+                                "Model loads of a worker, by the tier they came from",
+                                labels=["worker", "source"])
+    seconds = CounterMetricFamily("stepline_worker_model_load_seconds",
+                                  "Seconds a worker spent loading models, by source tier",
+                                  labels=["worker", "source"])
+    for name, beat in sorted(beats.items()):
+        if not beat.residency:
+            continue
+        for tier in ("device", "host"):
+            resident.add_metric([name, tier], beat.resident_bytes(tier))
+        for source, count in dict(beat.residency.get("loads") or {}).items():
+            loads.add_metric([name, str(source)], float(count))
+        for source, spent in dict(beat.residency.get("load_s") or {}).items():
+            seconds.add_metric([name, str(source)], float(spent))
+    yield resident
+    yield loads
+    yield seconds

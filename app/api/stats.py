@@ -12,14 +12,15 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
 from app.schemas import ClassStats, StatsView, WorkerInfo
 from scheduler.lifecycle import JobState, SloClass
 from tasks.heartbeat import Heartbeat
-from tasks.read_model import ReadModel
+from tasks.live_counts import LiveByState
+from tasks.read_model import JobOutcome, ReadModel
 from tasks.record import JobRecord, UnreadableRecord
 from tasks.routing import ALL_QUEUES, BATCH_TASK, CHUNK_TASK, affinity_worker
 from tasks.settings import Settings
@@ -200,7 +201,25 @@ def _oldest_age(messages: list[dict[str, Any]], fields: Mapping[ChunkRef, Sequen
     return max(now_s - min(sent), 0.0) if sent else None
 
 
-def met_deadline(record: JobRecord) -> bool:
+class Figures(Protocol):
+    """What attainment and latency read of a job: a :class:`JobOutcome` (a few fields) or a
+    whole :class:`JobRecord`."""
+
+    @property
+    def job_id(self) -> str: ...
+    @property
+    def slo(self) -> SloClass: ...
+    @property
+    def state(self) -> JobState: ...
+    @property
+    def deadline_at_s(self) -> float: ...
+    @property
+    def finished_at_s(self) -> float | None: ...
+    @property
+    def latency_s(self) -> float | None: ...
+
+
+def met_deadline(record: Figures) -> bool:
     return (record.state is JobState.DONE and record.finished_at_s is not None
             and record.finished_at_s <= record.deadline_at_s)
 
@@ -213,8 +232,10 @@ def _quantile(values: list[float], q: float) -> float | None:
     return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]
 
 
-def class_stats(jobs: list[JobRecord]) -> dict[str, ClassStats]:
-    """Per-class attainment: DONE by the deadline over DONE + FAILED + EXPIRED."""
+def class_stats(jobs: Sequence[Figures],
+                live: LiveByState | None = None) -> dict[str, ClassStats]:
+    """Per-class attainment: DONE by the deadline over DONE + FAILED + EXPIRED; ``unfinished``
+    from the live counters (every unfinished job) when given, else among ``jobs``."""
     out = {}
     for slo in SloClass:
         mine = [r for r in jobs if r.slo is slo]
@@ -225,12 +246,13 @@ def class_stats(jobs: list[JobRecord]) -> dict[str, ClassStats]:
         out[slo.value] = ClassStats(
             finished=len(ended), met=met, attainment=met / len(ended) if ended else None,
             p50_latency_s=_quantile(latencies, 0.5), p95_latency_s=_quantile(latencies, 0.95),
-            unfinished=sum(1 for r in mine if not r.state.is_terminal),
+            unfinished=(live.of_class(slo.value) if live is not None
+                        else sum(1 for r in mine if not r.state.is_terminal)),
         )
     return out
 
 
-def window_class_stats(ended: list[JobRecord]) -> dict[str, WindowClassStats]:
+def window_class_stats(ended: Sequence[Figures]) -> dict[str, WindowClassStats]:
     """``class_stats`` of the jobs that ended in the window (all of them terminal)."""
     return {slo: WindowClassStats(**stats.model_dump(exclude={"unfinished"}))
             for slo, stats in class_stats(ended).items()}
@@ -246,10 +268,22 @@ def ended_since(reads: ReadModel, since_s: float, limit: int) -> tuple[list[JobR
     return ended, more
 
 
+def ended_outcomes_since(reads: ReadModel, since_s: float,
+                         limit: int) -> tuple[list[JobOutcome], bool]:
+    """``ended_since``, reading only what the figures need of each job."""
+    start_ms = max(int((since_s - WINDOW_SLACK_S) * 1000), 0)
+    ids, more = reads.ended_ids_since(start_ms, limit)
+    ended = [r for r in reads.outcomes(ids)
+             if r.state in ENDED and r.finished_at_s is not None and r.finished_at_s >= since_s]
+    return ended, more
+
+
 def window_stats(reads: ReadModel, settings: Settings, now_s: float) -> WindowStats:
-    """Per-class attainment and latency over the last ``api.stats_window`` seconds."""
+    """Per-class attainment and latency over the last ``api.stats_window`` seconds: O(jobs that
+    ended in it, at most ``api.stats_window_max_jobs``), a few fields each."""
     seconds = settings.api.stats_window
-    ended, truncated = ended_since(reads, now_s - seconds, settings.api.stats_window_max_jobs)
+    ended, truncated = ended_outcomes_since(reads, now_s - seconds,
+                                            settings.api.stats_window_max_jobs)
     return WindowStats(seconds=seconds, classes=window_class_stats(ended), jobs=len(ended),
                        truncated=truncated)
 
@@ -266,9 +300,10 @@ def readable_records(reads: ReadModel, job_ids: list[str], purpose: str) -> list
     return readable
 
 
-def recent_jobs(reads: ReadModel, window: int) -> list[JobRecord]:
-    """The ``window`` most recently submitted jobs that can be read."""
-    return readable_records(reads, reads.newest_ids(window), "recent jobs")
+def recent_jobs(reads: ReadModel, window: int) -> list[JobOutcome]:
+    """The ``window`` most recently submitted jobs that can be read (what the figures need of
+    each: O(window), whatever the backlog)."""
+    return reads.outcomes(reads.newest_ids(window))
 
 
 def read_load(reads: ReadModel) -> dict[str, Any] | None:
@@ -342,7 +377,7 @@ def live_stats(reads: ReadModel, settings: Settings, viewer: Viewer,
     workers, counters = worker_views(beats, now_s, visible)
     queues = observed_queues(beats)
     return LiveStatsView(
-        classes=class_stats(jobs), queues=queue_depths(reads, queues),
+        classes=class_stats(jobs, reads.live_by_state()), queues=queue_depths(reads, queues),
         origin=origin if origin and visible.get(origin) else None,
         origin_active=origin is not None, load=read_load(reads), workers=workers,
         cache_hit_rates=counters.rates(), window_jobs=len(jobs), measured_at=now_s,

@@ -1,13 +1,14 @@
 -- claim: fence a chunk message against the job's record and mark the job RUNNING on the
 -- claiming worker; the worker reads nothing else before it runs.
 --
--- KEYS: job, events, ckpt
+-- KEYS: job, events, ckpt, changes
 -- ARGV: chunk, epoch, worker, now, lease_s, held_seq
 -- Needs: lifecycle, _events
 --
 -- job       hash    the job record (sl:job:<id>)
 -- events    stream  the job's event stream (sl:job:<id>:events)
 -- ckpt      string  the job's durable checkpoint (sl:job:<id>:ckpt)
+-- changes   stream  the change stream the tick folds (sl:changes)
 -- chunk     int     the chunk the message runs
 -- epoch     int     the message's epoch (a requeue starts a new one)
 -- worker    string  the claiming worker
@@ -22,6 +23,7 @@
 local job = KEYS[1]
 local events = KEYS[2]
 local ckpt = KEYS[3]
+local changes = KEYS[4]
 local chunk = ARGV[1]
 local epoch = ARGV[2]
 local worker = ARGV[3]
@@ -43,6 +45,7 @@ redis.call('HSET', job, 'state', STATE.RUNNING, 'running_on', worker,
 if redis.call('HEXISTS', job, 'started_at') == 0 then
   redis.call('HSET', job, 'started_at', now)
 end
+changed(changes, job)
 if state ~= STATE.RUNNING then
   event(events, 'state', state, STATE.RUNNING, worker, 'chunk ' .. chunk, now)
 end

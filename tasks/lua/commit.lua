@@ -5,7 +5,7 @@
 -- queue's list, as kombu's Redis transport would (priority 0: the queue's own list), and
 -- records it published: the commit, the publish and its bookkeeping are one round trip.
 --
--- KEYS: job, ckpt, events, active, done, timings
+-- KEYS: job, ckpt, events, active, done, timings, changes
 -- ARGV: chunk, epoch, seq, complete, has_ckpt, checkpoint, service_s, now, worker, task_id,
 --       options
 -- Needs: lifecycle, _events
@@ -16,6 +16,8 @@
 -- active      set     ids of jobs not yet terminal (sl:jobs:active)
 -- done        stream  (id, final state) of every job that ended (sl:done)
 -- timings     stream  measured seconds per cost unit of each chunk (sl:timings)
+-- changes     stream  the change stream the tick folds (sl:changes); a commit's entry
+--                     carries its seq, chunk and service_s (the job's own chunk times)
 -- chunk       int     the chunk that ran
 -- epoch       int     the epoch it was claimed at
 -- seq         int     the sequence number it was claimed at
@@ -35,6 +37,10 @@
 --                               chunk of a class (a class not named: its class queue)
 --                     "next_message": {"task_id", "before", "after"}   the next chunk's
 --                               message, pushed as before .. <queue as JSON> .. after on a hop
+--                     "yielded": true   the chunk stopped inside (complete '0') for work its
+--                               worker takes first, not for a flag: unless a flag is raised the
+--                               job stays in flight and hops with the same next chunk, resumed
+--                               from the checkpoint (which it must carry)
 --
 -- Returns {'stale'}, {'needs_checkpoint'} (the job must stop here: send one), or {status, seq,
 -- next chunk, queue[, published task id]} with status 'done', 'cancelled', 'preempted',
@@ -46,6 +52,7 @@ local events = KEYS[3]
 local active = KEYS[4]
 local done = KEYS[5]
 local timings = KEYS[6]
+local changes = KEYS[7]
 local chunk = ARGV[1]
 local epoch = ARGV[2]
 local seq = ARGV[3]
@@ -69,8 +76,9 @@ local ran_whole = complete == '1'
 if ran_whole then nxt = nxt + 1 end
 local last = ran_whole and nxt == total
 local cancel = h[7] == '1'
-local stop = cancel or h[6] == '1' or not ran_whole
-if stop and not last and has_ckpt ~= '1' then return {'needs_checkpoint'} end
+local yielded = not ran_whole and options.yielded == true
+local stop = cancel or h[6] == '1' or (not ran_whole and not yielded)
+if (stop or yielded) and not last and has_ckpt ~= '1' then return {'needs_checkpoint'} end
 local new_seq = tonumber(seq) + 1
 redis.call('HSET', job, 'seq', new_seq, 'next_chunk', nxt, 'updated_at', now)
 redis.call('HINCRBYFLOAT', job, 'service_s', service_s)
@@ -80,6 +88,7 @@ if has_ckpt == '1' then
 end
 redis.call('XADD', events, '*', 'kind', 'commit', 'chunk', chunk, 'complete', complete,
            'seq', new_seq, 'by', worker, 'task', task_id, 'service_s', service_s, 'ts', now)
+changed(changes, job, 'seq', new_seq, 'chunk', chunk, 'service_s', service_s)
 local timing = options.timing
 if ran_whole and timing then
   redis.call('XADD', timings, 'MAXLEN', '~', 10000, '*', 'cost_key', timing.cost_key or h[11],
@@ -112,8 +121,9 @@ if options.then_continue then return {'continue', unpack(cursor)} end
 local class = string.match(h[8], '([^.]+)$')
 local target = (options.hop_queues or {})[class] or class
 redis.call('HSET', job, 'state', STATE.QUEUED, 'queue', target, 'queued_at', now)
-event(events, 'state', STATE.RUNNING, STATE.QUEUED, worker,
-      'next chunk ' .. nxt .. ' on ' .. target, now)
+local why = 'next chunk ' .. nxt .. ' on ' .. target
+if yielded then why = 'yielded inside chunk ' .. nxt .. ' to waiting work; resumes on ' .. target end
+event(events, 'state', STATE.RUNNING, STATE.QUEUED, worker, why, now)
 local message = options.next_message
 if not message or message.task_id == '' then
   return {'hop', tostring(new_seq), tostring(nxt), target}

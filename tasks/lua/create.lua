@@ -1,6 +1,6 @@
 -- create: store a new PENDING job, once per idempotency key.
 --
--- KEYS: job, events, active, index, idem
+-- KEYS: job, events, active, index, idem, changes
 -- ARGV: id, now, fields
 -- Needs: lifecycle, _events
 --
@@ -10,6 +10,7 @@
 -- index   zset    every job id by submit time (sl:jobs:index)
 -- idem    string  the tenant's idempotency key (sl:idem:<tenant>:<key>, kept 24 h), or '' for
 --                 none
+-- changes  stream  the change stream the tick folds (sl:changes)
 -- id      string  the new job's id
 -- now     string  the submit time, seconds since the epoch
 -- fields  JSON    the record: [field, value, ...]
@@ -21,6 +22,7 @@ local events = KEYS[2]
 local active = KEYS[3]
 local index = KEYS[4]
 local idem = KEYS[5]
+local changes = KEYS[6]
 local id = ARGV[1]
 local now = ARGV[2]
 local fields = cjson.decode(ARGV[3])
@@ -33,5 +35,6 @@ end
 redis.call('HSET', job, unpack(fields))
 redis.call('SADD', active, id)
 redis.call('ZADD', index, now, id)
+changed(changes, job)
 event(events, 'state', '', STATE.PENDING, 'submit', 'accepted', now)
 return {'ok', id}

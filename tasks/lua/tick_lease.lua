@@ -8,7 +8,8 @@
 -- holder  string  the worker asking for it
 -- ttl_ms  int     how long the lease lives without a renewal
 --
--- Returns 1 when ``holder`` holds the lease, 0 when another does.
+-- Returns 2 when ``holder`` held the lease and renewed it, 1 when it took it (free or lapsed:
+-- another scheduler may have ticked meanwhile), 0 when another holds it.
 
 local lease = KEYS[1]
 local holder = ARGV[1]
@@ -17,6 +18,7 @@ local ttl_ms = ARGV[2]
 local current = redis.call('GET', lease)
 if current == false or current == holder then
   redis.call('SET', lease, holder, 'PX', ttl_ms)
+  if current == holder then return 2 end
   return 1
 end
 return 0

@@ -1,7 +1,7 @@
 -- transition: move a job to a target state if the lifecycle allows it from the job's current
 -- state and every fenced field still holds what the writer saw.
 --
--- KEYS: job, events, active, done
+-- KEYS: job, events, active, done, changes
 -- ARGV: target, now, by, reason, options
 -- Needs: lifecycle, _events
 --
@@ -9,6 +9,7 @@
 -- events   stream  the job's event stream (sl:job:<id>:events)
 -- active   set     ids of jobs not yet terminal (sl:jobs:active)
 -- done     stream  (id, final state) of every job that ended (sl:done)
+-- changes  stream  the change stream the tick folds (sl:changes)
 -- target   string  the state to move to (a JobState value)
 -- now      string  the writer's clock, seconds since the epoch
 -- by       string  who moves the job (a worker, the scheduler, the client)
@@ -24,6 +25,7 @@ local job = KEYS[1]
 local events = KEYS[2]
 local active = KEYS[3]
 local done = KEYS[4]
+local changes = KEYS[5]
 local target = ARGV[1]
 local now = ARGV[2]
 local by = ARGV[3]
@@ -42,5 +44,6 @@ redis.call('HSET', job, 'state', target, 'updated_at', now)
 if TERMINAL[target] then
   ended(job, active, done, redis.call('HGET', job, 'id'), target, now)
 end
+changed(changes, job)
 event(events, 'state', cur, target, by, reason, now)
 return {'ok', cur}

@@ -33,6 +33,7 @@ from tasks.settings.environment import (
 )
 from tasks.settings.moe import MoeSettings
 from tasks.settings.scheduler import SchedulerSettings
+from tasks.settings.workers import ResidencySettings
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.yaml"
@@ -87,7 +88,8 @@ class BrokerSettings(BaseModel):
     round trip) before the worker acknowledges the chunk, so a failover promoting one of them
     cannot lose it; a new job the API creates likewise, else it answers 503 (retry with the
     same idempotency key) instead of accepting a job a failover could drop. 0 (one server): no
-    wait. With Sentinel, 1."""
+    wait. With Sentinel, the number of replicas: with more replicas than this, the one that
+    acknowledged may be re-pointed at another, promoted one and drop the write."""
     commit_replica_timeout: Seconds = Field(default=0.5, gt=0, le=60)
     """The longest a commit waits for its replicas; past it the worker goes on (logged): a
     commit a failover then loses is replayed from the previous checkpoint (the fences)."""
@@ -145,6 +147,8 @@ class Settings(BaseSettings):
     """MoE serving."""
     diffusion: DiffusionSettings = Field(default_factory=DiffusionSettings)
     """Diffusion jobs."""
+    residency: ResidencySettings = Field(default_factory=ResidencySettings)
+    """The built models a worker keeps, under a memory budget."""
     broker: BrokerSettings = Field(default_factory=BrokerSettings)
     """Celery transport."""
     affinity: AffinitySettings = Field(default_factory=AffinitySettings)
@@ -226,5 +230,5 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
 
 __all__ = [
     "AffinitySettings", "ApiSettings", "AutoscaleSettings", "DiffusionSettings", "MoeSettings",
-    "SchedulerSettings", "Settings", "load_settings",
+    "ResidencySettings", "SchedulerSettings", "Settings", "load_settings",
 ]

@@ -111,6 +111,10 @@ class SchedulerSettings(BaseModel):
     held idle only while preemption would come too late for a realtime deadline."""
     preemption_timeout: Seconds = Field(default=0.05, gt=0, le=60)
     """How long a preempted job may take to stop (one block group should fit inside)."""
+    yield_to_waiting: bool = True
+    """A worker's chunk yields at its next block-group boundary when a queue the worker takes
+    first (a more urgent class) holds work, without waiting for the tick's preempt flag; the
+    job stays in flight and resumes from that boundary (``tasks.protocol``)."""
     convergence_threshold: float = Field(default=0.8, gt=0, le=1)
     """Load above which overload convergence pauses batch work."""
     slo_classes: dict[str, SloClassSettings] = Field(default_factory=_default_classes)

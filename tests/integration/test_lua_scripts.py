@@ -13,6 +13,7 @@ from app.tenants import Tenant, TenantLimits
 from scheduler.lifecycle import TERMINAL_STATES, TRANSITIONS, JobState
 from tasks import keys, scripts
 from tasks.expert_updates import ExpertUpdates
+from tasks.read_model import ReadModel
 from tasks.store import ClaimRequest, CommitRequest, CommitStatus, JobStore
 from tasks.tick import _hold_lease
 from workers.moe.versions import UpdatePolicy
@@ -34,7 +35,6 @@ def _calls(client: redis.Redis) -> list[tuple[str, Callable[[], object]]]:
         job_id, created = store.create(spec, tenant="t", tier="standard", num_chunks=2,
                                        cost_key="sim", cost_units=[1, 1], deadline_s=5,
                                        now_s=100.0, queue="interactive")
-        limits.track(tenant, job_id)
         return created
 
     def claim() -> object:
@@ -60,7 +60,8 @@ def _calls(client: redis.Redis) -> list[tuple[str, Callable[[], object]]]:
 
     return [
         ("create", create),
-        ("count_live", lambda: limits.unfinished(tenant)),
+        ("count_live", limits.live.rebuild),
+        ("read_fields", lambda: ReadModel(store).fields([job_id, "gone"], ["tenant", "x"])),
         ("take_token", lambda: limits.take_token(tenant)),
         ("transition", lambda: store.transition(job_id, JobState.QUEUED, by="test")),
         ("first_estimate", first_estimate),
@@ -89,6 +90,7 @@ def test_every_script_runs_on_a_server_that_forgot_its_scripts_and_none_goes_as_
         outcomes[name] = call()
     # then each call ran its script (loaded again) and did its work
     assert outcomes["create"] is True and outcomes["count_live"] == 1
+    assert outcomes["read_fields"] == [[b"t", None], [None, None]]
     assert outcomes["take_token"] == 0.0 and outcomes["transition"] is True
     assert outcomes["first_estimate"] == 1.5
     assert outcomes["claim"] is True and outcomes["flag_preempt"] is True

@@ -19,6 +19,8 @@ NAMES = scripts.script_names()
 _INDEXED = re.compile(r"\b(KEYS|ARGV)\[(\d+)\]")
 _LOCAL = re.compile(r"^local (\w+) = (?:cjson\.decode\()?(KEYS|ARGV)\[(\d+)\]\)?$")
 """``local job = KEYS[1]``, or ``local options = cjson.decode(ARGV[5])`` for a JSON argument."""
+_ALL = re.compile(r"^local (\w+) = (KEYS|ARGV)$")
+"""``local hashes = KEYS``: a script taking any number of keys (or arguments) names them all."""
 
 
 def _body(name: str) -> list[str]:
@@ -51,6 +53,9 @@ def test_a_script_reads_its_keys_and_arguments_only_as_the_named_locals_of_its_h
     named: dict[str, list[str]] = {"KEYS": [], "ARGV": []}
     # when every KEYS[i] and ARGV[i] in it is found
     for line in _body(name):
+        if every := _ALL.match(line):
+            named[every.group(2)].append(every.group(1))
+            continue
         if not _INDEXED.search(line):
             continue
         local = _LOCAL.match(line)

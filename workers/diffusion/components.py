@@ -1,4 +1,5 @@
-"""Build a recipe's modules once per process: seeded random weights, or a local folder.
+"""Build a recipe's modules: seeded random weights, or a local folder; the process's model
+residency (``workers.residency``) holds them under its memory budget.
 
 Seeded construction means every worker process builds bit-identical weights, so a job can move
 between workers; nothing is ever downloaded.
@@ -21,6 +22,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerFast
 from workers.diffusion.recipes import ComponentSpec, DiffusionRecipe, TokenizerSpec
 from workers.diffusion.samplers import seeded_key
 from workers.errors import ModelConfigError
+from workers.residency import Resident, module_tensors, process_residency
 
 _SPECIAL_TOKENS = ("<pad>", "</s>", "<unk>")
 
@@ -153,7 +155,6 @@ def build_components(recipe: DiffusionRecipe, device: str = "cpu") -> DiffusionC
                                transformer_dtype=parts["transformer"].dtype)
 
 
-_CACHE: dict[tuple[str, str, str], DiffusionComponents] = {}
 _CACHE_LOCK = threading.Lock()
 _BASELINES: dict[tuple[str, str, str, str, int, int], Any] = {}
 _BASELINES_MAX = 64
@@ -178,17 +179,40 @@ def scheduler_baseline(c: DiffusionComponents, name: str, seed: int, steps: int,
         return scheduler
 
 
+def _modules(c: DiffusionComponents) -> tuple[Any, ...]:
+    return (c.transformer, c.vae, c.text_encoder)
+
+
+def _move(c: DiffusionComponents, device: torch.device) -> None:
+    for module in _modules(c):
+        if module is not None:
+            module.to(device)
+
+
+DIFFUSION_RESIDENT = Resident(
+    tensors=lambda c: module_tensors(_modules(c)),
+    to_host=lambda c: _move(c, torch.device("cpu")),
+    to_device=lambda c: _move(c, c.device),
+)
+"""Diffusion components in the residency: measured by their modules' parameters and buffers,
+moved to host memory with ``.to("cpu")`` and back to their device."""
+
+
+def component_key(recipe: DiffusionRecipe, device: str = "cpu") -> str:
+    """The residency key of ``recipe``'s components on ``device``."""
+    return f"diffusion:{recipe.name}:{device}:{recipe.weights_dir or 'seeded'}"
+
+
 def load_components(recipe: DiffusionRecipe, device: str = "cpu") -> DiffusionComponents:
-    """The recipe's modules, built once per process and device."""
-    key = (recipe.name, str(recipe.weights_dir), device)
-    with _CACHE_LOCK:
-        if key not in _CACHE:
-            _CACHE[key] = build_components(recipe, device)
-        return _CACHE[key]
+    """The recipe's modules on ``device``, held by the process's model residency (built on
+    first use, and again after an eviction; seeded, so bit-identical each time)."""
+    return process_residency().acquire(component_key(recipe, device),
+                                       lambda: build_components(recipe, device),
+                                       DIFFUSION_RESIDENT)
 
 
 def clear_component_cache() -> None:
     """Forget every built model (tests use it to play a fresh worker process)."""
+    process_residency().clear()
     with _CACHE_LOCK:
-        _CACHE.clear()
         _BASELINES.clear()

@@ -16,7 +16,7 @@ bytes moved are real there too.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
@@ -340,6 +340,13 @@ class ExpertCache:
             if share > 0:
                 hot.append([layer, expert, round(share, 6)])
         return {"resident": masks, "hot": hot}
+
+    def tensors(self) -> Iterator[torch.Tensor]:
+        """The device copies of the resident experts (arrived ones)."""
+        for slots in list(self._layers.values()):
+            for slot in list(slots.resident.values()):
+                if slot.weights is not None:
+                    yield from slot.weights
 
     def resident_bytes(self) -> int:
         return len(self.resident_signature()) * self.host.expert_bytes

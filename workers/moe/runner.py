@@ -9,10 +9,12 @@ step for all, each job's checkpoint exactly as its lone chunk would write it.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,9 +36,10 @@ from workers.moe.generation import (
 from workers.moe.params import TextParams, validate_params
 from workers.moe.recipes import MODELS_DIR, build_model, load_recipe
 from workers.moe.router import RouterConfig, RoutingTally
-from workers.moe.session import ModelSession, open_session
+from workers.moe.session import ModelSession, moe_resident, open_session
 from workers.moe.tokenizer import encode_prompt
 from workers.moe.versioned import BASE_VERSION
+from workers.residency import ModelResidency, process_residency
 from workers.runner import Artifact, BatchItem, ChunkPlan, ChunkResult, ShouldYield
 
 log = logging.getLogger(__name__)
@@ -45,6 +48,7 @@ STATE_FORMAT = "stepline.moe.text/1"
 # Relative costs in "decode tokens": a prefill token is batched, so far cheaper than one.
 _PREFILL_COST_PER_TOKEN = 0.125
 _CHARS_PER_TOKEN = 4
+_RUNNER_IDS = itertools.count(1)
 
 
 @dataclass(slots=True)
@@ -94,13 +98,18 @@ class TextRunner:
         cache: CacheConfig | None = None,
         device: str = "cpu",
         clock_s: Callable[[], float] = time.monotonic,
+        residency: ModelResidency | None = None,
     ) -> None:
         self.router = router or RouterConfig()
         self.cache_config = cache or CacheConfig()
         self.device = device
         self._clock_s = clock_s
-        self._sessions: dict[str, ModelSession] = {}
         self._pads: dict[str, bool] = {}
+        self.models = residency or process_residency()
+        self._prefix = f"text:{next(_RUNNER_IDS)}:"
+        """This runner's models in the residency are ``text:<n>:<model>``: runners of other
+        router and cache configurations hold their own sessions."""
+        weakref.finalize(self, self.models.forget, self._prefix)
 
     def plan(self, params: Mapping[str, Any]) -> ChunkPlan:
         """``prefill`` then ``decode[i]``; costs in decode-token units."""
@@ -115,29 +124,33 @@ class TextRunner:
                          resource_profile="memory")
 
     def session(self, model: str) -> ModelSession:
-        """The worker's session for ``model``, built (and warmed up) on first use."""
-        if model not in self._sessions:
-            loaded = build_model(load_recipe(model, MODELS_DIR))
-            session = open_session(loaded, self.cache_config, self.device)
-            session.cache.tick(self._clock_s())
-            session.calibrate_and_warm_up()
-            self._sessions[model] = session
-        return self._sessions[model]
+        """The worker's session for ``model``, held by the model residency: built (and warmed
+        up) on first use, and again after an eviction."""
+        return self.models.acquire(self._prefix + model, lambda: self._open(model),
+                                      moe_resident(self.device))
+
+    def _open(self, model: str) -> ModelSession:
+        loaded = build_model(load_recipe(model, MODELS_DIR))
+        session = open_session(loaded, self.cache_config, self.device)
+        session.cache.tick(self._clock_s())
+        session.calibrate_and_warm_up()
+        return session
 
     def residency(self, hot_experts: int = 16) -> dict[str, dict[str, object]]:
         """Per loaded model, what its expert cache holds (for the worker's heartbeat)."""
         return {name: session.cache.residency_summary(hot_experts)
-                for name, session in self._sessions.items()}
+                for name, session in self.loaded_sessions().items()}
 
     def tick(self, now_s: float) -> int:
         """Idle-unload experts of every loaded model (``now_s`` on this runner's clock); the
         worker's heartbeat thread calls it between chunks (``workers.moe.unload_idle``), so
         experts unload on a worker that gets no text work. Returns how many were unloaded."""
-        return sum(session.experts.tick(now_s) for session in self._sessions.values())
+        return sum(session.experts.tick(now_s) for session in self.loaded_sessions().values())
 
     def loaded_sessions(self) -> dict[str, ModelSession]:
-        """The models this runner has loaded, by name."""
-        return dict(self._sessions)
+        """The models this runner holds now (device or host tier), by name."""
+        held = self.models.holding(self._prefix)
+        return {key[len(self._prefix):]: session for key, session in held.items()}
 
     def run_chunk(
         self,

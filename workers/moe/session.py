@@ -3,7 +3,7 @@ routers replaced by :class:`StepRouter`, sharing one :class:`RoutingContext` per
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -17,6 +17,7 @@ from workers.moe.recipes import LoadedModel
 from workers.moe.router import RouterConfig, RoutingContext, StepRouter
 from workers.moe.tokenizer import encode_prompt
 from workers.moe.versioned import VersionedExperts
+from workers.residency import Resident, module_tensors
 
 _CALIBRATION_PROMPT = "Explain quantum computing in simple terms. Tell me a story about a dragon."
 
@@ -75,6 +76,31 @@ class ModelSession:
             self.loaded.model(input_ids=input_ids, use_cache=False)
         self.cache.end_forward()
         return self.cache.warm_up()
+
+
+def session_tensors(session: ModelSession) -> Iterator[torch.Tensor]:
+    """Every tensor ``session`` holds: the model's parameters and buffers (its experts moved
+    out), and each expert version's host weights and device-cache copies."""
+    yield from module_tensors([session.loaded.model])
+    yield from session.experts.tensors()
+
+
+def moe_resident(device: str) -> Resident:
+    """MoE sessions in the model residency: measured with their expert caches (so those count
+    inside the same budget). On the CPU the host tier keeps a session as it is; on a GPU an
+    evicted session is dropped (its expert caches' device slots are not moved to the host)."""
+    if device.startswith("cuda"):
+        return Resident(tensors=session_tensors, release=_close, grows=True)
+    return Resident(tensors=session_tensors, to_host=_stay, to_device=_stay, release=_close,
+                    grows=True)
+
+
+def _stay(session: ModelSession) -> None:
+    """Host and device are one memory on the CPU: nothing moves."""
+
+
+def _close(session: ModelSession) -> None:
+    session.experts.close()
 
 
 def open_session(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 import torch
@@ -111,6 +111,23 @@ class VersionedExperts:
             for name in [v for v in self._caches if v not in set(caches) | pinned]:
                 self._caches.pop(name).close()
             return dropped
+
+    def tensors(self) -> Iterator[torch.Tensor]:
+        """Every version's host weights and device-cache copies (for the model residency)."""
+        with self._lock:
+            hosts, caches = list(self._hosts.values()), list(self._caches.values())
+        for host in hosts:
+            yield from host.gate_up.values()
+            yield from host.down.values()
+        for cache in caches:
+            yield from cache.tensors()
+
+    def close(self) -> None:
+        """Stop every version's copy lane (the session is being dropped)."""
+        with self._lock:
+            caches = list(self._caches.values())
+        for cache in caches:
+            cache.close()
 
     def tick(self, now_s: float) -> int:
         """Idle-unload on every version's device cache; returns the experts unloaded."""

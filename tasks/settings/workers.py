@@ -1,0 +1,29 @@
+"""Settings of the models a worker keeps built (``residency:`` in configs/default.yaml)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tasks.settings.durations import Seconds
+
+
+class ResidencySettings(BaseModel):
+    """How many built models a worker process holds, by their measured tensor bytes."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    memory_budget_bytes: int | None = Field(default=None, ge=1)
+    """Device memory the built models of one worker may hold (their parameters, buffers and MoE
+    expert caches, measured); past it the policy evicts one not in use. null: unlimited, every
+    model ever used stays built."""
+    host_memory_budget_bytes: int | None = Field(default=0, ge=0)
+    """Models evicted from the device kept in host memory up to this many bytes, so their next
+    load is a copy, not a build (0: none; null: unlimited). On a CPU worker the device and the
+    host are one memory: this is a second budget of models kept as they are."""
+    policy: Literal["cost", "lru"] = "cost"
+    """``cost``: evict the model with the lowest expected reuse × measured reload seconds;
+    ``lru``: the least recently used."""
+    reuse_half_life: Seconds = Field(default=300.0, gt=0, le=86400)
+    """Half-life of the decayed use count behind the ``cost`` policy's expected reuse."""

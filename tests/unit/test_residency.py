@@ -1,0 +1,217 @@
+"""The model residency: budgets never exceeded, models in use never evicted, the cost-aware
+policy against LRU, measured bytes, and a rebuilt model bit-identical to the one evicted."""
+
+from __future__ import annotations
+
+from contextlib import ExitStack, suppress
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tasks.heartbeat import Heartbeat
+from workers.diffusion.components import DIFFUSION_RESIDENT, build_components, component_key
+from workers.diffusion.recipes import diffusion_recipe
+from workers.residency import (
+    ModelMemoryError,
+    ModelResidency,
+    Resident,
+    module_tensors,
+    tensor_bytes,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+SIZES = {"a": 300, "b": 500, "c": 200, "d": 700, "e": 400}
+
+
+@dataclass
+class FakeModel:
+    """A model of ``size`` bytes (one uint8 tensor), and whether it was released."""
+
+    tensor: torch.Tensor
+    released: list[bool] = field(default_factory=lambda: [False])
+
+
+FAKE = Resident(tensors=lambda m: [m.tensor], to_host=lambda m: None, to_device=lambda m: None,
+                release=lambda m: m.released.__setitem__(0, True))
+
+
+def _build(key: str) -> FakeModel:
+    return FakeModel(torch.zeros(SIZES[key], dtype=torch.uint8))
+
+
+def test_bytes_are_measured_per_storage_so_tied_weights_count_once() -> None:
+    shared = torch.zeros(10, 4)  # 160 bytes
+    lin = torch.nn.Linear(4, 10, bias=False)
+    lin.weight = torch.nn.Parameter(shared)
+    other = torch.nn.Linear(4, 10, bias=False)
+    other.weight = lin.weight  # tied
+    other.register_buffer("scale", torch.ones(3, dtype=torch.float64))  # 24 bytes
+    assert tensor_bytes(module_tensors([lin, other, None])) == 160 + 24
+    assert tensor_bytes([shared, shared[:5]]) == 160
+
+
+OPS = st.lists(st.tuples(st.sampled_from(["acquire", "pin", "unpin"]),
+                         st.sampled_from(sorted(SIZES))), max_size=40)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=OPS, budget=st.integers(700, 2000), host=st.sampled_from([0, 600, None]),
+       policy=st.sampled_from(["cost", "lru"]))
+def test_any_sequence_keeps_both_budgets_and_never_evicts_a_pinned_model(
+    ops: list[tuple[str, str]], budget: int, host: int | None, policy: str
+) -> None:
+    r = ModelResidency(budget, host, policy)  # type: ignore[arg-type]
+    pins: dict[str, list[ExitStack]] = {k: [] for k in SIZES}
+    for op, key in ops:
+        pinned_before = {k for k in SIZES if pins[k] and r.tier_of(k) == "device"}
+        if op == "acquire":
+            try:
+                model = r.acquire(key, lambda key=key: _build(key), FAKE)  # type: ignore[misc]
+                assert model.tensor.numel() == SIZES[key]
+                assert r.tier_of(key) == "device"
+            except ModelMemoryError:
+                # refused only when the pinned models leave it no room
+                held = sum(SIZES[k] for k in pinned_before if k != key)
+                assert held + SIZES[key] > budget
+        elif op == "pin":
+            stack = ExitStack()
+            stack.enter_context(r.pinned(key))
+            pins[key].append(stack)
+        elif pins[key]:
+            pins[key].pop().close()
+        assert r.tier_bytes("device") <= budget
+        assert host is None or r.tier_bytes("host") <= host
+        for k in pinned_before:  # a pinned model on the device stays there
+            assert r.tier_of(k) == "device"
+        summary = r.summary()
+        assert sum(summary["device"].values()) == r.tier_bytes("device")
+        assert summary["peak_device_bytes"] <= budget
+
+
+def test_a_model_acquired_in_use_is_pinned_until_the_bracket_closes() -> None:
+    r = ModelResidency(budget_bytes=800)
+    with r.in_use():
+        r.acquire("a", lambda: _build("a"), FAKE)  # 300
+        r.acquire("b", lambda: _build("b"), FAKE)  # 500: both fit
+        assert r.is_pinned("a") and r.is_pinned("b")
+        with pytest.raises(ModelMemoryError, match="budget of 800 bytes"):
+            r.acquire("c", lambda: _build("c"), FAKE)  # 200 more: nothing may go
+        assert r.tier_of("c") == "disk"
+    assert not r.is_pinned("a")
+    r.acquire("c", lambda: _build("c"), FAKE)
+    assert r.tier_bytes("device") <= 800
+    assert r.summary()["evictions"]["disk"] == 1
+
+
+def test_a_model_larger_than_the_budget_is_refused_with_its_size() -> None:
+    r = ModelResidency(budget_bytes=400)
+    with pytest.raises(ModelMemoryError, match="model d"):
+        r.acquire("d", lambda: _build("d"), FAKE)
+    assert r.tier_bytes("device") == 0
+
+
+def test_an_evicted_model_goes_to_host_memory_and_returns_from_there() -> None:
+    r = ModelResidency(budget_bytes=800, host_budget_bytes=500, policy="lru")
+    first = r.acquire("a", lambda: _build("a"), FAKE)
+    r.acquire("b", lambda: _build("b"), FAKE)
+    r.acquire("c", lambda: _build("c"), FAKE)  # a (least recently used) falls to the host
+    assert r.tier_of("a") == "host" and r.tier_bytes("device") <= 800
+    again = r.acquire("a", lambda: _build("a"), FAKE)
+    assert again is first  # moved back, not rebuilt
+    summary = r.summary()
+    assert summary["loads"] == {"disk": 3, "host": 1}
+    assert [load["tier"] for load in summary["recent"]] == ["disk", "disk", "disk", "host"]
+    assert summary["recent"][-1]["bytes"] == SIZES["a"]
+
+
+def test_a_dropped_model_is_released_and_forget_drops_an_owners_models() -> None:
+    r = ModelResidency(budget_bytes=700)
+    a = r.acquire("x:a", lambda: _build("a"), FAKE)
+    r.acquire("x:b", lambda: _build("b"), FAKE)  # a goes to disk: released
+    assert a.released[0] and r.tier_of("x:a") == "disk"
+    r.forget("x:")
+    assert r.holding() == {}
+
+
+def _load_seconds(policy: str) -> float:
+    """Load seconds of a skewed sequence: one expensive model (10 s) every third acquisition,
+    three cheap ones (0.1 s) cycling between, a budget of two equal-sized models."""
+    clock = [0.0]
+    r = ModelResidency(budget_bytes=2 * SIZES["a"], policy=policy,  # type: ignore[arg-type]
+                       clock_s=lambda: clock[0], timer_s=lambda: clock[0])
+    cheap = ["b", "c", "e"]
+
+    def build(cost_s: float) -> FakeModel:
+        clock[0] += cost_s  # the build takes this long on the residency's timer
+        return FakeModel(torch.zeros(SIZES["a"], dtype=torch.uint8))
+
+    for i in range(60):
+        key = "big" if i % 3 == 0 else cheap[i % len(cheap)]
+        cost_s = 10.0 if key == "big" else 0.1
+        r.acquire(key, lambda c=cost_s: build(c), FAKE)  # type: ignore[misc]
+        clock[0] += 1.0  # time between acquisitions
+    return float(sum(r.summary()["load_s"].values()))
+
+
+def test_the_cost_aware_policy_reloads_less_than_lru_on_a_skewed_sequence() -> None:
+    lru, cost = _load_seconds("lru"), _load_seconds("cost")
+    assert cost < lru / 5, (cost, lru)
+
+
+def test_an_evicted_diffusion_model_is_rebuilt_bit_identical() -> None:
+    r = ModelResidency()
+    recipe = diffusion_recipe("dit-tiny")
+    key = component_key(recipe)
+    first = r.acquire(key, lambda: build_components(recipe), DIFFUSION_RESIDENT)
+    size = r.tier_bytes("device")
+    expected = sum(t.numel() * t.element_size() for t in module_tensors(
+        [first.transformer, first.vae, first.text_encoder]))
+    assert size == expected > 0
+    before = {name: t.clone() for name, t in first.transformer.state_dict().items()}
+    r.budget_bytes = size  # room for one model of this size: the next model evicts it
+    other = diffusion_recipe("pixart-tiny")
+    with suppress(ModelMemoryError):  # refused too if larger than the budget, after evicting
+        r.acquire(component_key(other), lambda: build_components(other), DIFFUSION_RESIDENT)
+    assert r.tier_of(key) == "disk"
+    r.budget_bytes = None
+    again = r.acquire(key, lambda: build_components(recipe), DIFFUSION_RESIDENT)
+    assert again is not first
+    after = again.transformer.state_dict()
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[name], after[name]) for name in before)
+    assert [load["tier"] for load in r.summary()["recent"] if load["model"] == key] == ["disk"] * 2
+
+
+def test_the_heartbeat_carries_the_residency_both_ways() -> None:
+    r = ModelResidency(budget_bytes=900, host_budget_bytes=None)
+    r.acquire("a", lambda: _build("a"), FAKE)
+    r.acquire("b", lambda: _build("b"), FAKE)
+    r.acquire("c", lambda: _build("c"), FAKE)
+    beat = Heartbeat(name="w1@h", residency=r.summary())
+    back = Heartbeat.decode(beat.encode())
+    assert back.residency == r.summary()
+    assert back.resident_bytes("device") == r.tier_bytes("device") <= 900
+    assert back.resident_bytes("host") == r.tier_bytes("host") > 0
+    assert "residency" not in Heartbeat(name="w").encode()
+
+
+def test_metrics_show_each_workers_resident_bytes_and_loads() -> None:
+    from app.api.metrics import residency_metrics
+
+    r = ModelResidency(budget_bytes=900, policy="lru")
+    for key in ("a", "b", "c"):
+        r.acquire(key, lambda key=key: _build(key), FAKE)  # type: ignore[misc]
+    beats = {"w1@h": Heartbeat(name="w1@h", residency=r.summary()), "w2@h": Heartbeat("w2@h")}
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for metric in residency_metrics(beats) for s in metric.samples}
+    assert samples[("stepline_worker_resident_bytes", (("tier", "device"), ("worker", "w1@h")))
+                   ] == r.tier_bytes("device") == SIZES["b"] + SIZES["c"]
+    assert samples[("stepline_worker_model_loads_total",
+                    (("source", "disk"), ("worker", "w1@h")))] == 3
+    assert ("stepline_worker_model_load_seconds_total",
+            (("source", "disk"), ("worker", "w1@h"))) in samples
+    assert not any("w2@h" in dict(labels).values() for _, labels in samples)

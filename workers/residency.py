@@ -1,0 +1,448 @@
+"""Which built models a worker process keeps, under a memory budget in bytes.
+
+Three tiers: the **device** (usable now), **host** memory (evicted from the device but kept, so a
+reload is a copy rather than a build) and **disk** (dropped: rebuilt from the recipe's seed or
+read back from its local ``weights:`` folder). Seeded construction makes a rebuilt model
+bit-identical to the one dropped, so eviction never changes an output.
+
+A model's size is measured, not guessed: the bytes of its modules' parameters and buffers (and,
+for a MoE model, its expert caches' host and device copies), each storage counted once. Every
+load is timed and recorded (model, tier it came from, seconds, bytes); those seconds are the
+reload cost the eviction policy weighs.
+
+Policies: ``lru`` evicts the least recently used model; ``cost`` (the default) evicts the model
+with the lowest *expected reuse × reload cost*: reuse is an exponentially decayed count of
+acquisitions (half-life ``half_life_s``), cost the seconds its last load from the tier it would
+fall to took. A cheap, rarely used model goes first; an expensive one that recurs stays.
+
+Models acquired inside :meth:`ModelResidency.in_use` (the worker's bracket around a task's
+chunks) are pinned until the bracket closes: a running chunk's or batch's model is never
+evicted. A model that cannot fit beside the pinned ones raises :class:`ModelMemoryError`.
+
+On a CPU-only worker the device and the host are the same memory; the host tier is then a second
+budget of models kept beyond the device budget, and a reload from it costs next to nothing. On a
+GPU a diffusion model's modules move with ``.to("cpu")`` and back.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+from workers.errors import WorkerError
+
+if TYPE_CHECKING:  # the residency itself never loads torch: a simulated worker imports it too
+    import torch
+    from torch import nn
+
+T = TypeVar("T")
+Tier = Literal["device", "host", "disk"]
+Policy = Literal["lru", "cost"]
+POLICIES: tuple[Policy, ...] = ("lru", "cost")
+RECENT_LOADS = 16
+"""Loads kept for the heartbeat (the most recent)."""
+
+
+class ModelMemoryError(WorkerError):
+    """A model does not fit in the memory budget (alone, or beside the models in use)."""
+
+
+def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes held by ``tensors``: ``numel × element_size`` per storage, each storage counted
+    once (tied weights and views of one buffer share theirs)."""
+    seen: dict[tuple[str, int], int] = {}
+    for t in tensors:
+        if t.numel() == 0:
+            continue
+        storage = t.untyped_storage()
+        key = (str(t.device), storage.data_ptr())
+        seen[key] = max(seen.get(key, 0), t.numel() * t.element_size())
+    return sum(seen.values())
+
+
+def module_tensors(modules: Iterable[nn.Module | None]) -> Iterator[torch.Tensor]:
+    """Every parameter and buffer of ``modules`` (None skipped)."""
+    for module in modules:
+        if module is not None:
+            yield from module.parameters()
+            yield from module.buffers()
+
+
+@dataclass(frozen=True, slots=True)
+class Resident:
+    """How the residency handles one kind of model: its tensors (to measure it) and, where it
+    can live in host memory, how to move it there and back (None: evicted straight to disk)."""
+
+    tensors: Callable[[Any], Iterable[torch.Tensor]]
+    to_host: Callable[[Any], None] | None = None
+    to_device: Callable[[Any], None] | None = None
+    release: Callable[[Any], None] | None = None
+    """Frees what a dropped model holds beyond its tensors (a MoE model's copy threads)."""
+    grows: bool = False
+    """Its bytes change as it serves (a MoE model's expert caches): measured again after use."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoadRecord:
+    """One load: which model, the tier it came from, how long it took, its bytes."""
+
+    model: str
+    tier: Tier
+    seconds: float
+    bytes: int
+    at_s: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "tier": self.tier, "s": round(self.seconds, 6),
+                "bytes": self.bytes}
+
+
+@dataclass(slots=True)
+class _Entry:
+    key: str
+    value: Any
+    kind: Resident
+    build: Callable[[], Any]
+    tier: Tier
+    bytes: int
+    last_use_s: float
+    reuse: float = 0.0
+    """Acquisitions, exponentially decayed to ``reuse_at_s``."""
+    reuse_at_s: float = 0.0
+    cost_s: dict[str, float] = field(default_factory=dict)
+    """Seconds of the last load from each tier (``disk``, ``host``)."""
+
+
+@dataclass(slots=True)
+class _Counters:
+    loads: dict[str, int] = field(default_factory=lambda: {"disk": 0, "host": 0})
+    load_s: dict[str, float] = field(default_factory=lambda: {"disk": 0.0, "host": 0.0})
+    evictions: dict[str, int] = field(default_factory=lambda: {"host": 0, "disk": 0})
+    hits: int = 0
+    peak_device_bytes: int = 0
+
+
+class ModelResidency:
+    """A process's built models under ``budget_bytes`` on the device (None: unlimited) and
+    ``host_budget_bytes`` in host memory (0: no host tier; None: unlimited). Thread-safe."""
+
+    def __init__(self, budget_bytes: int | None = None, host_budget_bytes: int | None = 0,
+                 policy: Policy = "cost", half_life_s: float = 300.0,
+                 clock_s: Callable[[], float] = time.monotonic,
+                 timer_s: Callable[[], float] = time.perf_counter) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"residency policy {policy!r}: use one of {', '.join(POLICIES)}")
+        self.budget_bytes = budget_bytes
+        self.host_budget_bytes = host_budget_bytes
+        self.policy: Policy = policy
+        self.half_life_s = half_life_s
+        self._clock_s = clock_s
+        self._timer_s = timer_s
+        """Times loads (a test's clock can make a build take a chosen time)."""
+        self._entries: dict[str, _Entry] = {}
+        self._costs: dict[str, dict[str, float]] = {}
+        """Measured load seconds per model and source tier, kept after the model is dropped."""
+        self._reuse: dict[str, tuple[float, float]] = {}
+        """(decayed count, as of) per model, kept after the model is dropped."""
+        self._pinned: dict[str, int] = {}
+        self._scope_depth = 0
+        self._scoped: set[str] = set()
+        self._lock = threading.RLock()
+        self._load_lock = threading.Lock()
+        self._loading: str | None = None
+        """The model being moved back from host memory or built: no tier evicts it."""
+        self.counters = _Counters()
+        self._refused = 0
+        self.recent: deque[LoadRecord] = deque(maxlen=RECENT_LOADS)
+
+    # -- use ---------------------------------------------------------------------------------
+
+    def acquire(self, key: str, build: Callable[[], T], kind: Resident) -> T:
+        """The model ``key``: resident already, moved back from host memory, or built by
+        ``build``; room is made by evicting unpinned models first (when its size is known) and
+        after. Inside :meth:`in_use` it stays pinned until the bracket closes. Loads run one at
+        a time and outside the state lock: a heartbeat reading :meth:`summary` never waits for
+        a build."""
+        with self._lock:
+            if (hit := self._hit(key)) is not None:
+                return hit  # type: ignore[no-any-return]
+        with self._load_lock:
+            with self._lock:
+                if (hit := self._hit(key)) is not None:  # loaded meanwhile by another thread
+                    return hit  # type: ignore[no-any-return]
+                now_s = self._clock_s()
+                self._count_use(key, now_s)
+                entry = self._entries.get(key)
+                incoming = entry.bytes if entry is not None else self._last_bytes(key)
+                self._loading = key
+                try:
+                    self._make_room(incoming, keep=key, what=key)
+                except ModelMemoryError:
+                    self._loading = None
+                    raise
+            try:
+                started_s = self._timer_s()
+                if entry is not None:  # in host memory: moved back
+                    if entry.kind.to_device is not None:
+                        entry.kind.to_device(entry.value)
+                    source: Tier = "host"
+                else:
+                    entry = _Entry(key, build(), kind, build, "device", 0, now_s)
+                    source = "disk"
+                seconds = self._timer_s() - started_s
+                entry.bytes = tensor_bytes(kind.tensors(entry.value))
+            finally:
+                with self._lock:
+                    self._loading = None
+            with self._lock:
+                entry.tier, entry.last_use_s = "device", now_s
+                self._entries[key] = entry
+                self._loaded(entry, source, seconds, now_s)
+                self._make_room(0, keep=key, what=key)
+                self._pin_in_scope(key)
+                return entry.value  # type: ignore[no-any-return]
+
+    def _hit(self, key: str) -> Any | None:
+        """``key``'s model if it is on the device (counted as a use), else None."""
+        entry = self._entries.get(key)
+        if entry is None or entry.tier != "device":
+            return None
+        now_s = self._clock_s()
+        self._count_use(key, now_s)
+        self.counters.hits += 1
+        entry.last_use_s = now_s
+        self._pin_in_scope(key)
+        return entry.value
+
+    def _pin_in_scope(self, key: str) -> None:
+        if self._scope_depth > 0 and key not in self._scoped:
+            self._scoped.add(key)
+            self._pinned[key] = self._pinned.get(key, 0) + 1
+
+    @contextmanager
+    def in_use(self) -> Iterator[None]:
+        """Pin every model acquired inside (nested brackets share the outermost) until it
+        closes; then re-measure them (a MoE model's expert cache grows as it serves) and evict
+        down to the budgets."""
+        with self._lock:
+            self._scope_depth += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._scope_depth -= 1
+                if self._scope_depth == 0:
+                    used, self._scoped = self._scoped, set()
+                    for key in used:
+                        self._unpin(key)
+                    self.remeasure(used)
+
+    @contextmanager
+    def pinned(self, key: str) -> Iterator[None]:
+        """Pin ``key`` (resident or not yet) for the bracket."""
+        with self._lock:
+            self._pinned[key] = self._pinned.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._unpin(key)
+
+    def remeasure(self, keys: Iterable[str] | None = None) -> None:
+        """Measure the held models of ``keys`` (None: all) whose size changes as they serve
+        again, and evict down to the budgets."""
+        with self._lock:
+            for key in self._entries if keys is None else keys:
+                entry = self._entries.get(key)
+                if entry is not None and entry.kind.grows:
+                    entry.bytes = tensor_bytes(entry.kind.tensors(entry.value))
+            self._make_room(0, keep=None, what=None)
+
+    # -- what it holds -----------------------------------------------------------------------
+
+    def holding(self, prefix: str = "") -> dict[str, Any]:
+        """Models in the device or host tier whose key starts with ``prefix``."""
+        with self._lock:
+            return {k: e.value for k, e in self._entries.items() if k.startswith(prefix)}
+
+    def tier_of(self, key: str) -> Tier:
+        with self._lock:
+            entry = self._entries.get(key)
+            return "disk" if entry is None else entry.tier
+
+    def tier_bytes(self, tier: Tier) -> int:
+        with self._lock:
+            return sum(e.bytes for e in self._entries.values() if e.tier == tier)
+
+    def is_pinned(self, key: str) -> bool:
+        with self._lock:
+            return self._pinned.get(key, 0) > 0
+
+    def forget(self, prefix: str) -> None:
+        """Drop the unpinned models whose key starts with ``prefix`` (their owner is gone)."""
+        with self._lock:
+            for entry in [e for k, e in self._entries.items()
+                          if k.startswith(prefix) and not self._pinned.get(k)]:
+                self._drop(entry, evicted=False)
+
+    def clear(self) -> None:
+        """Forget every model (a fresh process), keeping the measured costs and counters."""
+        with self._lock:
+            self._entries.clear()
+
+    def summary(self) -> dict[str, Any]:
+        """The heartbeat's ``residency`` entry: bytes per model in each tier, budgets, load
+        counts and seconds per source tier, evictions, and the most recent loads."""
+        with self._lock:
+            c = self.counters
+            return {
+                "policy": self.policy,
+                "budget_bytes": self.budget_bytes,
+                "host_budget_bytes": self.host_budget_bytes,
+                "device": {k: e.bytes for k, e in self._entries.items() if e.tier == "device"},
+                "host": {k: e.bytes for k, e in self._entries.items() if e.tier == "host"},
+                "peak_device_bytes": c.peak_device_bytes,
+                "hits": c.hits,
+                "loads": dict(c.loads),
+                "load_s": {k: round(v, 6) for k, v in c.load_s.items()},
+                "evictions": dict(c.evictions),
+                "recent": [r.as_dict() for r in self.recent],
+            }
+
+    # -- policy ------------------------------------------------------------------------------
+
+    def score(self, key: str, now_s: float | None = None) -> float:
+        """Expected reuse × reload cost of ``key`` (the ``cost`` policy evicts the lowest);
+        ``lru`` uses the last use time."""
+        with self._lock:
+            entry = self._entries[key]
+            if self.policy == "lru":
+                return entry.last_use_s
+            now = self._clock_s() if now_s is None else now_s
+            count, at_s = self._reuse.get(key, (0.0, now))
+            reuse = count * math.pow(0.5, max(0.0, now - at_s) / self.half_life_s)
+            fallback = "host" if entry.tier == "device" and self._host_tier() else "disk"
+            costs = self._costs.get(key, {})
+            cost = costs.get(fallback, costs.get("disk", 0.0))
+            return reuse * max(cost, 1e-6)
+
+    def _host_tier(self) -> bool:
+        return self.host_budget_bytes is None or self.host_budget_bytes > 0
+
+    def _count_use(self, key: str, now_s: float) -> None:
+        count, at_s = self._reuse.get(key, (0.0, now_s))
+        decayed = count * math.pow(0.5, max(0.0, now_s - at_s) / self.half_life_s)
+        self._reuse[key] = (decayed + 1.0, now_s)
+
+    def _last_bytes(self, key: str) -> int:
+        return int(self._costs.get(key, {}).get("bytes", 0))
+
+    def _loaded(self, entry: _Entry, source: Tier, seconds: float, now_s: float) -> None:
+        costs = self._costs.setdefault(entry.key, {})
+        costs[source] = seconds
+        costs["bytes"] = entry.bytes
+        self.counters.loads[source] += 1
+        self.counters.load_s[source] += seconds
+        self.recent.append(LoadRecord(entry.key, source, seconds, entry.bytes, now_s))
+
+    def _unpin(self, key: str) -> None:
+        left = self._pinned.get(key, 0) - 1
+        if left > 0:
+            self._pinned[key] = left
+        else:
+            self._pinned.pop(key, None)
+
+    def _victim(self, tier: Tier, keep: str | None) -> _Entry | None:
+        """The policy's choice among ``tier``'s models other than ``keep``; on the device,
+        pinned ones are spared (in the host tier nothing is in use)."""
+        candidates = [e for e in self._entries.values()
+                      if e.tier == tier and e.key not in (keep, self._loading)
+                      and (tier != "device" or not self._pinned.get(e.key))]
+        if not candidates:
+            return None
+        now_s = self._clock_s()
+        return min(candidates, key=lambda e: (self.score(e.key, now_s), e.last_use_s))
+
+    def _make_room(self, incoming: int, keep: str | None, what: str | None) -> None:
+        """Evict until the device tier plus ``incoming`` bytes fits its budget (a device victim
+        falls to the host tier when that can hold it), then the host tier to its own; raises
+        :class:`ModelMemoryError` when the models in use leave no room."""
+        refused = False
+        if self.budget_bytes is not None:
+            while self.tier_bytes("device") + incoming > self.budget_bytes:
+                victim = self._victim("device", keep)
+                if victim is None:
+                    refused = True
+                    break
+                self._demote(victim)
+        if refused:
+            self._refuse(incoming, what)  # drops a just-built model that cannot stay
+        if self.host_budget_bytes is not None:
+            while self.tier_bytes("host") > self.host_budget_bytes:
+                victim = self._victim("host", keep)
+                if victim is None:  # only ``keep``, on its way back to the device
+                    break
+                self._drop(victim)
+        device = self.tier_bytes("device")
+        self.counters.peak_device_bytes = max(self.counters.peak_device_bytes, device)
+        if refused:
+            raise ModelMemoryError(self._refusal(incoming, what))
+
+    def _refuse(self, incoming: int, what: str | None) -> None:
+        """A model just built that does not fit beside the pinned ones goes again."""
+        if what is not None and what in self._entries and self._entries[what].tier == "device":
+            self._refused = self._entries[what].bytes
+            del self._entries[what]
+
+    def _refusal(self, incoming: int, what: str | None) -> str:
+        held = {k: e.bytes for k, e in self._entries.items()
+                if e.tier == "device" and self._pinned.get(k)}
+        size = incoming or self._refused or self._last_bytes(what or "")
+        return (f"model {what or '?'} ({size} bytes) does not fit in the device memory budget "
+                f"of {self.budget_bytes} bytes beside the models in use ({held}); raise "
+                "residency.memory_budget_bytes")
+
+    def _demote(self, entry: _Entry) -> None:
+        host_room = self.host_budget_bytes is None or entry.bytes <= self.host_budget_bytes
+        if entry.kind.to_host is not None and self._host_tier() and host_room:
+            entry.kind.to_host(entry.value)
+            entry.tier = "host"
+            self.counters.evictions["host"] += 1
+        else:
+            self._drop(entry)
+
+    def _drop(self, entry: _Entry, evicted: bool = True) -> None:
+        del self._entries[entry.key]
+        if evicted:
+            self.counters.evictions["disk"] += 1
+        if entry.kind.release is not None:
+            entry.kind.release(entry.value)
+
+
+_PROCESS = ModelResidency()
+_PROCESS_LOCK = threading.Lock()
+
+
+def process_residency() -> ModelResidency:
+    """This process's residency (unlimited until :func:`configure` sets its budgets)."""
+    return _PROCESS
+
+
+def configure(budget_bytes: int | None, host_budget_bytes: int | None = 0,
+              policy: Policy = "cost", half_life_s: float = 300.0) -> ModelResidency:
+    """Set this process's budgets and policy (models held stay; the next acquisition or release
+    evicts down to the new budgets)."""
+    with _PROCESS_LOCK:
+        r = _PROCESS
+        with r._lock:
+            r.budget_bytes, r.host_budget_bytes = budget_bytes, host_budget_bytes
+            if policy not in POLICIES:
+                raise ValueError(f"residency policy {policy!r}: use one of {', '.join(POLICIES)}")
+            r.policy, r.half_life_s = policy, half_life_s
+        return r
