@@ -506,7 +506,11 @@ def reliability(
     """Start a private stack, inject each fault under a mixed load, try bad inputs; write
     reliability.json and exit non-zero if any accepted job was lost or ran twice."""
     if hosts:
-        from app.drills.hosts import FAULTS, HostsUnavailable, run_hosts_drill  # deferred
+        from app.drills.hosts import (  # deferred: the drill, its namespaces and stack
+            FAULTS,
+            HostsUnavailable,
+            run_hosts_drill,
+        )
 
         chosen = tuple(f for f in (faults or ",".join(FAULTS)).split(",") if f)
         try:

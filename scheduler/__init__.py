@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from scheduler.admission import Admission, AdmissionDecision, admit
     from scheduler.cost import CostEstimate, CostModel
+    from scheduler.incremental import IncrementalPlanner
     from scheduler.lifecycle import JobState, SloClass
     from scheduler.model import (
         ClusterSnapshot,
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 _HOMES: dict[str, tuple[str, ...]] = {
     "scheduler.admission": ("Admission", "AdmissionDecision", "admit"),
     "scheduler.cost": ("CostEstimate", "CostModel"),
+    "scheduler.incremental": ("IncrementalPlanner",),
     "scheduler.lifecycle": ("JobState", "SloClass"),
     "scheduler.model": ("ClusterSnapshot", "JobKind", "JobView", "ResourceProfile", "Tier",
                         "WorkerView"),
@@ -60,6 +62,7 @@ __all__ = [
     "CostEstimate",
     "CostModel",
     "Expiry",
+    "IncrementalPlanner",
     "JobKind",
     "JobState",
     "JobView",

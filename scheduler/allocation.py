@@ -112,19 +112,36 @@ def allocate(order: Order, flight: Flight, reserved: frozenset[str], cap: int,
     job in the top cannot wait for a worker to free (see :func:`_displace`). Submissions go
     straight to their class queue, so the in-flight set may be over-full here: this is where it
     is put back in the policy's order."""
-    live, staying, pool = order.survey.live, flight.staying, flight.pool
+    return allocate_ranked(order, flight, ranked_candidates(order, flight, cap, policy),
+                           reserved, cap, policy)
+
+
+def ranked_candidates(order: Order, flight: Flight, cap: int, policy: PolicyConfig) -> list[int]:
+    """The in-flight work and the best-ranked of the pool (as many as the slots could take,
+    batched), with the origin if it waits: best rank first."""
+    staying, pool = flight.staying, flight.pool
     keys = order.ranking.keys(pool)
-    batching = policy.batching
-    shared = batching.enabled and any(live[i].batch_group is not None for i in pool)
-    per_slot = batching.max_batch if shared else 1  # a slot may take this many jobs
-    best = heapq.nsmallest(cap * per_slot + len(staying), range(len(pool)),
-                           key=keys.__getitem__)
+    best = heapq.nsmallest(cap * jobs_per_slot(order, pool, policy) + len(staying),
+                           range(len(pool)), key=keys.__getitem__)
     candidates = [*staying, *(pool[k] for k in best)]
     origin = order.levels.origin
-    if origin is not None and _origin_waits(order, flight, origin):
+    if origin is not None and origin_waits(order, flight, origin):
         candidates.append(origin)
-    top, slots = _Packing(order, flight, policy).pack(
-        sorted(candidates, key=order.ranking.rank), cap, reserved)
+    return sorted(candidates, key=order.ranking.rank)
+
+
+def jobs_per_slot(order: Order, pool: tuple[int, ...], policy: PolicyConfig) -> int:
+    """How many jobs a slot may take: a batch's worth once any job of the pool may batch."""
+    live, batching = order.survey.live, policy.batching
+    shared = batching.enabled and any(live[i].batch_group is not None for i in pool)
+    return batching.max_batch if shared else 1
+
+
+def allocate_ranked(order: Order, flight: Flight, ranked: list[int], reserved: frozenset[str],
+                    cap: int, policy: PolicyConfig) -> Allocation:
+    """:func:`allocate` once the candidates are ranked (:func:`ranked_candidates`)."""
+    live, staying = order.survey.live, flight.staying
+    top, slots = _Packing(order, flight, policy).pack(ranked, cap, reserved)
     in_top = set(top)
     taken = tuple(i for i in top if i not in flight.staying_set)
     trimmed = [i for i in staying if i not in in_top]
@@ -141,7 +158,7 @@ def allocate(order: Order, flight: Flight, reserved: frozenset[str], cap: int,
     return Allocation(taken, tuple(i for i in trimmed if i not in victims), victims, slots)
 
 
-def _origin_waits(order: Order, flight: Flight, origin: int) -> bool:
+def origin_waits(order: Order, flight: Flight, origin: int) -> bool:
     survey, judgement = order.survey, order.judgement
     return origin not in judgement.blocked and origin not in judgement.expired \
         and origin not in flight.staying_set and (

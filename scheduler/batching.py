@@ -97,11 +97,13 @@ class GrowthTable:
     kind is worked out once a tick (a memo of a pure function of the cost model: the answers do
     not depend on the order of the questions)."""
 
-    __slots__ = ("_config", "_cost", "_learned", "_min_samples")
+    __slots__ = ("_config", "_cost", "_learned", "_min_samples", "_table")
 
     def __init__(self, cost: CostModel, config: BatchingConfig, min_samples: int) -> None:
         self._cost, self._config, self._min_samples = cost, config, min_samples
         self._learned: dict[str, float | None] = {}
+        self._table: dict[str, float] = {}
+        """The table's growth by cost key (a prefix search, asked of many jobs)."""
 
     def of(self, job: JobView) -> float:
         if job.batch_growth is not None:
@@ -115,7 +117,10 @@ class GrowthTable:
             found = self._learned[key]
             if found is not None:
                 return found
-        return config.growth_of(job.cost_key)
+        growth = self._table.get(job.cost_key)
+        if growth is None:
+            growth = self._table[job.cost_key] = config.growth_of(job.cost_key)
+        return growth
 
 
 def batch_slowdown(growth: float, size: int) -> float:

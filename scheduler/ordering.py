@@ -36,12 +36,14 @@ class Origin:
     index: int | None
 
 
-def choose_origin(survey: Survey, judgement: Judgement, policy: PolicyConfig) -> Origin:
+def choose_origin(survey: Survey, judgement: Judgement, policy: PolicyConfig,
+                  top: tuple[int, ...] | None = None) -> Origin:
     """The incumbent keeps the origin unless a challenger beats it by the margin; shed,
-    demoted, deferred and blocked work never takes it."""
+    demoted, deferred and blocked work never takes it. ``top``: :func:`top_scores`, when the
+    caller found it already."""
     scores, live = judgement.scores, survey.live
-    top = tuple(i for i in heapq.nlargest(policy.top_scores, range(len(scores)),
-                                          key=scores.__getitem__) if scores[i] >= 0.0)
+    if top is None:
+        top = top_scores(scores, policy)
     incumbent = survey.incumbent
     held = None if incumbent is None or incumbent in judgement.expired or (
         incumbent in judgement.deferred or incumbent in judgement.demoted) else (
@@ -53,6 +55,13 @@ def choose_origin(survey: Survey, judgement: Judgement, policy: PolicyConfig) ->
     if picked is None:
         return Origin(top, None)
     return Origin(top, incumbent if held is not None and picked[0] == held[0] else top[0])
+
+
+def top_scores(scores: Sequence[float], policy: PolicyConfig) -> tuple[int, ...]:
+    """The ``policy.top_scores`` highest scores, highest first (ties: the earlier job), none
+    below zero."""
+    return tuple(i for i in heapq.nlargest(policy.top_scores, range(len(scores)),
+                                           key=scores.__getitem__) if scores[i] >= 0.0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from scheduler.admission import admission_status
 from scheduler.allocation import Allocation, Flight, allocate, fill_idle, plan_flight
@@ -62,6 +62,8 @@ class _Emit:
     previous: PolicyState
     policy: PolicyConfig
     now_s: float
+    estimates: dict[str, float] | None = None
+    """The first estimates, when the caller has them already (else found here)."""
 
     def plan(self, standby: tuple[int, ...], cap: int, restored: tuple[int, ...]) -> TickPlan:
         order, allocation, policy = self.order, self.allocation, self.policy
@@ -94,7 +96,7 @@ class _Emit:
             admission=admission_status(judgement.admission, judgement.load, policy, self.now_s),
             capacity_slots=cap,
             state=self._next_state(),
-            estimates=self._first_estimates(),
+            estimates=self._first_estimates() if self.estimates is None else self.estimates,
             reserve_reason=self.reserve.reason,
             deferred=_job_ids(live, sorted(judgement.deferred)),
         )
@@ -122,7 +124,8 @@ class _Emit:
                 moving.append(i)
             else:
                 batch, join = batches.get(i, (None, False))
-                releases.append(replace(self._release(i, levels.queue(i)), batch=batch,
+                releases.append(Release(job.job_id, levels.queue(i), estimate_s=job.service_s
+                                        + self.order.survey.remaining_s[i], batch=batch,
                                         join=join))
         shared = Counter(live[i].batch_id for i in moving if live[i].batch_id is not None)
         for i in moving:

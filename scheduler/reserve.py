@@ -60,21 +60,17 @@ class Reserve:
 
 
 def hold_reserve(order: Order, staying: Sequence[int], previous: PolicyState,
-                 policy: PolicyConfig, now_s: float) -> Reserve:
+                 policy: PolicyConfig, now_s: float,
+                 realtime_slack: tuple[bool, float] | None = None) -> Reserve:
     """Reserved workers consume only realtime work. The reserve is lent out — other work runs
     on every worker, and realtime work reclaims it by preemption — unless a block group of the
     lent work outlasts the slack of the realtime work in sight: then preemption would come too
     late, and the reserve is held (idle if need be)."""
     live, levels = order.survey.live, order.levels
-    demoted = order.judgement.demoted
-    realtime = [i for i in range(len(live))
-                if live[i].slo_class is SloClass.REALTIME and i not in demoted]
-    pressure = levels.origin is not None or bool(realtime)
+    realtime, budget_s = realtime_slack or _realtime_slack(order)
+    pressure = levels.origin is not None or realtime
     until_s = reserve_until_s(pressure, previous.reserve_until_s, policy, now_s)
     yield_s = _yield_s(order, staying)
-    # Realtime work with no slack at all is beyond any reserve's help.
-    budget_s = min((slack_s for i in realtime if (slack_s := _arrival_slack_s(order, i)) > 0),
-                   default=math.inf)
     reason: str | None = None
     if realtime and yield_s > budget_s:
         reason = (f"a block group of lent work takes ~{yield_s * 1e3:.0f} ms, "
@@ -88,6 +84,17 @@ def hold_reserve(order: Order, staying: Sequence[int], previous: PolicyState,
     count = reserve_size(len(order.alive), policy.resource_reserve_ratio)
     return Reserve(choose_reserved(order.alive, count, previous.reserved_workers, urgent_running),
                    reason, until_s)
+
+
+def _realtime_slack(order: Order) -> tuple[bool, float]:
+    """Whether realtime work (not demoted) is live, and the least positive slack it arrived
+    with (realtime work with no slack at all is beyond any reserve's help)."""
+    live, demoted = order.survey.live, order.judgement.demoted
+    realtime = [i for i in range(len(live))
+                if live[i].slo_class is SloClass.REALTIME and i not in demoted]
+    budget_s = min((slack_s for i in realtime if (slack_s := _arrival_slack_s(order, i)) > 0),
+                   default=math.inf)
+    return bool(realtime), budget_s
 
 
 def _yield_s(order: Order, staying: Sequence[int]) -> float:

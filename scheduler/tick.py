@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 
 from scheduler.baselines import plan_edf, plan_fifo, plan_least_slack, plan_priority, plan_srpt
 from scheduler.invariants import check_plan_invariants
-from scheduler.model import ClusterSnapshot
+from scheduler.model import ClusterSnapshot, JobView
 from scheduler.plan import TickPlan
 from scheduler.planner import plan_stepline
 from scheduler.policy import PolicyConfig, PolicyKind
@@ -22,12 +23,19 @@ def plan_tick(snapshot: ClusterSnapshot, policy: PolicyConfig, now_s: float) -> 
     Recovery comes first (lost, stuck, unpublished and parked chunks; jobs that can never run).
     The policy still sees the jobs it moves (a requeued chunk keeps its slot) but takes no
     action on them this tick."""
+    return with_recoveries(snapshot, policy, now_s, _plan_policy(snapshot, policy, now_s),
+                           snapshot.jobs)
+
+
+def with_recoveries(snapshot: ClusterSnapshot, policy: PolicyConfig, now_s: float,
+                    plan: TickPlan, jobs: Iterable[JobView]) -> TickPlan:
+    """The policy's ``plan`` with this tick's recoveries and failures, and no action on the jobs
+    they move. ``jobs``: the snapshot's jobs in order, or those of them that recovery may act on
+    (QUEUED or RUNNING, or PENDING with a failed dependency)."""
     alive = frozenset(w.name for w in snapshot.workers if w.alive)
-    recoveries, failures = plan_recoveries(snapshot.jobs, alive, snapshot.cost, policy.recovery,
-                                           now_s)
+    recoveries, failures = plan_recoveries(jobs, alive, snapshot.cost, policy.recovery, now_s)
     failures += tuple(Failure(job_id, f"unreadable record: {problem}")
                       for job_id, problem in snapshot.unreadable)
-    plan = _plan_policy(snapshot, policy, now_s)
     moving = {r.job_id for r in recoveries} | {f.job_id for f in failures}
     if not moving:
         return plan

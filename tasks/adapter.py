@@ -16,6 +16,7 @@ from typing import cast
 
 from scheduler import (
     AdmissionStatus,
+    IncrementalPlanner,
     PolicyConfig,
     PolicyKind,
     TickPlan,
@@ -64,16 +65,20 @@ def policy_config(settings: Settings, store: JobStore) -> PolicyConfig:
     return replace(config, policy=PolicyKind(active), recovery=recovery)
 
 
-def run_tick(ctx: WorkerContext, now_s: float, cache: SnapshotCache | None = None) -> TickPlan:
+def run_tick(ctx: WorkerContext, now_s: float, cache: SnapshotCache | None = None,
+             planner: IncrementalPlanner | None = None) -> TickPlan:
     """One tick: read (from ``cache`` when given, folding in what changed; else every record),
-    plan, check, apply in pipelined batches."""
+    plan (with ``planner`` when given: it keeps per-job columns across ticks, found by the
+    identity of the cache's unchanged views; its plans equal ``plan_tick``'s), check, apply in
+    pipelined batches."""
     store, settings = ctx.store, ctx.settings
     policy = policy_config(settings, store)
     cost = learned_cost_model(store, policy)
     block_groups = settings.diffusion.block_groups
     seen = (cache.read(cost, policy, now_s, block_groups) if cache is not None
             else read_snapshot(store, cost, policy, now_s, block_groups))
-    plan = plan_tick(seen.snapshot, policy, now_s)
+    plan = (planner.plan(seen.snapshot, policy, now_s) if planner is not None
+            else plan_tick(seen.snapshot, policy, now_s))
     try:
         check_plan_invariants(plan, seen.snapshot)
     except SchedulerError:

@@ -19,6 +19,7 @@ import redis
 from celery import shared_task
 from redis.commands.core import Script
 
+from scheduler import IncrementalPlanner
 from tasks import keys, scripts
 from tasks.adapter import run_tick
 from tasks.context import worker_context
@@ -44,7 +45,7 @@ def tick(self: Any) -> str:
 
     started = time.perf_counter()
     with collector_paused():
-        run_tick(ctx, now_s=time.time(), cache=cache)
+        run_tick(ctx, now_s=time.time(), cache=cache, planner=held_planner(ctx.store))
     _record(ctx.store.redis, time.perf_counter() - started)
     return "ticked"
 
@@ -80,6 +81,12 @@ class Lease(Enum):
 def snapshot_cache(store: JobStore) -> SnapshotCache:
     """The worker's snapshot, kept between its ticks (one per store)."""
     return SnapshotCache(store)
+
+
+@functools.cache
+def held_planner(store: JobStore) -> IncrementalPlanner:
+    """The worker's planner, kept between its ticks beside the snapshot cache (one per store)."""
+    return IncrementalPlanner()
 
 
 def _take_lease(client: redis.Redis, me: str, ttl_s: float) -> Lease:

@@ -41,7 +41,7 @@ import yaml
 
 from app.api.server import api_command
 from app.drills.faults import audit_job
-from app.drills.netns import BRIDGE_IP, Netns, host_ip, inside
+from app.drills.netns import BRIDGE_IP, Netns, host_ip, inside, unavailable
 from app.embedded_redis import redis_server_binary
 from app.stack import beat_command, worker_command
 from scheduler.lifecycle import JobState
@@ -810,8 +810,6 @@ def run_hosts_drill(out_dir: Path, hosts: int, faults: tuple[str, ...] = FAULTS,
     """The drill across ``hosts`` namespaces; writes ``out_dir/reliability.json``; the exit
     code (0: every job exact, every fault survived). Everything it started is stopped and every
     namespace deleted however it ends."""
-    from app.drills.netns import unavailable
-
     if not 1 <= hosts <= 16:
         raise ValueError(f"hosts must be 1..16, not {hosts}")
     unknown = sorted(set(faults) - set(FAULTS))

@@ -10,8 +10,17 @@ left on, with the collections that landed inside ticks and their longest pause. 
 p99 under 10 ms for 10 000 queued jobs on 64 workers; on a shared machine, read the ratio to
 FIFO (same run, same load) beside the milliseconds.
 
-    python tests/bench/bench_tick.py [--jobs 10000] [--workers 64] [--ticks 300]
-                                     [--out bench-out/tick.json]
+The planner held across ticks (``scheduler.incremental.IncrementalPlanner``) is timed beside
+``plan_tick`` from scratch on histories of ticks 0.1 s apart where ``--changes`` jobs get a new
+view before each tick (a third of them finish and are replaced by arrivals, the rest make
+progress): p50 and p99 with a 95 % confidence interval on each p50, the ratio from scratch ÷
+held in the same run, the slope in ms per changed job, and whether every plan came out equal
+(plans of both are compared at each tick timed from scratch). The first ``--jobs`` size also
+gets the scenarios above; every size gets the held-planner histories.
+
+    python tests/bench/bench_tick.py [--jobs 10000 [50000 ...]] [--workers 64] [--ticks 300]
+                                     [--changes 0 10 100 1000] [--held-ticks 100]
+                                     [--scratch-ticks 20] [--held-only] [--out bench-out/tick.json]
 """
 
 from __future__ import annotations
@@ -19,11 +28,13 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
 import random
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -43,6 +54,7 @@ from scheduler import (
     check_plan_invariants,
     plan_tick,
 )
+from scheduler.incremental import IncrementalPlanner
 
 _CLASSES = ((SloClass.REALTIME, 0.1, 1.0), (SloClass.INTERACTIVE, 0.3, 5.0),
             (SloClass.BATCH, 0.6, 60.0))
@@ -157,13 +169,109 @@ def time_mode(snapshot: ClusterSnapshot, ticks: int, gc_paused: bool) -> dict[st
             "longest_collection_ms": max(collections.pauses_ms, default=0.0)}
 
 
+def median_ci(samples: list[float]) -> tuple[float, float, float]:
+    """The median and a distribution-free 95 % confidence interval on it (order statistics:
+    ranks n/2 ± 1.96·√n/2)."""
+    ordered = sorted(samples)
+    n = len(ordered)
+    half = 1.96 * math.sqrt(n) / 2
+    low = max(0, math.floor(n / 2 - half))
+    high = min(n - 1, math.ceil(n / 2 + half))
+    return statistics.median(ordered), ordered[low], ordered[high]
+
+
+def changed(rng: random.Random, job: JobView, serial: int, now_s: float) -> JobView:
+    """A new view of a job: a third finish and are replaced by an arrival, the rest progress."""
+    if rng.random() < 1 / 3:
+        fresh = _job(rng, serial, now_s, "steady", running_on=None)
+        return replace(fresh, job_id=f"n{serial}", submitted_at_s=now_s,
+                       deadline_s=now_s + fresh.deadline_s - fresh.submitted_at_s,
+                       waiting_since_s=now_s)
+    done = min(job.next_chunk + 1, job.num_chunks)
+    return replace(job, next_chunk=done, waiting_since_s=now_s, service_s=job.service_s + 0.1,
+                   remaining_cost_units=job.remaining_cost_units * (job.num_chunks - done)
+                   / max(job.num_chunks - job.next_chunk, 1))
+
+
+def time_history(snapshot: ClusterSnapshot, changes: int, held_ticks: int,
+                 scratch_ticks: int, seed: int) -> dict[str, object]:
+    """A history of ticks 0.1 s apart, ``changes`` new views before each: the held planner on
+    every tick, ``plan_tick`` from scratch on the first ``scratch_ticks`` (their plans compared
+    with the held planner's)."""
+    rng = random.Random(seed)
+    policy, planner = PolicyConfig(), IncrementalPlanner()
+    jobs = list(snapshot.jobs)
+    planner.plan(snapshot, policy, 1000.0)  # the first tick reads every view
+    held_wall, held_cpu, scratch_wall, scratch_cpu = [], [], [], []
+    unequal = 0
+    gc.collect()
+    for t in range(held_ticks):
+        now_s = 1000.1 + 0.1 * t
+        for k in rng.sample(range(len(jobs)), min(changes, len(jobs))):
+            jobs[k] = changed(rng, jobs[k], (t + 1) * len(jobs) + k, now_s)
+        snapshot = replace(snapshot, jobs=tuple(jobs))
+        gc.disable()
+        start, start_cpu = time.perf_counter(), time.thread_time()
+        plan = planner.plan(snapshot, policy, now_s)
+        held_cpu.append(time.thread_time() - start_cpu)
+        held_wall.append(time.perf_counter() - start)
+        if t < scratch_ticks:
+            start, start_cpu = time.perf_counter(), time.thread_time()
+            reference = plan_tick(snapshot, policy, now_s)
+            scratch_cpu.append(time.thread_time() - start_cpu)
+            scratch_wall.append(time.perf_counter() - start)
+            unequal += reference != plan
+        gc.enable()
+        snapshot = replace(snapshot, state=plan.state or snapshot.state)
+    held, scratch = _spread(held_wall, held_cpu), _spread(scratch_wall, scratch_cpu)
+    return {"changes_per_tick": changes, "held": held, "scratch": scratch,
+            "p50_ratio_scratch_over_held": scratch["p50_ms"] / held["p50_ms"],
+            "cpu_p50_ratio_scratch_over_held": scratch["cpu_p50_ms"] / held["cpu_p50_ms"],
+            "plans_compared": len(scratch_wall), "plans_unequal": unequal}
+
+
+def _spread(wall: list[float], cpu: list[float]) -> dict[str, object]:
+    p50, low, high = median_ci([w * 1e3 for w in wall])
+    cpu50, cpu_low, cpu_high = median_ci([c * 1e3 for c in cpu])
+    return {"p50_ms": p50, "p50_ci95_ms": [low, high], "p99_ms": _p99(sorted(wall)) * 1e3,
+            "cpu_p50_ms": cpu50, "cpu_p50_ci95_ms": [cpu_low, cpu_high],
+            "cpu_p99_ms": _p99(sorted(cpu)) * 1e3, "ticks": len(wall)}
+
+
+def slope_ms_per_change(rows: list[dict[str, object]], field: str) -> float:
+    """Least-squares slope of the held planner's p50 (``field``) over the changes per tick."""
+    xs = [float(row["changes_per_tick"]) for row in rows]  # type: ignore[arg-type]
+    ys = [float(row["held"][field]) for row in rows]  # type: ignore[index]
+    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    if not spread:
+        return 0.0
+    return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread
+
+
+def run_held(args: argparse.Namespace) -> dict[str, object]:
+    """The held planner against ``plan_tick`` from scratch, for every size and scenario."""
+    found: dict[str, object] = {}
+    for n_jobs in args.jobs:
+        per_scenario: dict[str, object] = {}
+        for scenario in ("steady", "converged", "overload"):
+            snapshot = build_snapshot(n_jobs, args.workers, scenario, seed=7)
+            rows = [time_history(snapshot, c, args.held_ticks, args.scratch_ticks, seed=11)
+                    for c in args.changes]
+            per_scenario[scenario] = {
+                "rows": rows, "slope_ms_per_change": slope_ms_per_change(rows, "p50_ms"),
+                "cpu_slope_ms_per_change": slope_ms_per_change(rows, "cpu_p50_ms")}
+        found[str(n_jobs)] = per_scenario
+    return found
+
+
 def run(args: argparse.Namespace) -> dict[str, object]:
-    results: dict[str, object] = {"jobs": args.jobs, "workers": args.workers,
+    results: dict[str, object] = {"jobs": args.jobs[0], "workers": args.workers,
                                   "ticks": args.ticks, "python": sys.version.split()[0],
                                   "load_average": os.getloadavg(), "cpus": os.cpu_count()}
     stepline = PolicyConfig()
-    for scenario in ("steady", "converged", "overload"):
-        snapshot = build_snapshot(args.jobs, args.workers, scenario, seed=7)
+    for scenario in () if args.held_only else ("steady", "converged", "overload"):
+        snapshot = build_snapshot(args.jobs[0], args.workers, scenario, seed=7)
         plan = plan_tick(snapshot, stepline, 1000.0)
         check_plan_invariants(plan, snapshot, stepline)
         start = time.perf_counter()
@@ -175,12 +283,17 @@ def run(args: argparse.Namespace) -> dict[str, object]:
                              "load": plan.admission.load, "admission": plan.admission.state.value,
                              "releases": len(plan.releases), "suspend": len(plan.suspend),
                              "expire": len(plan.expire), "preempt": len(plan.preempt)}
+    results["held"] = run_held(args)
+    results["held_sizes"] = args.jobs
+    results["load_average_after"] = os.getloadavg()
     return results
 
 
 def report(results: dict[str, object]) -> None:
     print(f"load average {results['load_average']} on {results['cpus']} CPUs")
     for scenario in ("steady", "converged", "overload"):
+        if scenario not in results:
+            continue
         row = results[scenario]
         assert isinstance(row, dict)
         for mode in ("gc_paused", "gc_enabled"):
@@ -195,13 +308,39 @@ def report(results: dict[str, object]) -> None:
         print(f"{scenario:9s} load {row['load']:.2f} {row['admission']}, releases"
               f" {row['releases']}, suspend {row['suspend']}, expire {row['expire']};"
               f" check_plan_invariants {row['check_plan_invariants_ms']:.2f} ms")
+    report_held(results)
+
+
+def report_held(results: dict[str, object]) -> None:
+    held = results["held"]
+    assert isinstance(held, dict)
+    for size, per_scenario in held.items():
+        for scenario, found in per_scenario.items():
+            for r in found["rows"]:
+                h, f = r["held"], r["scratch"]
+                print(f"{size:>6s} {scenario:9s} changes {r['changes_per_tick']:5d}  held p50"
+                      f" {h['p50_ms']:7.2f} ms [{h['p50_ci95_ms'][0]:.2f},"
+                      f" {h['p50_ci95_ms'][1]:.2f}] p99 {h['p99_ms']:7.2f} (cpu p50"
+                      f" {h['cpu_p50_ms']:6.2f} p99 {h['cpu_p99_ms']:6.2f})  | scratch p50"
+                      f" {f['p50_ms']:7.2f} ms [{f['p50_ci95_ms'][0]:.2f},"
+                      f" {f['p50_ci95_ms'][1]:.2f}] p99 {f['p99_ms']:7.2f}  ratio p50"
+                      f" {r['p50_ratio_scratch_over_held']:5.1f}"
+                      f" (cpu {r['cpu_p50_ratio_scratch_over_held']:5.1f})"
+                      f"  unequal plans {r['plans_unequal']}/{r['plans_compared']}")
+            print(f"{size:>6s} {scenario:9s} slope {found['slope_ms_per_change'] * 1e3:.2f} µs"
+                  f" per changed job (cpu {found['cpu_slope_ms_per_change'] * 1e3:.2f} µs)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--jobs", type=int, nargs="+", default=[10_000])
     parser.add_argument("--workers", type=int, default=64)
     parser.add_argument("--ticks", type=int, default=300)
+    parser.add_argument("--changes", type=int, nargs="+", default=[0, 10, 100, 1000])
+    parser.add_argument("--held-ticks", type=int, default=100)
+    parser.add_argument("--scratch-ticks", type=int, default=20)
+    parser.add_argument("--held-only", action="store_true",
+                        help="skip the gc and FIFO scenarios; time the held planner only")
     parser.add_argument("--out", type=Path, default=Path("bench-out/tick.json"))
     args = parser.parse_args()
     results = run(args)

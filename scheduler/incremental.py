@@ -1,0 +1,685 @@
+"""The Stepline planner held across ticks: the same plan as :func:`scheduler.plan_tick`, in a
+few milliseconds at 10 000 jobs.
+
+A snapshot mostly carries the same :class:`JobView` objects tick after tick (a job's view is
+rebuilt only when its record changes), so what a view alone decides — its state's partition,
+its class and tier weights, its deadline, its cost units — is read once per view object into
+columns (numpy arrays, one row per view; rows are found by object identity) and only the new
+views of a tick are read. What the clock or the cost model moves (remaining work, slack, waited
+time, scores, lateness, load, the deferral) is worked out each tick over the columns as whole
+arrays, in the same floating-point operations in the same order as the readable pipeline
+(``scheduler.survey``, ``judgement``, ``ordering``, ``allocation``, ``reserve``), so every
+float and every tie comes out the same: ``tests/unit/test_scheduler_incremental.py`` holds the
+plans equal over random histories, and the pinned digests hold the readable pipeline.
+
+Where an order matters, numpy sorts stably with the index (or the position) as the last key,
+as Python's sorts and heaps break ties; sums that the readable code accumulates one job at a
+time are cumulative sums (sequential, not numpy's pairwise reduction) in the same order.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import compress, repeat
+
+import numpy as np
+import numpy.typing as npt
+
+from scheduler.admission import expiry_reason, measure_load, next_admission_state
+from scheduler.allocation import (
+    Allocation,
+    Flight,
+    allocate_ranked,
+    origin_waits,
+    ranked_candidates,
+)
+from scheduler.batching import GrowthTable, batch_slowdown
+from scheduler.judgement import Judgement
+from scheduler.lifecycle import JobState, SloClass
+from scheduler.model import ClusterSnapshot, JobView, ResourceProfile, Tier, WorkerView
+from scheduler.ordering import Levels, Order, Ranking, choose_origin, settle_levels
+from scheduler.plan import TickPlan
+from scheduler.planner import _Emit
+from scheduler.policy import PolicyConfig, PolicyKind
+from scheduler.queues import LOWEST_LEVEL, STANDBY_QUEUE
+from scheduler.reserve import hold_reserve
+from scheduler.scoring import ScoreTerms
+from scheduler.state import AdmissionState
+from scheduler.survey import JOB_VALUE, Survey, _RateTable
+from scheduler.tick import plan_tick, with_recoveries
+
+Floats = npt.NDArray[np.float64]
+Ints = npt.NDArray[np.int64]
+Bools = npt.NDArray[np.bool_]
+Objects = npt.NDArray[np.object_]
+
+_WAITING, _QUEUED, _RUNNING, _SUSPENDED, _NOT_LIVE = 0, 1, 2, 3, -1
+_STATE_CODE = {JobState.PENDING: _WAITING, JobState.PREEMPTED: _WAITING,
+               JobState.QUEUED: _QUEUED, JobState.RUNNING: _RUNNING,
+               JobState.SUSPENDED: _SUSPENDED}
+
+_FLOATS = ("submitted", "deadline", "waiting", "service", "level_service", "units", "base",
+           "prog", "pre", "value")
+_INTS = ("state", "cls_rank", "key", "left", "level")
+_BOOLS = ("realtime", "batch", "preempt", "on_standby", "estimated", "shed", "deps", "by_key",
+          "grouped", "group_truthy", "recover")
+
+
+class _Columns:
+    """One row per JobView object seen (held, so its identity is not reused): what the view
+    alone decides, as arrays. Rows of views no longer in the snapshot are dropped by a rebuild
+    once they outnumber the live ones."""
+
+    def __init__(self, policy: PolicyConfig) -> None:
+        self.policy = policy
+        self.row_of: dict[int, int] = {}
+        self.views: list[JobView] = []
+        self.key_of: dict[str, int] = {}
+        self.key_names: list[str] = []
+        self.group_of: dict[str, int] = {}
+        self.row_of_id: dict[str, int] = {}
+        """The row last read for each job id."""
+        self.capacity = 0
+        self.f: dict[str, Floats] = {name: np.zeros(0) for name in _FLOATS}
+        self.i: dict[str, Ints] = {name: np.zeros(0, np.int64) for name in _INTS}
+        self.b: dict[str, Bools] = {name: np.zeros(0, np.bool_) for name in _BOOLS}
+        self.group: Ints = np.zeros(0, np.int64)
+        self.ids: Objects = np.zeros(0, object)
+
+    def rows(self, jobs: Sequence[JobView]) -> Ints:
+        """Each job's row, reading the views not seen before."""
+        if len(self.views) > 2 * len(jobs) + 4096:
+            self.__init__(self.policy)  # type: ignore[misc]  # drop the rows of gone views
+        ids = list(map(id, jobs))
+        rows = np.fromiter(map(self.row_of.get, ids, repeat(-1)), np.int64, len(ids))
+        unseen = np.flatnonzero(rows < 0)
+        if unseen.size:
+            fresh: list[JobView] = []
+            start = len(self.views)
+            for k in unseen.tolist():
+                row = self.row_of.get(ids[k])
+                if row is None:
+                    row = self.row_of[ids[k]] = len(self.views)
+                    self.views.append(jobs[k])
+                    fresh.append(jobs[k])
+                rows[k] = row
+            self._read(start, fresh)
+        return rows
+
+    def _grow(self, size: int) -> None:
+        if size <= self.capacity:
+            return
+        capacity = max(size, 2 * self.capacity, 1024)
+        for cols in (self.f, self.i, self.b):
+            for name, col in cols.items():
+                grown = np.zeros(capacity, col.dtype)
+                grown[:self.capacity] = col
+                cols[name] = grown  # type: ignore[assignment]
+        group = np.full(capacity, -1, np.int64)
+        group[:self.capacity] = self.group
+        ids = np.zeros(capacity, object)
+        ids[:self.capacity] = self.ids
+        self.group, self.ids, self.capacity = group, ids, capacity
+
+    def _read(self, start: int, views: list[JobView]) -> None:
+        end = start + len(views)
+        self._grow(end)
+        f, i, b = self.f, self.i, self.b
+        at = slice(start, end)
+        f["submitted"][at] = [j.submitted_at_s for j in views]
+        f["deadline"][at] = [j.deadline_s for j in views]
+        f["waiting"][at] = [j.waiting_since_s for j in views]
+        f["service"][at] = [j.service_s for j in views]
+        f["level_service"][at] = [j.level_service_s for j in views]
+        f["units"][at] = [j.remaining_cost_units for j in views]
+        f["value"][at] = [JOB_VALUE[j.slo_class, j.tier] for j in views]
+        states = [j.state for j in views]
+        i["state"][at] = [_STATE_CODE.get(s, _NOT_LIVE) for s in states]
+        classes = [j.slo_class for j in views]
+        i["cls_rank"][at] = [c.rank for c in classes]
+        key_of, names = self.key_of, self.key_names
+        for j in views:
+            if j.cost_key not in key_of:
+                key_of[j.cost_key] = len(names)
+                names.append(j.cost_key)
+        i["key"][at] = [key_of[j.cost_key] for j in views]
+        done = np.array([j.next_chunk for j in views], np.int64)
+        chunks = np.array([j.num_chunks for j in views], np.int64)
+        i["left"][at] = chunks - done
+        i["level"][at] = [-1 if j.level is None else j.level for j in views]
+        b["realtime"][at] = [c is SloClass.REALTIME for c in classes]
+        b["batch"][at] = [c is SloClass.BATCH for c in classes]
+        b["preempt"][at] = [j.preempt_requested for j in views]
+        b["on_standby"][at] = [j.queue == STANDBY_QUEUE for j in views]
+        b["estimated"][at] = [j.estimated for j in views]
+        b["shed"][at] = [j.shed_if_late for j in views]
+        b["deps"][at] = [bool(j.depends_on) for j in views]
+        b["by_key"][at] = [bool(j.remaining_units_by_key) for j in views]
+        b["grouped"][at] = [j.batch_group is not None for j in views]
+        b["group_truthy"][at] = [bool(j.batch_group) for j in views]
+        b["recover"][at] = [s is JobState.RUNNING or s is JobState.QUEUED or (
+            s is JobState.PENDING and j.failed_dependency is not None)
+            for s, j in zip(states, views, strict=True)]
+        groups = self.group_of
+        self.group[at] = [-1 if j.batch_group is None else groups.setdefault(
+            j.batch_group, len(groups)) for j in views]
+        self.ids[at] = [j.job_id for j in views]
+        self.row_of_id.update((j.job_id, row) for row, j in enumerate(views, start))
+        # The survey's score terms a view alone decides, summed in its order (a zero term
+        # added is the same float as one skipped: every term is >= 0).
+        t = ScoreTerms.from_policy(self.policy)
+        base = np.where([j.tier is Tier.GOLD for j in views], t.gold, 0.0)
+        base = base + np.where(b["realtime"][at], t.realtime, np.where(
+            [c is SloClass.INTERACTIVE for c in classes], t.interactive, 0.0))
+        base = base + np.where([j.resource_profile is ResourceProfile.MEMORY for j in views],
+                               t.memory, 0.0)
+        f["base"][at] = base + np.array([t.impact[j.kind] for j in views])
+        f["prog"][at] = t.progress * done.astype(np.float64) / chunks.astype(np.float64)
+        pre = np.array([j.preemptions for j in views], np.int64)
+        f["pre"][at] = np.where(pre == 0, 0.0, np.where(
+            pre >= t.max_preemptions, t.preemptions_max, t.per_preemption * pre))
+
+
+@dataclass(frozen=True, slots=True)
+class _Tick:
+    """The tick's live jobs as arrays (position = survey index), and what the clock made of
+    them."""
+
+    rows: Ints
+    """Each live job's row in the columns."""
+    state: Ints
+    remaining: Floats
+    demand: Floats
+    """Remaining work due within the load horizon (later work pro rata), as the load counts."""
+    deadline: Floats
+    waited: Floats
+    scores: Floats
+    k1: Floats
+    k2: Floats
+    """:meth:`Ranking.keys` of every job, valid once the ranking is settled (zeros before)."""
+    waiting_realtime: Ints
+    waiting_other: Ints
+    suspended: Ints
+    standby: Ints
+    late: Ints
+    """The survey's index tuples of the same names, as arrays."""
+
+
+class IncrementalPlanner:
+    """``IncrementalPlanner().plan(snapshot, policy, now_s)`` equals
+    ``plan_tick(snapshot, policy, now_s)``; held across ticks, it reads only the job views that
+    are new since the last tick. Not thread-safe: one planner per ticking process."""
+
+    def __init__(self) -> None:
+        self._columns: _Columns | None = None
+
+    @property
+    def views_read(self) -> int:
+        """Job views read into columns since the columns were last rebuilt."""
+        return 0 if self._columns is None else len(self._columns.views)
+
+    def plan(self, snapshot: ClusterSnapshot, policy: PolicyConfig, now_s: float) -> TickPlan:
+        """``plan_tick(snapshot, policy, now_s)``."""
+        if policy.policy is not PolicyKind.STEPLINE:
+            return plan_tick(snapshot, policy, now_s)
+        columns = self._columns
+        if columns is None or (columns.policy is not policy and columns.policy != policy):
+            columns = self._columns = _Columns(policy)
+        rows = columns.rows(snapshot.jobs)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            plan = _Planning(columns, snapshot, policy, now_s).plan(rows)
+        recovering = np.flatnonzero(columns.b["recover"][rows]).tolist()
+        jobs = snapshot.jobs
+        return with_recoveries(snapshot, policy, now_s, plan, [jobs[k] for k in recovering])
+
+
+class _Planning:
+    """One tick of :class:`IncrementalPlanner`: ``scheduler.planner.plan_stepline``'s steps,
+    each over arrays where the readable step walks every job."""
+
+    def __init__(self, columns: _Columns, snapshot: ClusterSnapshot, policy: PolicyConfig,
+                 now_s: float) -> None:
+        self.c, self.snapshot, self.policy, self.now_s = columns, snapshot, policy, now_s
+
+    def plan(self, all_rows: Ints) -> TickPlan:
+        snapshot, policy, now_s = self.snapshot, self.policy, self.now_s
+        live_mask = self.c.i["state"][all_rows] >= 0
+        alive = tuple(w for w in snapshot.workers if w.alive)
+        survey, tick = self._survey(snapshot, all_rows, live_mask, alive)
+        growths = GrowthTable(snapshot.cost, policy.batching, policy.cost_min_samples)
+        judgement, scores = self._judge(survey, tick, len(alive), growths)
+        origin = choose_origin(survey, judgement, policy, _top(scores, policy.top_scores))
+        levels = settle_levels(survey, judgement, origin, policy, now_s)
+        behind = judgement.demoted | judgement.deferred
+        ranking = Ranking(survey, levels, behind, policy, now_s)
+        self._keys(tick, behind)
+        order = Order(alive, survey, judgement, origin, levels, ranking, growths)
+        flight, pool = self._flight(order, tick)
+        cap = len(alive) * policy.slots_per_worker
+        reserve = hold_reserve(order, flight.staying, snapshot.state, policy, now_s,
+                               self._realtime_slack(tick, judgement.demoted))
+        if levels.inherited:
+            ranked = ranked_candidates(order, flight, cap, policy)
+        else:
+            ranked = self._ranked(order, flight, pool, tick, cap)
+        allocation = allocate_ranked(order, flight, ranked, reserve.workers, cap, policy)
+        standby = (*flight.standby, *allocation.trimmed)
+        restored = self._fill_idle(order, flight, allocation, standby, cap, tick)
+        not_estimated = ~self.c.b["estimated"][tick.rows]
+        estimates = dict(zip(self.c.ids[tick.rows][not_estimated].tolist(),
+                             (self.c.f["service"][tick.rows] + tick.remaining)[not_estimated]
+                             .tolist(), strict=True))
+        emit = _Emit(order, flight, allocation, reserve, snapshot.state, policy, now_s,
+                     estimates)
+        return emit.plan(standby, cap, restored)
+
+    # -- survey (scheduler.survey.survey_jobs) ----------------------------------------------
+
+    def _survey(self, snapshot: ClusterSnapshot, all_rows: Ints, live_mask: Bools,
+                alive: tuple[WorkerView, ...]) -> tuple[Survey, _Tick]:
+        c, policy, now_s = self.c, self.policy, self.now_s
+        f, b = c.f, c.b
+        rows = all_rows[live_mask]
+        live = tuple(compress(snapshot.jobs, live_mask.tolist()))
+        state = c.i["state"][rows]
+        table = _RateTable(snapshot.cost, [w.device for w in alive], policy.cost_min_samples)
+        keys = c.i["key"][rows]
+        rates = np.zeros(len(c.key_names))
+        sure_of = np.zeros(len(c.key_names), np.bool_)
+        for k in np.flatnonzero(np.bincount(keys, minlength=len(c.key_names))).tolist():
+            rates[k] = table.learn(c.key_names[k])
+            sure_of[k] = table.confident[c.key_names[k]]
+        remaining = f["units"][rows] * rates[keys]
+        sure = sure_of[keys]
+        for k in np.flatnonzero(b["by_key"][rows]).tolist():
+            remaining[k], sure[k] = table.remaining_s(live[k])
+        remaining = remaining + c.i["left"][rows] * policy.hop_overhead_s
+        deadline = f["deadline"][rows]
+        finish = now_s + remaining
+        late = (finish > deadline + policy.expire_grace_s) & sure
+        waiting = state == _WAITING
+        running = state == _RUNNING
+        suspended = state == _SUSPENDED
+        waited = now_s - f["waiting"][rows]
+        t = ScoreTerms.from_policy(policy)
+        bound_s = policy.aging_bound_s
+        wait_term = np.where(running, 0.0, np.where(
+            waited >= bound_s, t.wait_max, np.where(waited > 0.0, t.wait_per_s * waited, 0.0)))
+        submitted = f["submitted"][rows]
+        budget = deadline - submitted
+        spent = (finish - submitted) / budget
+        slack_term = np.where(budget <= 0.0, t.slack, np.where(
+            spent >= 1.0, t.slack, np.where(spent > 0.0, t.slack * spent, 0.0)))
+        scores = f["base"][rows] + slack_term
+        scores = scores + wait_term
+        tail = t.short / (remaining + t.short_s)
+        tail = f["prog"][rows] + tail
+        tail = tail + f["pre"][rows]
+        scores = scores + tail
+        due_in = deadline - now_s
+        horizon_s = policy.load_horizon_s
+        demand = np.where(due_in <= horizon_s, remaining, remaining * horizon_s / due_in)
+        outstanding = float(np.cumsum(np.concatenate(([0.0], demand[~suspended])))[-1])
+        realtime = b["realtime"][rows]
+        queued_or_running = (state == _QUEUED) | running
+        holding = queued_or_running & ~b["preempt"][rows]
+        on_standby = b["on_standby"][rows]
+        incumbent: int | None = None
+        origin_id = snapshot.state.origin_id
+        if origin_id is not None:
+            # the row last read for that id first (job ids are unique in a snapshot); else
+            # every live job's id
+            row = c.row_of_id.get(origin_id)
+            found = np.flatnonzero(rows == row) if row is not None else np.zeros(0, np.int64)
+            if not found.size:
+                found = np.flatnonzero(c.ids[rows] == origin_id)
+            incumbent = int(found[-1]) if found.size else None
+        waiting_rt = np.flatnonzero(waiting & realtime)
+        waiting_other = np.flatnonzero(waiting & ~realtime)
+        suspended_at = np.flatnonzero(suspended)
+        standby = np.flatnonzero(holding & on_standby)
+        late_at = np.flatnonzero(late)
+        survey = Survey(
+            live=live, remaining_s=tuple(remaining.tolist()),
+            values=tuple(f["value"][rows].tolist()), scores=tuple(scores.tolist()),
+            waiting_realtime=tuple(waiting_rt.tolist()),
+            waiting_other=tuple(waiting_other.tolist()),
+            suspended=tuple(suspended_at.tolist()),
+            inflight=_indices(holding & ~on_standby), standby=tuple(standby.tolist()),
+            aged=_indices(waiting & (waited >= bound_s)), late=tuple(late_at.tolist()),
+            with_deps=_indices(b["deps"][rows]), outstanding_s=outstanding,
+            incumbent=incumbent)
+        return survey, _Tick(rows, state, remaining, demand, deadline, waited, scores,
+                             np.zeros(len(rows)), np.zeros(len(rows)), waiting_rt,
+                             waiting_other, suspended_at, standby, late_at)
+
+    # -- judgement (scheduler.judgement.judge) ----------------------------------------------
+
+    def _judge(self, survey: Survey, tick: _Tick, workers: int,
+               growths: GrowthTable) -> tuple[Judgement, Floats]:
+        policy, now_s = self.policy, self.now_s
+        load = measure_load(survey.outstanding_s - self._batching_gain(survey, tick, growths),
+                            workers, policy)
+        admission = next_admission_state(self.snapshot.state.admission, load, policy)
+        converging = admission is AdmissionState.CONVERGING
+        late = tick.late
+        shed = self.c.b["shed"][tick.rows[late]] & converging
+        expired = {i: reason for i in late[shed].tolist() if (reason := expiry_reason(
+            survey.live[i], survey.remaining_s[i], load, policy, now_s)) is not None}
+        demoted = frozenset(late[~shed].tolist())
+        blocked = self._blocked(survey, tick)
+        skip = tick.state == _SUSPENDED
+        for i in (*demoted, *blocked, *expired):
+            skip[i] = True
+        deferred = self._defer(tick, np.flatnonzero(~skip), workers)
+        if not (expired or demoted or deferred):
+            return Judgement(load, admission, expired, demoted, blocked, deferred,
+                             survey.scores), tick.scores
+        scores = tick.scores.copy()
+        if expired:
+            scores[list(expired)] = -1.0
+        if demoted:
+            scores[list(demoted)] = 0.0
+        if deferred:
+            at = list(deferred)
+            scores[at] = np.where(scores[at] > 0.0, 0.0, scores[at])
+        judgement = Judgement(load, admission, expired, demoted, blocked, deferred,
+                              tuple(scores.tolist()))
+        return judgement, scores
+
+    def _batching_gain(self, survey: Survey, tick: _Tick, growths: GrowthTable) -> float:
+        """``judgement.batching_gain_s``: groups in order of their first member, members in
+        index order, each adding saved × its demand."""
+        batching, c = self.policy.batching, self.c
+        if not batching.enabled or not c.b["group_truthy"][tick.rows].any():
+            return 0.0
+        members = np.flatnonzero(c.b["grouped"][tick.rows] & (tick.state != _SUSPENDED))
+        if not members.size:
+            return 0.0
+        codes = c.group[tick.rows[members]]
+        unique, first, inverse, counts = np.unique(codes, return_index=True,
+                                                   return_inverse=True, return_counts=True)
+        saved = np.zeros(len(unique))
+        pays = np.zeros(len(unique), np.bool_)
+        for g in range(len(unique)):
+            growth = growths.of(survey.live[int(members[first[g]])])
+            size = min(int(counts[g]), batching.max_batch)
+            if size >= 2 and batching.pays(growth):
+                saved[g], pays[g] = 1.0 - batch_slowdown(growth, size) / size, True
+        inverse = inverse.reshape(-1)
+        counted = pays[inverse]
+        rank_of_group = np.argsort(np.argsort(first, kind="stable"), kind="stable")
+        gains = (saved[inverse] * tick.demand[members])[counted]
+        walk = np.lexsort((members[counted], rank_of_group[inverse][counted]))
+        return float(np.cumsum(np.concatenate(([0.0], gains[walk])))[-1])
+
+    def _blocked(self, survey: Survey, tick: _Tick) -> frozenset[int]:
+        if not survey.with_deps:
+            return frozenset()
+        live = survey.live
+        ids = set(self.c.ids[tick.rows].tolist())
+        return frozenset(i for i in survey.with_deps
+                         if live[i].state is not JobState.RUNNING
+                         and live[i].state is not JobState.QUEUED
+                         and any(dep in ids for dep in live[i].depends_on))
+
+    def _defer(self, tick: _Tick, runnable: Ints, workers: int) -> frozenset[int]:
+        """``judgement._defer_overcommitted`` (Moore-Hodgson): the running sum of work in
+        deadline order is compared with the room a block at a time (a cumulative sum from the
+        running total, so each partial sum is the readable loop's float); the heap of the
+        jobs seen so far is built only when some job does not fit."""
+        order = runnable[np.argsort(tick.deadline[runnable], kind="stable")]
+        n = len(order)
+        if not n:
+            return frozenset()
+        work_of = tick.remaining[order]
+        room = (tick.deadline[order] - self.now_s) * max(workers, 1)
+        remaining: list[float] = []
+        heap: list[tuple[float, int]] = []
+        deferred: list[int] = []
+        push, pop = heapq.heappush, heapq.heappop
+        work_s, start, pushed, block, dense = 0.0, 0, 0, n, False
+        keys: list[float] = []
+        indices: list[int] = []
+        room_list: list[float] = []
+        work_list: list[float] = []
+        while start < n:
+            if dense:
+                # Jobs that do not fit come close together: the readable loop, a stretch at a
+                # time, until a stretch fits whole.
+                stop, hit = min(start + 64, n), False
+                for k in range(start, stop):
+                    work_s += work_list[k]
+                    push(heap, (keys[k], indices[k]))
+                    if work_s > room_list[k]:
+                        hit = True
+                        while work_s > room_list[k] and heap:
+                            _, j = pop(heap)
+                            work_s -= remaining[j]
+                            deferred.append(j)
+                start = pushed = stop
+                dense, block = hit, 64
+                continue
+            end = min(start + block, n)
+            sums = np.cumsum(np.concatenate(([work_s], work_of[start:end])))[1:]
+            over = sums > room[start:end]
+            if not over.any():
+                work_s, start, block = float(sums[-1]), end, min(block * 2, 4096)
+                continue
+            at = start + int(over.argmax())
+            work_s = float(sums[at - start])
+            if not keys:
+                keys = ((-work_of) / self.c.f["value"][tick.rows[order]]).tolist()
+                indices, room_list, work_list = order.tolist(), room.tolist(), work_of.tolist()
+                remaining = tick.remaining.tolist()
+            fresh = list(zip(keys[pushed:at + 1], indices[pushed:at + 1], strict=True))
+            if len(fresh) > len(heap) // 4:
+                heap.extend(fresh)
+                heapq.heapify(heap)
+            else:
+                for item in fresh:
+                    push(heap, item)
+            pushed = at + 1
+            while work_s > room_list[at] and heap:
+                _, j = pop(heap)
+                work_s -= remaining[j]
+                deferred.append(j)
+            start, dense = at + 1, True
+        return frozenset(deferred)
+
+    # -- ranking (Ranking.keys for every job) ------------------------------------------------
+
+    def _keys(self, tick: _Tick, behind: frozenset[int]) -> None:
+        policy, now_s = self.policy, self.now_s
+        bound_s = policy.aging_bound_s
+        waited = np.where(tick.state == _RUNNING, 0.0, tick.waited)
+        slack = tick.deadline - now_s - tick.remaining
+        tie = tick.remaining / self.c.f["value"][tick.rows]
+        late = slack < 0.0
+        if behind:
+            late[list(behind)] = True
+        aged = 1.0 + np.where(waited > 0.0, waited, 0.0) / bound_s
+        k1 = np.where(late, tie * policy.late_penalty / aged,
+                      tie * np.where(waited > bound_s, bound_s / waited, 1.0))
+        tick.k1[:] = k1
+        tick.k2[:] = np.where(late, tie, slack)
+
+    # -- flight (scheduler.allocation.plan_flight) ------------------------------------------
+
+    def _levels(self, levels: Levels, tick: _Tick) -> Ints:
+        """``levels.level(i)`` of every job."""
+        c, policy = self.c, self.policy
+        rows = tick.rows
+        quantum0_s, quantum1_s = policy.level_quanta_s
+        remaining = tick.remaining
+        size = np.where(remaining <= quantum0_s, 0, np.where(remaining <= quantum1_s, 1, 2))
+        joined = np.maximum(c.i["cls_rank"][rows], size)
+        level = c.i["level"][rows]
+        quanta = np.array([quantum0_s, quantum1_s, math.inf])[np.clip(level, 0, 2)]
+        used = c.f["service"][rows] - c.f["level_service"][rows]
+        marked = np.where(level < 0, joined, np.where(
+            (level < LOWEST_LEVEL) & (used >= quanta), level + 1, level))
+        waited = tick.waited
+        steps = np.where(waited > 0, np.floor_divide(waited, policy.aging_bound_s), 0.0)
+        steps = np.minimum(steps, 1 << 30).astype(np.int64)
+        floor = np.where(c.b["realtime"][rows], 0, 1)
+        aged = np.maximum(np.minimum(marked, floor), marked - steps)
+        own = np.where((marked == 0) | (tick.state == _RUNNING) | (steps <= 0), marked, aged)
+        if levels.demoted:
+            own[list(levels.demoted)] = LOWEST_LEVEL
+        if levels.origin is not None:
+            own[levels.origin] = 0
+        for i, inherited in levels.inherited.items():
+            own[i] = min(int(own[i]), inherited)
+        return own
+
+    def _flight(self, order: Order, tick: _Tick) -> tuple[Flight, Ints]:
+        judgement, survey, levels = order.judgement, order.survey, order.levels
+        converging = judgement.converging
+        n = len(tick.rows)
+        level = self._levels(levels, tick) if converging else np.zeros(n, np.int64)
+        lowest = level == LOWEST_LEVEL
+        suspend: tuple[int, ...] = ()
+        standby: tuple[int, ...] = ()
+        if converging:
+            suspend = self._suspend(order, tick, lowest)
+            standby = tuple(i for i in survey.inflight
+                            if i not in judgement.expired and lowest[i])
+        gone = {*judgement.expired, *suspend, *standby, *judgement.blocked}
+        staying = tuple(i for i in survey.inflight if i not in gone)
+        if levels.origin is not None:
+            gone.add(levels.origin)
+        excluded = frozenset(gone)
+        out = np.zeros(n, np.bool_)
+        if gone:
+            out[list(gone)] = True
+        waiting = np.concatenate((tick.waiting_realtime, tick.waiting_other))
+        standing = tick.standby
+        keep = ~out[standing]
+        if converging:
+            keep &= ~lowest[standing]
+        parts = [waiting[~out[waiting]], standing[keep]]
+        if not converging:
+            parts.append(np.asarray(self._restorable(order, tick, out), np.int64))
+        pool = np.concatenate(parts)
+        flight = Flight(suspend, standby, staying, frozenset(staying), excluded,
+                        tuple(pool.tolist()))
+        return flight, pool
+
+    def _suspend(self, order: Order, tick: _Tick, lowest: Bools) -> tuple[int, ...]:
+        levels, judgement, policy, c = order.levels, order.judgement, self.policy, self.c
+        rows = tick.rows
+        # Levels.at_lowest of every job
+        new = c.i["level"][rows] < 0
+        fits = (tick.remaining <= policy.level_quanta_s[1]) & ~c.b["batch"][rows]
+        fresh_lowest = ~fits & (tick.waited < policy.aging_bound_s)
+        at_lowest = np.where(new, fresh_lowest, lowest)
+        if judgement.demoted:
+            at_lowest[list(judgement.demoted)] = True
+        kept = np.zeros(len(rows), np.bool_)
+        held_back = [*levels.inherited, *judgement.expired]
+        if levels.origin is not None:
+            held_back.append(levels.origin)
+        if held_back:
+            kept[held_back] = True
+        other, realtime = tick.waiting_other, tick.waiting_realtime
+        held = other[~kept[other] & (c.b["batch"][rows[other]] | at_lowest[other])]
+        urgent = realtime[~kept[realtime] & at_lowest[realtime]]
+        return (*held.tolist(), *urgent.tolist())
+
+    def _restorable(self, order: Order, tick: _Tick, out: Bools) -> list[int]:
+        policy, survey = self.policy, order.survey
+        room = (policy.convergence_threshold - policy.convergence_hysteresis
+                - order.judgement.load) * max(len(order.alive), 1) * policy.load_horizon_s
+        resumable = tick.suspended[~out[tick.suspended]]
+        chosen: list[int] = []
+        for i in self._earliest(resumable, policy.resume_per_tick, tick):
+            if survey.remaining_s[i] > room:
+                break
+            room -= survey.remaining_s[i]
+            chosen.append(i)
+        return chosen
+
+    def _earliest(self, indices: Ints, count: int, tick: _Tick) -> list[int]:
+        """``heapq.nsmallest(count, indices, key=submitted)``: ties in the given order."""
+        if count <= 0 or not indices.size:
+            return []
+        submitted = self.c.f["submitted"][tick.rows[indices]]
+        return indices[np.argsort(submitted, kind="stable")[:count]].tolist()  # type: ignore[no-any-return]
+
+    # -- allocation and reserve --------------------------------------------------------------
+
+    def _ranked(self, order: Order, flight: Flight, pool: Ints, tick: _Tick,
+                cap: int) -> list[int]:
+        """``allocation.ranked_candidates`` without inheritance: ``rank(i)`` is
+        ``(1, *keys(i))`` but for the origin (band 0)."""
+        batching, c = self.policy.batching, self.c
+        shared = batching.enabled and bool(c.b["grouped"][tick.rows[pool]].any())
+        take = cap * (batching.max_batch if shared else 1) + len(flight.staying)
+        k1, k2 = tick.k1[pool], tick.k2[pool]
+        chosen = np.arange(len(pool))
+        if take < len(pool):
+            bar = np.partition(k1, take - 1)[take - 1]
+            chosen = np.flatnonzero(k1 <= bar)
+        best = chosen[np.lexsort((chosen, k2[chosen], k1[chosen]))][:take]
+        candidates = [*flight.staying, *pool[best].tolist()]
+        origin = order.levels.origin
+        if origin is not None and origin_waits(order, flight, origin):
+            candidates.append(origin)
+        at = np.asarray(candidates, np.int64)
+        band = np.ones(len(at), np.int64)
+        if origin is not None:
+            band[at == origin] = 0
+        walk = np.lexsort((np.arange(len(at)), tick.k2[at], tick.k1[at], band))
+        return at[walk].tolist()  # type: ignore[no-any-return]
+
+    def _realtime_slack(self, tick: _Tick, demoted: frozenset[int]) -> tuple[bool, float]:
+        """``reserve._realtime_slack``."""
+        c, rows = self.c, tick.rows
+        realtime = c.b["realtime"][rows].copy()
+        if demoted:
+            realtime[list(demoted)] = False
+        if not realtime.any():
+            return False, math.inf
+        slack = (tick.deadline - c.f["submitted"][rows] - c.f["service"][rows]
+                 - tick.remaining)[realtime]
+        slack = slack[slack > 0]
+        return True, float(slack.min()) if slack.size else math.inf
+
+    def _fill_idle(self, order: Order, flight: Flight, allocation: Allocation,
+                   standby: tuple[int, ...], cap: int, tick: _Tick) -> tuple[int, ...]:
+        """``allocation.fill_idle``."""
+        if not order.judgement.converging:
+            return ()
+        in_flight = (len(flight.staying) - len(allocation.victims) - len(allocation.trimmed)
+                     + len(allocation.taken))
+        idle = cap - in_flight - len(order.survey.standby) - len(standby)
+        if idle <= 0:
+            return ()
+        suspended = tick.suspended
+        out = {*flight.excluded, *order.judgement.blocked}
+        if out:
+            mask = np.zeros(len(tick.rows), np.bool_)
+            mask[list(out)] = True
+            suspended = suspended[~mask[suspended]]
+        return tuple(self._earliest(suspended, idle, tick))
+
+
+def _indices(mask: Bools) -> tuple[int, ...]:
+    return tuple(np.flatnonzero(mask).tolist())
+
+
+def _top(scores: Floats, count: int) -> tuple[int, ...]:
+    """``ordering.top_scores`` over an array: the ``count`` highest, ties to the earlier job."""
+    n = len(scores)
+    if not n:
+        return ()
+    chosen = np.arange(n)
+    if count < n:
+        bar = np.partition(scores, n - count)[n - count]
+        chosen = np.flatnonzero(scores >= bar)
+    best = chosen[np.lexsort((chosen, -scores[chosen]))][:count]
+    return tuple(i for i in best.tolist() if scores[i] >= 0.0)
