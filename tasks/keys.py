@@ -23,6 +23,7 @@ Batches (step-level batching)
 
 The scheduler
   ``sl:tick:lease``            string  the scheduler worker holding the tick (PX lease)
+  ``sl:tick:last_holder``      string  the last scheduler that took the tick lease (no expiry)
   ``sl:tick:stats``            stream  tick durations and start times
   ``sl:policy``                string  the policy switched at run time (outranks the settings)
   ``sl:policy:state``          string  the policy's memory between ticks (JSON)
@@ -75,6 +76,7 @@ CHANGES_MAXLEN = 100_000
 that finds its last-read mark trimmed away reads every record again."""
 
 TICK_LEASE = PREFIX + "tick:lease"
+TICK_LAST_HOLDER = PREFIX + "tick:last_holder"
 TICK_STATS = PREFIX + "tick:stats"
 POLICY = PREFIX + "policy"
 POLICY_STATE = PREFIX + "policy:state"

@@ -72,7 +72,8 @@ class Lease(Enum):
     TAKEN = 1
     """This worker holds it now and did not just before (its snapshot cache may be stale)."""
     RENEWED = 2
-    """This worker held it and still does."""
+    """This worker held it and still does, or took back its own lapsed lease that nobody else
+    took meanwhile (a tick longer than the lease: its kept snapshot is still good)."""
     OTHER = 0
     """Another scheduler holds it."""
 
@@ -91,7 +92,7 @@ def held_planner(store: JobStore) -> IncrementalPlanner:
 
 def _take_lease(client: redis.Redis, me: str, ttl_s: float) -> Lease:
     """Take or renew the tick lease; another live scheduler keeps it until it stops ticking."""
-    return Lease(int(_lease_script(client)(keys=[keys.TICK_LEASE],
+    return Lease(int(_lease_script(client)(keys=[keys.TICK_LEASE, keys.TICK_LAST_HOLDER],
                                            args=[me, int(ttl_s * 1000)])))
 
 

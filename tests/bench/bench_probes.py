@@ -172,7 +172,8 @@ def _create_backlog(store: Any, service: Any, size: int, args: argparse.Namespac
                 updated_at_s=now_s, atomic=False, chunk_names=plan.names,
                 resource_profile=ResourceProfile(plan.resource_profile), shed_if_late=False,
                 events_ttl_s=ttl_s, batch_group=None, batch_growth=None)
-            keys_ = [keys.job(job_id), keys.job_events(job_id), keys.ACTIVE, keys.INDEX, ""]
+            keys_ = [keys.job(job_id), keys.job_events(job_id), keys.ACTIVE, keys.INDEX, "",
+                     keys.CHANGES]
             create(keys=keys_, args=[job_id, repr(now_s), _flat_json(fields)], client=pipe)
             ids.append(job_id)
         pipe.execute()

@@ -15,7 +15,7 @@ from tasks import keys, scripts
 from tasks.expert_updates import ExpertUpdates
 from tasks.read_model import ReadModel
 from tasks.store import ClaimRequest, CommitRequest, CommitStatus, JobStore
-from tasks.tick import _hold_lease
+from tasks.tick import Lease, _hold_lease, _take_lease
 from workers.moe.versions import UpdatePolicy
 
 pytestmark = pytest.mark.timeout(60)
@@ -122,3 +122,21 @@ return {terminal, moves, STATE.RUNNING, misspelt_is_nil and 1 or 0}
                                            TRANSITIONS.items() for t in targets}
     # and a state name misspelt in a script is an error, not nil
     assert running == b"RUNNING" and typo == 0
+
+
+def test_a_scheduler_that_takes_back_its_own_lapsed_lease_keeps_its_snapshot(
+    redis_client: redis.Redis,
+) -> None:
+    # given scheduler a holding the tick lease
+    assert _take_lease(redis_client, "a", ttl_s=5.0) is Lease.TAKEN
+    assert _take_lease(redis_client, "a", ttl_s=5.0) is Lease.RENEWED
+    assert _take_lease(redis_client, "b", ttl_s=5.0) is Lease.OTHER
+    # when its lease lapses inside a long tick and nobody else takes it, it takes it back as
+    # its own (its kept snapshot is still good: nobody else has ticked)
+    redis_client.delete(keys.TICK_LEASE)
+    assert _take_lease(redis_client, "a", ttl_s=5.0) is Lease.RENEWED
+    # but once another scheduler took a lapsed lease, each of them takes it afresh
+    redis_client.delete(keys.TICK_LEASE)
+    assert _take_lease(redis_client, "b", ttl_s=5.0) is Lease.TAKEN
+    redis_client.delete(keys.TICK_LEASE)
+    assert _take_lease(redis_client, "a", ttl_s=5.0) is Lease.TAKEN
