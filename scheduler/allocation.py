@@ -249,15 +249,22 @@ class _Packing:
         return None
 
 
+def idle_slots(order: Order, flight: Flight, allocation: Allocation, standby: tuple[int, ...],
+               cap: int) -> int:
+    """Slots :func:`fill_idle` may give to suspended work: under overload convergence, the
+    capacity no in-flight, taken or standby work holds (0 otherwise)."""
+    if not order.judgement.converging:
+        return 0
+    in_flight = (len(flight.staying) - len(allocation.victims) - len(allocation.trimmed)
+                 + len(allocation.taken))
+    return cap - in_flight - len(order.survey.standby) - len(standby)
+
+
 def fill_idle(order: Order, flight: Flight, allocation: Allocation, standby: tuple[int, ...],
               cap: int) -> tuple[int, ...]:
     """Work conservation under overload: slots no runnable job wants go to suspended work,
     released to the standby queue (consumed last, so it yields to everything else)."""
-    if not order.judgement.converging:
-        return ()
-    in_flight = (len(flight.staying) - len(allocation.victims) - len(allocation.trimmed)
-                 + len(allocation.taken))
-    idle = cap - in_flight - len(order.survey.standby) - len(standby)
+    idle = idle_slots(order, flight, allocation, standby, cap)
     if idle <= 0:
         return ()
     live, blocked = order.survey.live, order.judgement.blocked

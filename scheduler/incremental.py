@@ -33,6 +33,7 @@ from scheduler.allocation import (
     Allocation,
     Flight,
     allocate_ranked,
+    idle_slots,
     origin_waits,
     ranked_candidates,
 )
@@ -652,11 +653,7 @@ class _Planning:
     def _fill_idle(self, order: Order, flight: Flight, allocation: Allocation,
                    standby: tuple[int, ...], cap: int, tick: _Tick) -> tuple[int, ...]:
         """``allocation.fill_idle``."""
-        if not order.judgement.converging:
-            return ()
-        in_flight = (len(flight.staying) - len(allocation.victims) - len(allocation.trimmed)
-                     + len(allocation.taken))
-        idle = cap - in_flight - len(order.survey.standby) - len(standby)
+        idle = idle_slots(order, flight, allocation, standby, cap)
         if idle <= 0:
             return ()
         suspended = tick.suspended
