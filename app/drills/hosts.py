@@ -532,10 +532,11 @@ class HostsDrill:
         self.config.chmod(0o600)  # it holds the API key and the bucket's secret
 
     def start(self) -> None:
-        for index in range(self.net.hosts):  # the drill's promise: nothing leaves the machine
-            routes = self.net.routes(self.net.host(index))
+        names = [*map(self.net.host, range(self.net.hosts)), self.net.client, self.net.bridge]
+        for name in names:  # the drill's promise: nothing leaves the machine
+            routes = self.net.routes(name)
             if "default" in routes:
-                raise RuntimeError(f"host {index} has a default route: {routes}")
+                raise RuntimeError(f"namespace {name} has a default route: {routes}")
         self.redis.start()
         self.objects.start()
         self.write_config()

@@ -12,10 +12,12 @@ Requires root (``CAP_SYS_ADMIN``) and iproute2's ``ip``; :func:`unavailable` say
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -126,8 +128,16 @@ class Netns:
         return ["ip", "netns", "exec", name, *argv]
 
     def destroy(self) -> None:
-        """Delete every namespace this run made (newest first); tolerant of ones already gone."""
+        """Delete every namespace this run made (newest first), SIGKILLing first any process
+        still inside one (a deleted namespace lives on while a process holds it, and so would
+        its servers); tolerant of ones already gone."""
         for name in reversed(self.made):
+            left = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True,
+                                  timeout=IP_TIMEOUT_S, check=False)
+            for pid in left.stdout.split():
+                if pid != str(os.getpid()):
+                    with contextlib.suppress(ProcessLookupError, ValueError):
+                        os.kill(int(pid), signal.SIGKILL)
             subprocess.run(["ip", "netns", "del", name], capture_output=True,
                            timeout=IP_TIMEOUT_S, check=False)
         self.made.clear()
