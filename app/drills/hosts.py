@@ -41,7 +41,7 @@ import yaml
 
 from app.api.server import api_command
 from app.drills.faults import audit_job
-from app.drills.netns import BRIDGE_IP, Netns, host_ip, inside, unavailable
+from app.drills.netns import BRIDGE_IP, LoopIn, Netns, host_ip, inside, unavailable
 from app.embedded_redis import redis_server_binary
 from app.stack import beat_command, worker_command
 from scheduler.lifecycle import JobState
@@ -98,6 +98,14 @@ def _wait(predicate: Callable[[], Any], timeout_s: float, period_s: float = 0.1)
             return value
         time.sleep(period_s)
     return None
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    """The last ``lines`` lines of a log (for an error message CI shows whole)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as error:
+        return f"({error})"
 
 
 def weed_binary() -> str:
@@ -292,6 +300,7 @@ class ObjectStore:
         self.net, self.root = net, root
         self.secret = secrets.token_urlsafe(24)
         self.child: Child | None = None
+        self.io: LoopIn | None = None
 
     @property
     def endpoint_url(self) -> str:
@@ -319,14 +328,21 @@ class ObjectStore:
                                self.root / "weed.log")
         self.child.start()
         if not _wait(self.answers, timeout_s, 0.5):
-            raise RuntimeError(f"the object store did not answer in {timeout_s}s; see "
-                               f"{self.root / 'weed.log'}")
+            raise RuntimeError(f"the object store did not answer in {timeout_s}s; the end of "
+                               f"{self.root / 'weed.log'}:\n{_tail(self.root / 'weed.log')}")
+
+    def client_options(self) -> dict[str, Any]:
+        """s3fs options for the drill's own calls: its keys, and an IO loop in the client
+        namespace (never fsspec's shared one, which may live in the root namespace)."""
+        if self.io is None:
+            self.io = LoopIn(self.net.client)
+        return {"endpoint_url": self.endpoint_url, "key": S3_ACCESS_KEY, "secret": self.secret,
+                "skip_instance_cache": True, "loop": self.io.loop}
 
     def filesystem(self) -> Any:
         import s3fs
 
-        return s3fs.S3FileSystem(endpoint_url=self.endpoint_url, key=S3_ACCESS_KEY,
-                                 secret=self.secret, skip_instance_cache=True)
+        return s3fs.S3FileSystem(**self.client_options())
 
     def answers(self) -> bool:
         assert self.child is not None
@@ -343,8 +359,13 @@ class ObjectStore:
                 "access_key_id": S3_ACCESS_KEY, "secret_access_key": self.secret}
 
     def stop(self) -> None:
-        if self.child is not None:
-            self.child.stop()
+        try:
+            if self.child is not None:
+                self.child.stop()
+        finally:
+            if self.io is not None:
+                self.io.close()
+                self.io = None
 
 
 # the hosts -----------------------------------------------------------------------------------
@@ -541,9 +562,7 @@ class HostsDrill:
         self.objects.start()
         self.write_config()
         self.store = JobStore(connect(self.redis.url, sentinel_master=MASTER_NAME))
-        self.artifacts = ArtifactStore(f"s3://{BUCKET}/jobs", {
-            "endpoint_url": self.objects.endpoint_url, "key": S3_ACCESS_KEY,
-            "secret": self.objects.secret, "skip_instance_cache": True})
+        self.artifacts = ArtifactStore(f"s3://{BUCKET}/jobs", self.objects.client_options())
         for index in range(self.net.hosts):
             self.hosts.start(index)
         every = [worker_node(i) for i in range(self.net.hosts)] + ["h0-scheduler@h0"]

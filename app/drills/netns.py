@@ -12,6 +12,7 @@ Requires root (``CAP_SYS_ADMIN``) and iproute2's ``ip``; :func:`unavailable` say
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import os
@@ -19,6 +20,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -156,3 +158,34 @@ def inside(name: str) -> Iterator[None]:
         finally:
             if libc.setns(home.fileno(), CLONE_NEWNET) != 0:
                 raise OSError(ctypes.get_errno(), "setns back to the original namespace")
+
+
+class LoopIn:
+    """An asyncio loop on a thread of its own, inside namespace ``name``, for fsspec's async
+    file systems (s3fs). fsspec otherwise runs every sync call on one process-wide IO thread,
+    made wherever its first user happened to be: if that was the root namespace (an earlier
+    test), the drill's S3 calls would leave from there, to an address only the namespaces
+    have. Pass ``loop=`` to the file system; :meth:`close` when done."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(name,), daemon=True,
+                                        name=f"loop-in-{name}")
+        self._thread.start()
+        if not self._ready.wait(IP_TIMEOUT_S):
+            raise RuntimeError(f"the IO loop did not start inside {name}")
+
+    def _run(self, name: str) -> None:
+        with inside(name):
+            asyncio.set_event_loop(self.loop)
+            self.loop.call_soon(self._ready.set)
+            self.loop.run_forever()
+
+    def close(self) -> None:
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            self.loop.close()
