@@ -10,7 +10,7 @@ from scheduler.batching import PlacedSlot, SlotPacker
 from scheduler.lifecycle import JobState, SloClass
 from scheduler.ordering import Order
 from scheduler.policy import PolicyConfig
-from scheduler.queues import LOWEST_LEVEL
+from scheduler.queues import LOWEST_LEVEL, STANDBY_QUEUE
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +239,8 @@ class _Packing:
             return None
         if i in self.flight.staying_set and self._batch_of(i) is None:
             return None  # in flight on its own: its messages carry it alone
+        if job.queue == STANDBY_QUEUE and job.state in (JobState.QUEUED, JobState.RUNNING):
+            return None  # restored from standby by a move, which carries it alone
         return (job.batch_group, order.levels.queue(i))
 
     def _batch_of(self, i: int) -> str | None:

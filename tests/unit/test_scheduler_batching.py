@@ -61,6 +61,22 @@ def test_compatible_waiting_jobs_fill_one_slot_as_one_new_batch() -> None:
     check_plan_invariants(plan, snapshot, POLICY)
 
 
+def test_work_queued_on_standby_is_restored_alone_never_into_a_new_batch() -> None:
+    # given one worker, a waiting job, and a compatible one queued on standby (overload put it
+    # there): a restore is a move of its queued message, which carries it alone
+    parked = _waiting("s0", state=JobState.QUEUED, queue="standby", level=2)
+    snapshot = make_snapshot([_waiting("j0"), parked], workers=1)
+    # when the tick plans
+    plan = plan_tick(snapshot, POLICY, NOW_S)
+    # then whatever it restores or releases fits the one slot: the parked job is never a
+    # member of a released batch (found by the property test: 5 slots for capacity 4)
+    check_plan_invariants(plan, snapshot, POLICY)
+    restored = {r.job_id for r in plan.requeues if r.from_queue == "standby"}
+    released = {r.job_id for r in plan.releases}
+    assert len(restored) + len({r.batch or r.job_id for r in plan.releases}) <= 1
+    assert "s0" not in released
+
+
 def test_a_batch_never_exceeds_max_batch() -> None:
     policy = replace(POLICY, batching=BatchingConfig(max_batch=4, growth={"simulated": 0.2}))
     snapshot = make_snapshot([_waiting(f"j{k}") for k in range(10)], workers=2)
