@@ -53,10 +53,7 @@ def _setup(run_dir: Path | None, config: Path | None) -> None:
     """Export the choices so this process and every child agree on them."""
     from tasks.runtime import current_settings  # deferred: the settings tree, for commands only
 
-    if run_dir is not None:
-        os.environ["STEPLINE_RUN_DIR"] = str(run_dir.resolve())
-    elif "STEPLINE_RUN_DIR" not in os.environ:
-        os.environ["STEPLINE_RUN_DIR"] = str(Path(".stepline").resolve())
+    _use_run_dir(run_dir)
     if config is not None:
         os.environ["STEPLINE_CONFIG"] = str(config.resolve())
 
@@ -64,12 +61,20 @@ def _setup(run_dir: Path | None, config: Path | None) -> None:
     current_settings()  # fail early, with the key, value and bound
 
 
+def _use_run_dir(run_dir: Path | None) -> None:
+    """For commands that only talk to the API: the run directory chosen, nothing else read
+    (the API's address and key are files the stack left there; no settings tree)."""
+    if run_dir is not None:
+        os.environ["STEPLINE_RUN_DIR"] = str(run_dir.resolve())
+    elif "STEPLINE_RUN_DIR" not in os.environ:
+        os.environ["STEPLINE_RUN_DIR"] = str(Path(".stepline").resolve())
+
+
 def _client() -> Any:
     """A client of the running stack's API (errors say how to start it when it is not up)."""
     from app.client import Client  # deferred: httpx
-    from tasks.runtime import current_settings  # deferred: the settings tree, for commands only
 
-    return Client(settings=current_settings(), run_dir=Path(os.environ["STEPLINE_RUN_DIR"]))
+    return Client(run_dir=Path(os.environ["STEPLINE_RUN_DIR"]))
 
 
 @cli.command()
@@ -307,7 +312,7 @@ def bench(
 @cli.command()
 def watch(job_id: str, run_dir: RunDir = None) -> None:
     """Follow a job with a progress bar until it ends."""
-    _setup(run_dir, None)
+    _use_run_dir(run_dir)
     raise typer.Exit(_watch(job_id))
 
 
@@ -316,7 +321,7 @@ def cancel(job_id: str, run_dir: RunDir = None) -> None:
     """Cancel a job (a running one stops at its next chunk boundary)."""
     from app.client import JobMissing  # deferred: httpx
 
-    _setup(run_dir, None)
+    _use_run_dir(run_dir)
 
     try:
         state = _client().cancel(job_id).state
@@ -339,7 +344,7 @@ def result(
     """Download a finished job's artifact (PNG, MP4, JSON ...); print a text job's text."""
     from app.client import JobMissing, NotReady  # deferred: httpx
 
-    _setup(run_dir, None)
+    _use_run_dir(run_dir)
 
     client = _client()
     try:
@@ -395,7 +400,7 @@ def status(
     if job_id is None:
         jobs(limit=limit, run_dir=run_dir)
         return
-    _setup(run_dir, None)
+    _use_run_dir(run_dir)
     _detail(job_id)
 
 
@@ -409,7 +414,7 @@ def jobs(
     """A table of recent jobs with progress bars."""
     from rich.table import Column, Table
 
-    _setup(run_dir, None)
+    _use_run_dir(run_dir)
     listed = _client().list(state=state, slo=slo, limit=limit).jobs
     table = Table(Column("job", no_wrap=True, min_width=18), "kind", "class", "state", "progress",
                   "latency", "preempt")
@@ -745,6 +750,9 @@ def _validation_message(exc: ValidationError) -> str:
 
 
 def main() -> None:
+    # The command line never runs under trio, but httpcore imports it whenever it is installed
+    # (a test dependency brings it): a tenth of a second of every API command's start.
+    sys.modules.setdefault("trio", None)  # type: ignore[arg-type]
     logging.basicConfig(level=os.environ.get("STEPLINE_LOG_LEVEL", "WARNING"))
     try:
         cli()

@@ -2,7 +2,8 @@
 
 The API key comes from the ``api_key`` argument, else ``STEPLINE_API_KEY``, else the development
 key ``stepline up`` wrote to ``<run_dir>/api-key``. The address comes from ``base_url``, else
-``STEPLINE_API_URL``, else ``service.api_host``/``service.api_port`` of the settings.
+``STEPLINE_API_URL``, else the address ``stepline up`` wrote to ``<run_dir>/api-url``, else
+``service.api_host``/``service.api_port`` of the settings.
 """
 
 from __future__ import annotations
@@ -10,17 +11,18 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 from pydantic import BaseModel
 
+from app.run_files import API_KEY_FILE, API_URL_FILE, read_run_file
 from app.schemas import InferenceResponse, JobDetail, JobPage, JobSpec, StatsView
-from app.tenants import API_KEY_FILE
 from scheduler.lifecycle import JobState, SloClass
 from tasks.errors import InvalidJob, JobNotFound, SteplineError
-from tasks.runtime import current_settings
-from tasks.settings import Settings
+
+if TYPE_CHECKING:  # the settings tree is imported only when the address must come from it
+    from tasks.settings import Settings
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -72,17 +74,22 @@ def find_api_key(run_dir: Path | None = None) -> str | None:
     """``STEPLINE_API_KEY``, else the development key under the run directory, else None."""
     if key := os.environ.get("STEPLINE_API_KEY"):
         return key
-    run_dir = run_dir or Path(os.environ.get("STEPLINE_RUN_DIR", ".stepline"))
-    try:
-        return (run_dir / API_KEY_FILE).read_text().strip() or None
-    except OSError:
-        return None
+    return read_run_file(_run_dir(run_dir), API_KEY_FILE)
 
 
-def default_base_url(settings: Settings | None = None) -> str:
+def _run_dir(run_dir: Path | None) -> Path:
+    return run_dir or Path(os.environ.get("STEPLINE_RUN_DIR", ".stepline"))
+
+
+def default_base_url(settings: Settings | None = None, run_dir: Path | None = None) -> str:
+    """``STEPLINE_API_URL``, else the running stack's address in the run directory (given
+    settings: theirs), else the configured ``service.api_host``/``api_port``."""
     if url := os.environ.get("STEPLINE_API_URL"):
         return url.rstrip("/")
     if settings is None:
+        if url := read_run_file(_run_dir(run_dir), API_URL_FILE):
+            return url.rstrip("/")
+        from tasks.runtime import current_settings  # deferred: the settings tree
 
         settings = current_settings()
     return f"http://{settings.service.api_host}:{settings.service.api_port}"
@@ -101,13 +108,16 @@ class Client:
         timeout_s: float = 30.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        self.base_url = (base_url or default_base_url(settings)).rstrip("/")
         if run_dir is None and settings is not None:
             run_dir = Path(settings.run_dir)
+        self.base_url = (base_url or default_base_url(settings, run_dir)).rstrip("/")
         key = api_key or find_api_key(run_dir)
         headers = {"Authorization": f"Bearer {key}"} if key else {}
+        # TLS only for an https address: building a verifying context loads the CA bundle,
+        # a tenth of a second a command line pays for nothing on plain http
         self.http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout_s,
-                                 transport=transport)
+                                 transport=transport,
+                                 verify=self.base_url.lower().startswith("https:"))
 
     def __enter__(self) -> Client:
         return self

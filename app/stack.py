@@ -41,7 +41,8 @@ from app.autoscale import (
     record_event,
 )
 from app.embedded_redis import EmbeddedRedis
-from app.tenants import API_KEY_FILE, ensure_dev_key, read_or_create_secret
+from app.run_files import API_KEY_FILE, API_URL_FILE, write_run_file
+from app.tenants import ensure_dev_key, read_or_create_secret
 from scheduler.lifecycle import JobState
 from tasks import keys
 from tasks.errors import StackNotRunning
@@ -237,6 +238,7 @@ class Stack:
             if not self.settings.api.keys:
                 ensure_dev_key(self.run_dir)  # before the API starts, so clients find it at once
             self.spawn("api", api_command(self.settings))
+            write_run_file(self.run_dir, API_URL_FILE, self.api_url)  # for the command line
         if self.with_flower:
             auth = flower_credentials(self.settings, self.run_dir)
             self.spawn("flower", flower_command(self.settings), {"FLOWER_BASIC_AUTH": auth})
@@ -401,6 +403,7 @@ class Stack:
         if self.redis is not None:
             self.redis.stop()
         (self.run_dir / "stack.pid").unlink(missing_ok=True)
+        (self.run_dir / API_URL_FILE).unlink(missing_ok=True)
 
     def __enter__(self) -> Stack:
         self.start()

@@ -14,17 +14,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from app.run_files import API_KEY_FILE
 from tasks import keys, scripts
 from tasks.live_counts import LiveCounts
 from tasks.settings import Settings
 from tasks.settings.api import ApiKeySettings
 
-if TYPE_CHECKING:  # a type only: the command line reads API_KEY_FILE without redis
+if TYPE_CHECKING:  # a type only: importing this module needs no redis
     import redis
 
 log = logging.getLogger(__name__)
 
-API_KEY_FILE = "api-key"
 DEV_TENANT = "default"
 
 def hash_key(key: str) -> str:

@@ -32,8 +32,8 @@ from typing import Any
 import httpx
 
 from app.bench.report import mean_ci, median_ci, percentile
+from app.run_files import API_KEY_FILE
 from app.stack import Stack, wait_for_api, wait_for_ready
-from app.tenants import API_KEY_FILE
 from tasks.settings import load_settings
 
 MODEL = "qwen3-moe-tiny"

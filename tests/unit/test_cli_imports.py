@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from app.run_files import API_KEY_FILE, API_URL_FILE
+
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "transformers", "diffusers", "fastapi", "starlette", "uvicorn", "celery",
          "app.api", "app.bench", "app.stack", "app.demo", "app.drills", "workers")
@@ -38,14 +40,27 @@ def test_submit_help_imports_no_api_bench_stack_or_torch() -> None:
     assert "tasks.settings" not in modules and "httpx" not in modules
 
 
-def test_listing_jobs_imports_the_client_but_no_api_bench_stack_or_torch(
+def test_listing_jobs_imports_the_client_but_no_settings_api_bench_stack_or_torch(
     tmp_path: Path,
 ) -> None:
-    # given no stack answering at the API's address
-    env = {"STEPLINE_API_URL": "http://127.0.0.1:9", "STEPLINE_API_KEY": "k",
-           "STEPLINE_RUN_DIR": str(tmp_path)}
+    # given a run directory whose stack left its address and key (nothing answers there)
+    (tmp_path / API_URL_FILE).write_text("http://127.0.0.1:9\n")
+    (tmp_path / API_KEY_FILE).write_text("k\n")
     # when `stepline jobs` runs (and fails to reach it)
+    modules = _imported_by("jobs", env={"STEPLINE_RUN_DIR": str(tmp_path)})
+    # then it went as far as the client, and no further than it needs: not the settings tree
+    # (the address came from the run directory), not trio (httpcore's optional backend)
+    assert "app.client" in modules and "httpx" in modules
+    assert "tasks.settings" not in modules and "redis" not in modules and "trio._core" not in modules
+    assert _heavy(modules) == []
+
+
+def test_without_the_stacks_address_the_client_falls_back_to_the_settings(
+    tmp_path: Path,
+) -> None:
+    # given a run directory with no address in it (no stack started there)
+    env = {"STEPLINE_RUN_DIR": str(tmp_path), "STEPLINE_API_KEY": "k"}
+    # when `stepline jobs` runs, then the address comes from the configured service settings
     modules = _imported_by("jobs", env=env)
-    # then it went as far as the client, and no further than it needs
-    assert "app.client" in modules and "tasks.settings" in modules and "redis" not in modules
+    assert "app.client" in modules and "tasks.settings" in modules
     assert _heavy(modules) == []
