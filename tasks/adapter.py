@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import cast
@@ -66,28 +67,44 @@ def policy_config(settings: Settings, store: JobStore) -> PolicyConfig:
 
 
 def run_tick(ctx: WorkerContext, now_s: float, cache: SnapshotCache | None = None,
-             planner: IncrementalPlanner | None = None) -> TickPlan:
+             planner: IncrementalPlanner | None = None,
+             phases: dict[str, float] | None = None) -> TickPlan:
     """One tick: read (from ``cache`` when given, folding in what changed; else every record),
     plan (with ``planner`` when given: it keeps per-job columns across ticks, found by the
     identity of the cache's unchanged views; its plans equal ``plan_tick``'s), check, apply in
-    pipelined batches."""
+    pipelined batches. ``phases``, when given, gets each phase's seconds (``read``, ``plan``,
+    ``check``, ``apply``), the live jobs and the records read (``jobs``, ``reread``)."""
     store, settings = ctx.store, ctx.settings
+    clock = time.perf_counter()
+    took = phases if phases is not None else {}
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        took[name], clock = now - clock, now
+
     policy = policy_config(settings, store)
     cost = learned_cost_model(store, policy)
     block_groups = settings.diffusion.block_groups
     seen = (cache.read(cost, policy, now_s, block_groups) if cache is not None
             else read_snapshot(store, cost, policy, now_s, block_groups))
+    lap("read")
+    took["jobs"] = len(seen.snapshot.jobs)
+    took["reread"] = cache.changed if cache is not None else len(seen.snapshot.jobs)
     plan = (planner.plan(seen.snapshot, policy, now_s) if planner is not None
             else plan_tick(seen.snapshot, policy, now_s))
+    lap("plan")
     try:
         check_plan_invariants(plan, seen.snapshot)
     except SchedulerError:
         log.exception("the plan broke an invariant; applying nothing this tick")
         return plan
+    lap("check")
     target = LiveTarget(store, seen.records, settings, buffered=True)
     apply_plan(plan, target)
     target.flush()
     advance_expert_updates(store, settings, now_s)
+    lap("apply")
     return plan
 
 

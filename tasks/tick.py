@@ -10,7 +10,7 @@ import functools
 import gc
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from enum import Enum
 from typing import Any
@@ -44,9 +44,11 @@ def tick(self: Any) -> str:
         cache.invalidate()
 
     started = time.perf_counter()
+    phases: dict[str, float] = {}
     with collector_paused():
-        run_tick(ctx, now_s=time.time(), cache=cache, planner=held_planner(ctx.store))
-    _record(ctx.store.redis, time.perf_counter() - started)
+        run_tick(ctx, now_s=time.time(), cache=cache, planner=held_planner(ctx.store),
+                 phases=phases)
+    _record(ctx.store.redis, time.perf_counter() - started, phases)
     return "ticked"
 
 
@@ -107,8 +109,15 @@ def _lease_script(client: redis.Redis) -> Script:
     return scripts.register(client, "tick_lease")
 
 
-def _record(client: Any, duration_s: float) -> None:
-    """Tick duration and start time, for the tick p99 and interval jitter figures."""
+def _record(client: Any, duration_s: float, phases: Mapping[str, float] | None = None) -> None:
+    """Tick duration and start time, for the tick p99 and interval jitter figures; each phase's
+    milliseconds (``read_ms`` ...) and the counts run_tick gave (``jobs``, ``reread``)."""
     now = time.time()
-    client.xadd(keys.TICK_STATS, {"duration_ms": f"{duration_s * 1000:.3f}", "ts": repr(now)},
+    fields = {"duration_ms": f"{duration_s * 1000:.3f}", "ts": repr(now)}
+    for name, value in (phases or {}).items():
+        if name in ("jobs", "reread"):
+            fields[name] = str(int(value))
+        else:
+            fields[f"{name}_ms"] = f"{value * 1000:.3f}"
+    client.xadd(keys.TICK_STATS, fields,
                 maxlen=20_000, approximate=True)

@@ -101,6 +101,7 @@ def run(args: argparse.Namespace, backlogs: Sequence[int], run_dir: Path) -> dic
         _probe(service, stack, _interactive(), args.probe_timeout_s)  # one warm-up of each
         _probe(service, stack, _realtime(), args.probe_timeout_s)
         for size in backlogs:
+            began = time.time()
             backlog = _create_backlog(store, service, size, args)
             time.sleep(args.settle_s if size else 0.0)
             tick_ms = _tick_p50_ms(store, since_s=time.time() - 5)
@@ -112,7 +113,7 @@ def run(args: argparse.Namespace, backlogs: Sequence[int], run_dir: Path) -> dic
                     _probe(service, stack, _realtime(), args.probe_timeout_s, args.trace))
             results.append({"backlog": size, "tick_p50_ms_at_start": tick_ms,
                             "tick_p50_ms_during": _tick_p50_ms(store, since_s=time.time() - 30),
-                            "probes": probes})
+                            "ticks": _ticks(store, since_s=began), "probes": probes})
             print(f"backlog {size}: " + ", ".join(
                 f"{c} p50 {_pct([p['latency_s'] for p in ps], 50):.3f}s"
                 for c, ps in probes.items()), flush=True)
@@ -258,6 +259,14 @@ def _tick_p50_ms(store: Any, since_s: float) -> float | None:
     entries = store.read_stream(keys.TICK_STATS, after_id=f"{int(since_s * 1000)}-0")
     durations = [float(fields["duration_ms"]) for _, fields in entries]
     return round(statistics.median(durations), 2) if durations else None
+
+
+def _ticks(store: Any, since_s: float) -> list[dict[str, float]]:
+    """Every tick since ``since_s``: its start, duration and phases (read, plan, check, apply
+    milliseconds; live jobs and records re-read), for the diagnosis of a slow one."""
+    entries = store.read_stream(keys.TICK_STATS, after_id=f"{int(since_s * 1000)}-0",
+                                count=100_000)
+    return [{name: float(value) for name, value in fields.items()} for _, fields in entries]
 
 
 def _wait_for_workers(store: Any, count: int) -> None:
