@@ -31,6 +31,11 @@ def _ticks_since(client: redis.Redis, since_s: float) -> int:
     return sum(1 for _, f in client.xrange(keys.TICK_STATS) if float(f[b"ts"]) > since_s)
 
 
+def _last_tick(client: redis.Redis) -> tuple[bytes, dict[bytes, bytes]]:
+    (entry_id, fields), = client.xrevrange(keys.TICK_STATS, count=1)
+    return entry_id, fields
+
+
 def _running_on(store: JobStore, job_id: str, min_chunk: int) -> str | None:
     f = store.fields(job_id)
     if f["state"] == JobState.RUNNING.value and int(f["next_chunk"]) >= min_chunk:
@@ -71,6 +76,12 @@ def test_a_killed_tick_holder_is_replaced_within_a_few_ticks_and_no_job_is_stran
     audit = audit_job(store, ArtifactStore(current_settings().artifacts_path), job_id)
     assert audit.exact, audit.problem()
     assert any(e.get("by") == "watchdog" for e in store.events(job_id))
+    # and every tick's stats entry says what its time went to (the phases and what it read)
+    _, last = _last_tick(redis_client)
+    assert {b"read_ms", b"plan_ms", b"check_ms", b"apply_ms", b"jobs", b"reread"} <= set(last)
+    assert sum(float(last[f"{phase}_ms".encode()]) for phase in ("read", "plan", "check",
+                                                                 "apply")) \
+        <= float(last[b"duration_ms"]) + 0.01
 
     # when beat dies, ticks stop; a job that only a tick can release waits
     processes.kill("beat")
