@@ -3,7 +3,6 @@ on loopback ports only, with one access key, started and stopped by whoever owns
 
 from __future__ import annotations
 
-import json
 import socket
 import subprocess
 import time
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from app.drills.hosts import weed_binary
+from app.drills.seaweed import PORT_NAMES, weed_server
 
 ACCESS_KEY = "stepline-test"
 SECRET_KEY = "stepline-test-secret-0123456789"
@@ -36,36 +35,17 @@ class SeaweedS3:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.ports = dict(zip(
-            ("master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc", "s3",
-             "s3_grpc"), free_ports(8), strict=True))
+        self.ports = dict(zip(PORT_NAMES, free_ports(len(PORT_NAMES)), strict=True))
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
     def endpoint_url(self) -> str:
         return f"http://127.0.0.1:{self.ports['s3']}"
 
-    def _command(self, config: Path) -> list[str]:
-        p = self.ports
-        return [
-            weed_binary(), "server", f"-dir={self.root / 'data'}", "-ip=127.0.0.1",
-            "-ip.bind=127.0.0.1", f"-master.port={p['master']}",
-            f"-master.port.grpc={p['master_grpc']}", f"-volume.port={p['volume']}",
-            f"-volume.port.grpc={p['volume_grpc']}", "-volume.max=16",
-            "-master.volumeSizeLimitMB=64", "-filer", f"-filer.port={p['filer']}",
-            f"-filer.port.grpc={p['filer_grpc']}", "-s3", f"-s3.port={p['s3']}",
-            f"-s3.port.grpc={p['s3_grpc']}", "-s3.port.iceberg=0", "-s3.port.lance=0",
-            f"-s3.config={config}",
-        ]
-
     def start(self, timeout_s: float = 60.0) -> None:
-        (self.root / "data").mkdir(parents=True, exist_ok=True)
-        config = self.root / "s3.json"
-        config.write_text(json.dumps({"identities": [{
-            "name": "stepline", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
-            "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
+        command = weed_server(self.root, "127.0.0.1", self.ports, ACCESS_KEY, SECRET_KEY)
         log = open(self.root / "weed.log", "ab")  # noqa: SIM115 (the child owns it)
-        self._process = subprocess.Popen(self._command(config), stdout=log,
+        self._process = subprocess.Popen(command, stdout=log,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True)
         log.close()

