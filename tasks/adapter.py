@@ -26,12 +26,17 @@ from scheduler import (
 )
 from scheduler.errors import SchedulerError
 from scheduler.lifecycle import JobState
-from scheduler.model import JobKind
 from scheduler.plan import LevelMark, Release
 from scheduler.recovery import Failure, Recovery, RecoveryCause, RecoveryConfig
 from tasks import keys
 from tasks.admission import PublishedAdmission
-from tasks.affinity import WorkerDirectory, common_prefix, expand_worker_queues, release_queue
+from tasks.affinity import (
+    WorkerDirectory,
+    common_prefix,
+    expand_worker_queues,
+    needs_directory,
+    release_queue,
+)
 from tasks.apply import apply_plan
 from tasks.context import WorkerContext
 from tasks.dispatch import (
@@ -287,7 +292,7 @@ class LiveTarget:
     def release(self, job_id: str, queue: str, atomic: bool,
                 estimate_s: float | None = None) -> bool:
         job = self.seen[job_id]
-        if self._directory is None and job.kind is JobKind.TEXT:
+        if self._directory is None and needs_directory(self.settings, job):
             self._directory = WorkerDirectory.read(self.store)
         queue = release_queue(self.settings, job, queue, self._directory)
         if self.buffered:

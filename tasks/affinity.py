@@ -109,6 +109,25 @@ class WorkerDirectory:
         self.picked.add(best[1])
         return best[1]
 
+    def warm_idle(self, model: str, class_queue: str) -> str | None:
+        """An idle worker consuming its affinity queue for ``class_queue`` that holds diffusion
+        model ``model`` in device memory: the one holding the fewest bytes (the least to lose
+        to another model's load), by name on a tie. None when no idle worker holds it."""
+        prefix = f"diffusion:{model}:"
+        best: tuple[int, str] | None = None
+        for name, beat in self.bodies.items():
+            if beat.busy_job is not None or name in self.picked \
+                    or affinity_queue(name, class_queue) not in beat.queues:
+                continue
+            held = beat.residency.get("device", {})
+            if isinstance(held, Mapping) and any(str(k).startswith(prefix) for k in held):
+                candidate = (beat.resident_bytes(), name)
+                best = candidate if best is None or candidate < best else best
+        if best is None:
+            return None
+        self.picked.add(best[1])
+        return best[1]
+
     def _expected_experts(self, model: str) -> dict[tuple[int, int], float]:
         expected: dict[tuple[int, int], float] = {}
         for beat in self.bodies.values():
@@ -118,15 +137,35 @@ class WorkerDirectory:
         return expected
 
 
+WARM_KINDS = frozenset({JobKind.IMAGE, JobKind.VIDEO})
+"""Kinds whose releases look for a worker holding their model (``affinity.warm_release``)."""
+
+
+def needs_directory(settings: Settings, job: JobRecord) -> bool:
+    """Whether :func:`release_queue` may consult the workers' heartbeats for ``job``."""
+    return job.kind is JobKind.TEXT or (settings.affinity.warm_release
+                                        and job.kind in WARM_KINDS)
+
+
 def release_queue(settings: Settings, job: JobRecord, class_queue: str,
                   directory: WorkerDirectory | None) -> str:
     """The queue a job's release goes to: for the first chunk of a text job, the affinity queue
-    of the idle worker whose experts fit best; otherwise ``class_queue``."""
-    if (directory is None or job.kind is not JobKind.TEXT or job.next_chunk != 0 or job.atomic
-            or not applies(settings, "text", class_queue)):
+    of the idle worker whose experts fit best; for an image or video chunk, that of an idle
+    worker holding its model (no load before its step); otherwise ``class_queue``. A chunk
+    parked there while that worker turns busy moves back to its class queue after
+    ``affinity.max_wait`` (the tick's recovery)."""
+    a = settings.affinity
+    if directory is None or job.atomic or not a.enabled or class_queue not in AFFINITY_CLASSES:
         return class_queue
     model = job.params.get("model")
-    worker = directory.best_fit(str(model), class_queue, settings.affinity.prefill_min_fit)
+    if job.kind is JobKind.TEXT:
+        if job.next_chunk != 0 or not applies(settings, "text", class_queue):
+            return class_queue
+        worker = directory.best_fit(str(model), class_queue, a.prefill_min_fit)
+    elif job.kind in WARM_KINDS and a.warm_release and model is not None:
+        worker = directory.warm_idle(str(model), class_queue)
+    else:
+        return class_queue
     return affinity_queue(worker, class_queue) if worker else class_queue
 
 

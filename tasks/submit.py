@@ -22,7 +22,7 @@ from scheduler import (
 )
 from scheduler.lifecycle import JobState, SloClass
 from tasks.adapter import load_admission, policy_config
-from tasks.affinity import WorkerDirectory, release_queue
+from tasks.affinity import WorkerDirectory, needs_directory, release_queue
 from tasks.dispatch import release
 from tasks.errors import InvalidJob, Overloaded
 from tasks.settings import Settings
@@ -154,6 +154,7 @@ class JobService:
 
         job = self.store.record(job_id)
         if job.state is JobState.PENDING:
-            directory = WorkerDirectory.read(self.store) if job.kind is JobKind.TEXT else None
+            directory = (WorkerDirectory.read(self.store) if needs_directory(self.settings, job)
+                         else None)
             queue = release_queue(self.settings, job, job.queue, directory)
             release(self.store, job, queue=queue, by="submit", reason=f"admitted to {queue}")

@@ -27,3 +27,7 @@ class AffinitySettings(BaseModel):
     prefill_min_fit: float = Field(default=0.5, ge=0, le=1)
     """A new text job goes to an idle worker whose resident experts cover at least this share
     of the model's most frequent experts; otherwise to its class queue."""
+    warm_release: bool = True
+    """A released image or video chunk goes to an idle worker that holds its model in device
+    memory (its heartbeat's residency), when one does; otherwise to its class queue, where
+    any worker takes it and loads the model if it must."""

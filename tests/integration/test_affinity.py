@@ -149,3 +149,51 @@ def test_a_worker_that_gets_no_more_text_work_unloads_its_experts_after_the_idle
     # then its heartbeat soon says the model holds no expert on the device
     wait_for(lambda: _resident_experts(_heartbeat(redis_client, "w1@test"), MODEL) == 0, 30,
              "the idle worker to unload its experts")
+
+
+IMAGE = {"model": "dit-tiny", "class_label": 3, "num_inference_steps": 6, "seed": 5,
+         "height": 32, "width": 32}
+
+
+def _holds(client: redis.Redis, worker: str, model: str) -> bool:
+    device = _heartbeat(client, worker).get("residency", {}).get("device", {})
+    return any(key.startswith(f"diffusion:{model}:") for key in device)
+
+
+def test_an_image_job_is_released_to_the_idle_worker_that_holds_its_model(
+    processes: Processes, redis_client: redis.Redis
+) -> None:
+    # given two idle workers: w1 warmed (it built every recipe), w2 cold (it holds no model)
+    processes.worker("w1", extra_env={"STEPLINE_WARM_START": "true"})
+    processes.worker("w2")
+    wait_for_workers(redis_client, ["w1", "w2"])
+    wait_for(lambda: _holds(redis_client, "w1@test", "dit-tiny"), 90, "w1 to hold dit-tiny")
+    assert not _holds(redis_client, "w2@test", "dit-tiny")
+    service = JobService(JobStore(redis_client), current_settings())
+
+    # when an image job of that model is submitted (admitted: released at once, no tick)
+    job_id, _ = service.submit(JobSpec(kind="image", slo=SloClass.INTERACTIVE, params=IMAGE,
+                                       deadline_s=120))
+
+    # then its release went to w1's own queue, and w1 ran its first step without a load
+    wait_for(lambda: service.store.state(job_id) is JobState.DONE, 60, "the image job")
+    released = [e for e in service.store.events(job_id)
+                if e["kind"] == "state" and e["to"] == JobState.QUEUED.value]
+    assert released[0]["reason"] == "admitted to w1@test.interactive", released[0]
+    assert _commits(service.store, job_id)[0]["by"] == "w1@test"
+
+
+def test_with_no_warm_worker_an_image_job_goes_to_its_class_queue(
+    processes: Processes, redis_client: redis.Redis
+) -> None:
+    # given one idle worker that holds no model
+    processes.worker("w2")
+    wait_for_workers(redis_client, ["w2"])
+    service = JobService(JobStore(redis_client), current_settings())
+    # when an image job is submitted, then it is released to its class queue (any worker)
+    job_id, _ = service.submit(JobSpec(kind="image", slo=SloClass.INTERACTIVE, params=IMAGE,
+                                       deadline_s=120))
+    wait_for(lambda: service.store.state(job_id) is JobState.DONE, 60, "the image job")
+    released = [e for e in service.store.events(job_id)
+                if e["kind"] == "state" and e["to"] == JobState.QUEUED.value]
+    assert released[0]["reason"] == "admitted to interactive", released[0]
