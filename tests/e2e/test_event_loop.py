@@ -33,9 +33,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 KEY = "loop-key-0123456789ab"
 STALL_MAX_S = 1.0
-"""The bound this test holds on an answer's excess over the control. The goal is 50 ms; on a
-heavily shared 2-core machine single excesses of 0.1-0.6 s remain whose source is not yet found
-(before the fix: 25-32 s)."""
+"""The bound this test holds on any one answer's excess over the control: on a heavily shared
+2-core machine single excesses of 0.1-0.6 s were seen whose source is not yet found (before the
+fix: 25-32 s)."""
+TYPICAL_MAX_S = 0.05
+"""The goal, held on the 95th percentile of the excesses: a stall of the event loop delays every
+poll while it lasts, so a stall of a second or more (10+ polls) moves it; a lone poll that waited
+for a core does not (measured at load ~3: p95 excess under 20 ms, the largest 12-28 ms)."""
 NOISE_WINDOW_S = 1.0
 """A control answer this close in time to an API answer measures the same moment's noise."""
 MIN_POLLS = 40
@@ -195,10 +199,14 @@ def test_healthz_never_stalls_while_a_fresh_apis_first_requests_are_in_flight(
     # then every request was served and no /healthz answer of the API took much longer than
     # the control's slowest around it
     api, control = probe.summary_ms("api"), probe.summary_ms("control")
-    excess_ms = round(max(probe.excess_over_control_s()) * 1000, 1)
+    excesses = sorted(probe.excess_over_control_s())
+    excess_ms = round(excesses[-1] * 1000, 1)
+    typical_ms = round(excesses[int(0.95 * (len(excesses) - 1))] * 1000, 1)
     print("healthz during the first requests:", json.dumps(
-        {"api": api, "control": control, "max_excess_ms": excess_ms}))
+        {"api": api, "control": control, "max_excess_ms": excess_ms,
+         "p95_excess_ms": typical_ms}))
     assert done == ["chat", "completion", "image", "video"]
     assert not probe.failures, probe.failures[:5]
     assert api["polls"] >= MIN_POLLS
     assert excess_ms < STALL_MAX_S * 1000, (api, control, excess_ms)
+    assert typical_ms <= TYPICAL_MAX_S * 1000, (api, control, typical_ms)
