@@ -16,8 +16,8 @@ interval over rounds.
 Workers per Redis core at step ``s``: a busy worker hops once per ``s + h`` (``h``: the hop's
 own wall overhead, measured in the lone phase), costing ``c`` of Redis CPU each, so it uses
 ``c / (s + h)`` of a core; the tick and the idle load use the rest of the core first. Past that
-many workers, partition: a broker Redis and a state Redis (``broker.url`` beside ``REDIS_URL``)
-split the hop's commands roughly by their owner, and independent pools each take their own pair.
+many workers, run independent pools, each with its own Redis (a broker apart from the state is
+not built: the commit script writes a chunk's state and pushes its next message in one script).
 """
 
 from __future__ import annotations
