@@ -8,12 +8,16 @@ import hashlib
 import json
 import logging
 import re
+import threading
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import redis
+
 from scheduler.lifecycle import JobState
+from tasks import keys
 from tasks.artifacts import ArtifactStore
 from tasks.errors import SteplineError
 from tasks.settings import Settings
@@ -176,13 +180,17 @@ class CheckpointObjects:
 
     def forget_job(self, job_id: str) -> None:
         """Remove every checkpoint object of an ended job (never raises)."""
-        if _NAME.match(f"{PREFIX}/{job_id}/0-000000000000.ckpt"):
-            self._remove(self._path(f"{PREFIX}/{job_id}"), recursive=True)
+        if not _NAME.match(f"{PREFIX}/{job_id}/0-000000000000.ckpt"):
+            return
+        folder = self._path(f"{PREFIX}/{job_id}")
+        self._remove(folder, recursive=True)
+        if not self.artifacts.local:  # a filer-backed server (SeaweedFS) keeps the folder
+            self._remove(folder + "/", recursive=False)
 
     def job_ids(self) -> list[str]:
         """The jobs that have checkpoint objects in the store."""
         try:
-            entries = self.artifacts.fs.ls(self._path(PREFIX), detail=False)
+            entries = self.artifacts.fs.ls(self._path(PREFIX), detail=False, refresh=True)
         except FileNotFoundError:
             return []
         return sorted(str(entry).rstrip("/").rsplit("/", 1)[-1] for entry in entries)
@@ -209,3 +217,49 @@ class CheckpointObjects:
         except Exception:
             log.warning("could not remove checkpoint object(s) %s; the sweep retries", path,
                         exc_info=True)
+
+
+class CheckpointSweeper:
+    """The scheduler's sweep of ended jobs' checkpoint objects, at most once per
+    ``interval_s``, on a thread of its own: a listing of the store must not stretch a tick."""
+
+    def __init__(self, objects: CheckpointObjects, client: redis.Redis, interval_s: float
+                 ) -> None:
+        self.objects, self.client, self.interval_s = objects, client, interval_s
+        self._last_s = -float("inf")
+        self._thread: threading.Thread | None = None
+
+    def maybe_start(self, now_s: float) -> bool:
+        """Start a sweep if offloading is on, the last one ended and ``interval_s`` passed."""
+        if self.objects.threshold_bytes is None or now_s - self._last_s < self.interval_s:
+            return False
+        if self._thread is not None and self._thread.is_alive():
+            return False
+        self._last_s = now_s
+        self._thread = threading.Thread(target=self._run, name="checkpoint-sweep", daemon=True)
+        self._thread.start()
+        return True
+
+    def _run(self) -> None:
+        try:
+            swept = sweep_ended_jobs(self.objects, self.client)
+        except Exception:
+            log.warning("the checkpoint object sweep failed; it runs again in %.0f s",
+                        self.interval_s, exc_info=True)
+            return
+        if swept:
+            log.info("removed the checkpoint objects of %d ended jobs", len(swept))
+
+
+def sweep_ended_jobs(objects: CheckpointObjects, client: redis.Redis) -> list[str]:
+    """Remove the checkpoint objects of every job in the store that ended or has no record
+    (its state read from Redis in one round trip); returns those jobs."""
+    job_ids = objects.job_ids()
+    if not job_ids:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for job_id in job_ids:
+        pipe.hget(keys.job(job_id), "state")
+    states = {job_id: None if raw is None else (raw.decode() if isinstance(raw, bytes) else raw)
+              for job_id, raw in zip(job_ids, pipe.execute(), strict=True)}
+    return objects.sweep(states)

@@ -47,6 +47,7 @@ def tick(self: Any) -> str:
     with collector_paused():
         run_tick(ctx, now_s=time.time(), cache=cache, planner=held_planner(ctx.store))
     _record(ctx.store.redis, time.perf_counter() - started)
+    ctx.checkpoint_sweeper.maybe_start(time.time())
     return "ticked"
 
 

@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from tasks.settings.durations import Seconds
+
 DEFAULT_OFFLOAD_BYTES = 1024 * 1024
 """The offload threshold of a store that is not a local directory, unless one is set."""
 
@@ -35,6 +37,10 @@ class ArtifactSettings(BaseModel):
     ``checkpoints/<job id>/``) and Redis keeps only a small reference to it (0: every
     checkpoint). Unset → 1 MiB when the store is not a local directory (``s3://``: every host
     reads it), else never: a single host keeps every checkpoint in Redis, as before."""
+    checkpoint_sweep_interval: Seconds = Field(default=60.0, ge=1, le=86400)
+    """How often the scheduler removes the checkpoint objects of jobs that ended without a
+    worker removing them (cancelled or expired while queued, failed by the watchdog, a worker
+    that died)."""
 
     def offload_threshold_bytes(self, store_is_local: bool) -> int | None:
         """The size above which a checkpoint goes to the store; None: every one stays in
