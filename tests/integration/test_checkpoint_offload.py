@@ -194,3 +194,32 @@ def test_the_sweep_removes_the_objects_of_a_job_cancelled_while_queued(
     assert swept == [jobs[0]]
     assert _object_names(objects, jobs[0]) == []
     assert len(_object_names(objects, jobs[1])) == 1
+
+
+def test_the_text_so_far_of_an_offloaded_text_checkpoint_is_read_from_the_store(
+    offloading_env: dict[str, str], redis_client: redis.Redis,
+) -> None:
+    import torch
+
+    from app.api.follow import TEXT_STATE_FORMAT, read_text_so_far
+    from tasks.read_model import ReadModel
+    from workers.checkpoint import Checkpoint
+
+    # given a text job whose committed checkpoint (its KV cache above the threshold) is an object
+    store = JobStore(redis_client)
+    job_id, _ = JobService(store, current_settings()).submit(JobSpec(
+        kind="simulated", slo=SloClass.BATCH, deadline_s=600, params={"steps": 4}))
+    state = Checkpoint({"kv": torch.zeros(64, 16)}, {
+        "format": TEXT_STATE_FORMAT, "text": "Quantum bits", "generated": 2, "prompt_tokens": 7})
+    objects = _objects()
+    reference = objects.offload(job_id, 1, state.encode())
+    assert reference is not None
+    claimed = store.claim_chunk(job_id, 0, 0, "w1", lease_s=5)
+    assert not isinstance(claimed, str)
+    store.commit(_request(job_id, claimed.seq, 0, reference.encode()))
+
+    # when the API reads the text so far at that commit
+    text = read_text_so_far(ReadModel(store), job_id, 1, objects)
+
+    # then it reads the header from the object, not the reference in Redis
+    assert text is not None and (text.text, text.generated) == ("Quantum bits", 2)
