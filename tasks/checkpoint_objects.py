@@ -149,6 +149,10 @@ class CheckpointObjects:
             reference = CheckpointReference.decode(stored)
         except CheckpointReferenceError as exc:
             raise CheckpointObjectError(f"job {job_id}: {exc}") from exc
+        if reference.job_id != job_id:
+            raise CheckpointObjectError(
+                f"job {job_id}: its checkpoint reference names {reference.name}, another "
+                "job's object; the job cannot resume")
         try:
             blob = bytes(self.artifacts.fs.cat_file(self._path(reference.name)))
         except FileNotFoundError as exc:
@@ -175,12 +179,19 @@ class CheckpointObjects:
         except FileNotFoundError:
             return None
 
-    def forget(self, references: Iterable[CheckpointReference | None]) -> None:
-        """Remove objects nobody will read again (a stale commit's, or one a later commit
-        replaced). Never raises: an object left behind is removed with its job's."""
-        for reference in references:
-            if reference is not None:
-                self._remove(self._path(reference.name), recursive=False)
+    def forget(self, stored: Iterable[bytes | None]) -> None:
+        """Remove the objects these checkpoints (as Redis holds them) refer to, which nobody
+        will read again: a stale commit's, or one a later commit replaced. A checkpoint kept
+        in Redis itself has none. Never raises: an object left behind goes with its job's."""
+        for value in stored:
+            if value is None or not is_reference(value):
+                continue
+            try:
+                reference = CheckpointReference.decode(value)
+            except CheckpointReferenceError as exc:
+                log.warning("not removing the object of an unreadable reference: %s", exc)
+                continue
+            self._remove(self._path(reference.name), recursive=False)
 
     def forget_job(self, job_id: str) -> None:
         """Remove every checkpoint object of an ended job (never raises)."""
@@ -243,6 +254,11 @@ class CheckpointSweeper:
         self._thread = threading.Thread(target=self._run, name="checkpoint-sweep", daemon=True)
         self._thread.start()
         return True
+
+    def join(self, timeout_s: float | None = None) -> None:
+        """Wait for the sweep under way, if any (for a clean stop, and tests)."""
+        if self._thread is not None:
+            self._thread.join(timeout_s)
 
     def _run(self) -> None:
         try:

@@ -17,7 +17,6 @@ from scheduler.batching import batch_cost_key
 from scheduler.cost import chunk_cost_key
 from scheduler.lifecycle import JobState
 from tasks.affinity import hop_queues
-from tasks.checkpoint_objects import CheckpointReference, is_reference
 from tasks.context import WorkerContext
 from tasks.dispatch import (
     BatchMember,
@@ -332,12 +331,11 @@ def _tidy_objects(ctx: WorkerContext, request: CommitRequest, commit: Commit) ->
     came back stale, the one it replaced if it landed, every one of the job's if it ended."""
     objects = ctx.checkpoint_objects
     if commit.status is CommitStatus.STALE:
-        if request.checkpoint is not None and is_reference(request.checkpoint):
-            objects.forget([CheckpointReference.decode(request.checkpoint)])
+        objects.forget([request.checkpoint])
     elif commit.status in (CommitStatus.DONE, CommitStatus.CANCELLED):
         objects.forget_job(request.job_id)
-    elif commit.replaced is not None:
-        objects.forget([CheckpointReference.decode(commit.replaced)])
+    else:
+        objects.forget([commit.replaced])
 
 
 def commit_request(ctx: WorkerContext, hooks: KindHooks, attempt: Attempt, service_s: float,

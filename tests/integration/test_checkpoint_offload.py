@@ -16,6 +16,7 @@ from tasks.artifacts import ArtifactStore
 from tasks.checkpoint_objects import (
     CheckpointObjects,
     CheckpointReference,
+    CheckpointSweeper,
     is_reference,
     sweep_ended_jobs,
 )
@@ -127,7 +128,7 @@ def test_a_job_whose_checkpoint_object_is_missing_fails_naming_it(
 
     # when the object is lost and another worker (nothing in memory) claims the next chunk
     objects = _objects()
-    objects.forget([CheckpointReference.decode(stored)])
+    objects.forget([stored])
     outcome = execute_chunk(_worker(store, "w2"), job_id, 1, store.record(job_id).epoch)
 
     # then the job fails, naming the missing object, instead of starting over
@@ -186,14 +187,19 @@ def test_the_sweep_removes_the_objects_of_a_job_cancelled_while_queued(
     for job_id in jobs:
         objects.offload(job_id, 1, bytes(1024))
 
-    # when the client cancels the first, which no worker runs, and the sweep runs
+    # when the client cancels the first, which no worker runs, and the scheduler's sweep runs
     assert store.request_cancel(jobs[0]) is JobState.CANCELLED
-    swept = sweep_ended_jobs(objects, redis_client)
+    sweeper = CheckpointSweeper(objects, redis_client, interval_s=60)
+    assert sweeper.maybe_start(now_s=1000.0)
+    sweeper.join(timeout_s=60)
 
-    # then the cancelled job's objects are gone and the live job keeps its own
-    assert swept == [jobs[0]]
+    # then the cancelled job's objects are gone, the live job keeps its own, and the next
+    # sweep waits for its interval
     assert _object_names(objects, jobs[0]) == []
     assert len(_object_names(objects, jobs[1])) == 1
+    assert objects.job_ids() == [jobs[1]]
+    assert not sweeper.maybe_start(now_s=1059.0)
+    assert sweep_ended_jobs(objects, redis_client) == []
 
 
 def test_the_text_so_far_of_an_offloaded_text_checkpoint_is_read_from_the_store(

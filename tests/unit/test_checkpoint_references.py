@@ -105,13 +105,15 @@ def test_a_missing_or_corrupt_object_is_a_clear_error(tmp_path: Path) -> None:
     gone = objects.offload(JOB, 1, b"first state")
     corrupt = objects.offload(JOB, 2, b"second state")
     assert gone is not None and corrupt is not None
-    objects.forget([gone])
+    objects.forget([gone.encode(), b"kept in Redis itself", None])
     (tmp_path / corrupt.name).write_bytes(b"second stat!")
     # then reading either raises, naming the object and what is wrong
     with pytest.raises(CheckpointObjectError, match="missing"):
         objects.resolve(JOB, gone.encode())
     with pytest.raises(CheckpointObjectError, match="do not match the reference"):
         objects.resolve(JOB, corrupt.encode())
+    with pytest.raises(CheckpointObjectError, match="another job's object"):
+        objects.resolve("f" * 16, corrupt.encode())
 
 
 def test_the_sweep_removes_the_objects_of_ended_and_vanished_jobs_only(tmp_path: Path) -> None:
