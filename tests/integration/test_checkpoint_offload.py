@@ -229,3 +229,41 @@ def test_the_text_so_far_of_an_offloaded_text_checkpoint_is_read_from_the_store(
 
     # then it reads the header from the object, not the reference in Redis
     assert text is not None and (text.text, text.generated) == ("Quantum bits", 2)
+
+
+def test_batched_jobs_resumed_from_their_objects_at_every_step_apply_each_step_once(
+    offloading_env: dict[str, str], redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import json
+
+    from tasks.batches import execute_batch
+    from tasks.dispatch import new_batch_id
+
+    # given two batchable jobs, every checkpoint offloaded (threshold 0)
+    monkeypatch.setenv("STEPLINE_ARTIFACTS__CHECKPOINT_OFFLOAD_BYTES", "0")
+    current_settings.cache_clear()
+    store = JobStore(redis_client)
+    service = JobService(store, current_settings())
+    jobs = sorted(service.submit(JobSpec(
+        kind="simulated", slo=SloClass.INTERACTIVE, deadline_s=600,
+        params={"steps": 4, "step_ms": 1, "batch_growth": 0.2}))[0] for _ in range(2))
+    objects, batch_id = _objects(), new_batch_id(jobs[0])
+
+    # when each step runs as one batch on a new worker (nothing held in memory)
+    for step in range(4):
+        members = [(job_id, step, store.record(job_id).epoch) for job_id in jobs]
+        outcome = execute_batch(_worker(store, f"w{step}"), batch_id, members)
+        if step < 3:
+            # then between steps Redis holds references, each job one object
+            assert outcome == "hop,hop"
+            for job_id in jobs:
+                stored = store.load_checkpoint(job_id)
+                assert stored is not None and is_reference(stored)
+                assert len(_object_names(objects, job_id)) == 1
+
+    # then both jobs applied every step once, and their objects went with them
+    for job_id in jobs:
+        record = store.record(job_id)
+        assert record.state is JobState.DONE
+        assert json.loads(objects.artifacts.read(str(record.artifact)))["applied"] == [0, 1, 2, 3]
+        assert _object_names(objects, job_id) == []
