@@ -193,9 +193,15 @@ class CheckpointObjects:
                 continue
             self._remove(self._path(reference.name), recursive=False)
 
+    @property
+    def enabled(self) -> bool:
+        """Whether this process writes checkpoints to the store (else it has none to remove
+        by job, and a single host's default pays nothing at a job's end)."""
+        return self.threshold_bytes is not None
+
     def forget_job(self, job_id: str) -> None:
         """Remove every checkpoint object of an ended job (never raises)."""
-        if not _NAME.match(f"{PREFIX}/{job_id}/0-000000000000.ckpt"):
+        if not self.enabled or not _NAME.match(f"{PREFIX}/{job_id}/0-000000000000.ckpt"):
             return
         folder = self._path(f"{PREFIX}/{job_id}")
         self._remove(folder, recursive=True)
@@ -246,7 +252,7 @@ class CheckpointSweeper:
 
     def maybe_start(self, now_s: float) -> bool:
         """Start a sweep if offloading is on, the last one ended and ``interval_s`` passed."""
-        if self.objects.threshold_bytes is None or now_s - self._last_s < self.interval_s:
+        if not self.objects.enabled or now_s - self._last_s < self.interval_s:
             return False
         if self._thread is not None and self._thread.is_alive():
             return False

@@ -279,6 +279,8 @@ def _fail(ctx: WorkerContext, job: JobRecord, seq: int, reason: str) -> str:
 
 def _forget_if_ended(ctx: WorkerContext, job_id: str) -> None:
     """Remove an ended job's checkpoint objects (a job that moved on instead keeps them)."""
+    if not ctx.checkpoint_objects.enabled:
+        return
     try:
         ended = ctx.store.state(job_id).is_terminal
     except Exception:
