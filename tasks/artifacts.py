@@ -52,16 +52,21 @@ class ArtifactStore:
     def put(self, job_id: str, artifact: Artifact) -> str:
         """Write whole or not at all (a reader never sees half an artifact); returns its name."""
         name = f"{job_id}.{artifact.extension}"
-        target = self.location(name)
-        if not self.local:
-            self.fs.pipe_file(target, artifact.data)  # an object PUT is atomic already
-            return name
-        Path(self.root).mkdir(parents=True, exist_ok=True)
-        tmp = f"{self.root}/.tmp-{uuid.uuid4().hex}"
-        with open(tmp, "wb") as handle:
-            handle.write(artifact.data)
-        os.replace(tmp, target)
+        self.write_whole(self.location(name), artifact.data)
         return name
+
+    def write_whole(self, target: str, data: bytes) -> None:
+        """Write ``data`` at ``target`` (a path in the store's file system) whole or not at
+        all: an object PUT is atomic already, a local file is renamed into place."""
+        if not self.local:
+            self.fs.pipe_file(target, data)
+            return
+        folder = Path(target).parent
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = f"{folder}/.tmp-{uuid.uuid4().hex}"
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, target)
 
     def location(self, name: str) -> str:
         """The artifact's path in the store's file system; raises :class:`UnsafeArtifactPath`

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from tasks import keys
 from tasks.artifacts import ArtifactStore
+from tasks.checkpoint_objects import CheckpointObjects, CheckpointSweeper
 from tasks.heartbeat import Heartbeat
 from tasks.record import encode
 from tasks.runtime import current_settings, store_client
@@ -90,6 +91,26 @@ class WorkerContext:
     _versions: VersionSync | None = None
     _beat: threading.Thread | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
+    _checkpoint_objects: CheckpointObjects | None = None
+    _checkpoint_sweeper: CheckpointSweeper | None = None
+
+    @property
+    def checkpoint_objects(self) -> CheckpointObjects:
+        """Where this worker's commits put checkpoints too large for Redis (the artifact
+        store, above ``artifacts.checkpoint_offload_bytes``), and where its claims read them."""
+        if self._checkpoint_objects is None:
+            self._checkpoint_objects = CheckpointObjects.from_settings(self.settings,
+                                                                       self.artifacts)
+        return self._checkpoint_objects
+
+    @property
+    def checkpoint_sweeper(self) -> CheckpointSweeper:
+        """The scheduler's periodic removal of ended jobs' checkpoint objects."""
+        if self._checkpoint_sweeper is None:
+            self._checkpoint_sweeper = CheckpointSweeper(
+                self.checkpoint_objects, self.store.redis,
+                self.settings.artifacts.checkpoint_sweep_interval)
+        return self._checkpoint_sweeper
 
     def runner(self, kind: str) -> JobRunner:
         """The runner for ``kind``, built with this worker's device and model settings."""

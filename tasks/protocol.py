@@ -133,7 +133,10 @@ def _held(ctx: WorkerContext, members: Sequence[BatchMember]) -> dict[str, int]:
 def _flag_stop(ctx: WorkerContext, job: JobRecord) -> str | None:
     """A claimed job with a flag raised stops here, having run nothing."""
     if job.cancel:
-        return stop_attempt(ctx.store, job, JobState.CANCELLED, ctx.name, "cancelled by client")
+        outcome = stop_attempt(ctx.store, job, JobState.CANCELLED, ctx.name,
+                               "cancelled by client")
+        _forget_if_ended(ctx, job.job_id)
+        return outcome
     if job.preempt:
         return stop_attempt(ctx.store, job, JobState.PREEMPTED, ctx.name, "preempt flag")
     return None
@@ -269,7 +272,23 @@ def _close(ctx: WorkerContext, hooks: KindHooks, attempts: list[Attempt],
 
 
 def _fail(ctx: WorkerContext, job: JobRecord, seq: int, reason: str) -> str:
-    return stop_attempt(ctx.store, job, JobState.FAILED, ctx.name, reason[:500], seq=seq)
+    outcome = stop_attempt(ctx.store, job, JobState.FAILED, ctx.name, reason[:500], seq=seq)
+    _forget_if_ended(ctx, job.job_id)
+    return outcome
+
+
+def _forget_if_ended(ctx: WorkerContext, job_id: str) -> None:
+    """Remove an ended job's checkpoint objects (a job that moved on instead keeps them)."""
+    if not ctx.checkpoint_objects.enabled:
+        return
+    try:
+        ended = ctx.store.state(job_id).is_terminal
+    except Exception:
+        log.warning("job %s: could not read its state; its checkpoint objects are left to the "
+                    "sweep", job_id, exc_info=True)
+        return
+    if ended:
+        ctx.checkpoint_objects.forget_job(job_id)
 
 
 def _commit(ctx: WorkerContext, delivery: Delivery, hooks: KindHooks, ran: list[Attempt],
@@ -288,19 +307,37 @@ def _commit(ctx: WorkerContext, delivery: Delivery, hooks: KindHooks, ran: list[
         requests, take_joiners_of=delivery.batch_id, lease_s=ctx.settings.broker.chunk_lease,
         timing=_batch_timing(ctx, ran, elapsed_s))
     ctx.profile.add("commit", committing)
-    return [_with_checkpoint(ctx, a, request) if c.status is CommitStatus.NEEDS_CHECKPOINT else c
-            for a, request, c in zip(ran, requests, commits, strict=True)], joiners
+    settled = []
+    for attempt, request, commit in zip(ran, requests, commits, strict=True):
+        if commit.status is CommitStatus.NEEDS_CHECKPOINT:
+            request, commit = _with_checkpoint(ctx, attempt, request)
+        _tidy_objects(ctx, request, commit)
+        settled.append(commit)
+    return settled, joiners
 
 
-def _with_checkpoint(ctx: WorkerContext, attempt: Attempt, request: CommitRequest) -> Commit:
+def _with_checkpoint(ctx: WorkerContext, attempt: Attempt, request: CommitRequest
+                     ) -> tuple[CommitRequest, Commit]:
     """The commit again, carrying the durable checkpoint the store asked for."""
     if request.checkpoint is not None:
         raise AssertionError("a commit with a checkpoint never asks for one")
-    assert attempt.result is not None
+    request = request.with_checkpoint(_durable(ctx, attempt))
     committing = time.perf_counter()
-    commit = ctx.store.commit(request.with_checkpoint(_encode(ctx, attempt.result)))
+    commit = ctx.store.commit(request)
     ctx.profile.add("commit", committing)
-    return commit
+    return request, commit
+
+
+def _tidy_objects(ctx: WorkerContext, request: CommitRequest, commit: Commit) -> None:
+    """Remove the checkpoint objects nobody reads after this commit: the one it wrote if it
+    came back stale, the one it replaced if it landed, every one of the job's if it ended."""
+    objects = ctx.checkpoint_objects
+    if commit.status is CommitStatus.STALE:
+        objects.forget([request.checkpoint])
+    elif commit.status in (CommitStatus.DONE, CommitStatus.CANCELLED):
+        objects.forget_job(request.job_id)
+    else:
+        objects.forget([commit.replaced])
 
 
 def commit_request(ctx: WorkerContext, hooks: KindHooks, attempt: Attempt, service_s: float,
@@ -326,7 +363,7 @@ def commit_request(ctx: WorkerContext, hooks: KindHooks, attempt: Attempt, servi
     follows = chunk + 1 if result.complete else chunk  # a yielded chunk resumes where it stopped
     return CommitRequest(
         job.job_id, chunk=chunk, epoch=job.epoch, seq=attempt.seq, complete=result.complete,
-        checkpoint=_encode(ctx, result) if durable else None,
+        checkpoint=_durable(ctx, attempt) if durable else None,
         service_s=service_s, worker=ctx.name, task_id=delivery.task_id,
         hop_queues=hop_queues(ctx.settings, ctx.name, ctx.consuming(), job.kind.value),
         then_continue=job.atomic, artifact=artifact, timing=timing,
@@ -349,11 +386,19 @@ def _next_message(ctx: WorkerContext, job: JobRecord, chunk: int) -> NextMessage
     return message
 
 
-def _encode(ctx: WorkerContext, result: ChunkResult) -> bytes:
+def _durable(ctx: WorkerContext, attempt: Attempt) -> bytes:
+    """The attempt's checkpoint as its commit writes it in Redis: the encoded state, or, above
+    the offload threshold, a reference to it, written first to the object store under the
+    sequence number the commit gives the job."""
+    assert attempt.result is not None
     encoding = time.perf_counter()
-    blob = result.state.encode()
-    ctx.profile.add("encode", encoding)
-    return blob
+    blob = attempt.result.state.encode()
+    offloading = ctx.profile.add("encode", encoding)
+    reference = ctx.checkpoint_objects.offload(attempt.job.job_id, attempt.seq + 1, blob)
+    if reference is None:
+        return blob
+    ctx.profile.add("offload", offloading)
+    return reference.encode()
 
 
 def _batch_timing(ctx: WorkerContext, ran: list[Attempt],
@@ -522,7 +567,8 @@ def load_state(
     blob: bytes | None = None,
 ) -> Checkpoint | None:
     """The job's state at ``job.seq``: from this worker's memory, else the durable checkpoint
-    (``blob`` when the claim brought it, else read from Redis), replayed up to ``job.seq``."""
+    (``blob`` when the claim brought it, else read from Redis; fetched from the object store
+    and checked when Redis holds a reference), replayed up to ``job.seq``."""
     if job.seq == 0:
         return None
     cached = ctx.cache.get(job.job_id, job.seq)
@@ -532,7 +578,7 @@ def load_state(
         blob = ctx.store.load_checkpoint(job.job_id)
     if blob is None or job.ckpt_seq is None:
         raise CheckpointError(f"job {job.job_id}: no durable checkpoint at seq {job.seq}")
-    state = Checkpoint.decode(blob)
+    state = Checkpoint.decode(ctx.checkpoint_objects.resolve(job.job_id, blob))
     # The durable copy may be a few steps behind (checkpoint_every > 1): replay them here.
     for index in range(job.ckpt_chunk or 0, job.next_chunk):
         log.info("job %s: replaying chunk %d from the durable checkpoint", job.job_id, index)

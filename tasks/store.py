@@ -98,7 +98,8 @@ def _commit_of(reply: Any) -> Commit:
     if len(reply) < 4:
         return Commit(status)
     return Commit(status, seq=int(reply[1]), next_chunk=int(reply[2]), queue=_text(reply[3]),
-                  published=_text(reply[4]) if len(reply) > 4 else None)
+                  published=_text(reply[4]) or None if len(reply) > 4 else None,
+                  replaced=bytes(reply[5]) or None if len(reply) > 5 else None)
 
 
 def _claimed(reply: Any) -> tuple[JobRecord | str, bytes | None]:
@@ -162,6 +163,10 @@ class Commit:
     published: str | None = None
     """The task id of the next chunk's message when the commit pushed it (a hop given a
     ``next_message``); None when the caller publishes."""
+    replaced: bytes | None = None
+    """The object-store reference (:mod:`tasks.checkpoint_objects`) that the commit's
+    checkpoint took the place of in Redis: nothing reads its object any more. None: the
+    commit wrote no checkpoint, or replaced one kept in Redis itself."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,7 +211,8 @@ class CommitRequest:
     complete: bool
     """The chunk ran to its end (False: it yielded inside, and the job stops here)."""
     checkpoint: bytes | None
-    """The job's durable state after the chunk, or None when this commit writes none."""
+    """The job's durable state after the chunk (or a reference to it in the object store,
+    :mod:`tasks.checkpoint_objects`), or None when this commit writes none."""
     service_s: float
     """Worker time charged to the job."""
     worker: str
@@ -755,6 +761,9 @@ class JobStore:
                              args=[field_name("first_estimate_s"), repr(estimate_s)])
 
     def load_checkpoint(self, job_id: str) -> bytes | None:
+        """What Redis holds for the job's durable checkpoint: the checkpoint, or a reference
+        to it in the object store (:meth:`tasks.checkpoint_objects.CheckpointObjects.resolve`
+        reads either)."""
         return cast(bytes | None, self.redis.get(keys.job_checkpoint(job_id)))
 
     def renew_lease(self, job_id: str, lease_s: float) -> None:

@@ -49,6 +49,7 @@ def tick(self: Any) -> str:
         run_tick(ctx, now_s=time.time(), cache=cache, planner=held_planner(ctx.store),
                  phases=phases)
     _record(ctx.store.redis, time.perf_counter() - started, phases)
+    ctx.checkpoint_sweeper.maybe_start(time.time())
     return "ticked"
 
 

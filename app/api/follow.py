@@ -5,6 +5,7 @@ that waits for it goes away."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -16,6 +17,12 @@ from fastapi.concurrency import run_in_threadpool
 
 from app.api.context import ApiContext
 from scheduler.lifecycle import JobState
+from tasks.checkpoint_objects import (
+    CheckpointObjects,
+    CheckpointReference,
+    CheckpointReferenceError,
+    is_reference,
+)
 from tasks.read_model import ReadModel
 from tasks.record import JobRecord
 
@@ -79,7 +86,8 @@ async def follow(
         record = await run_in_threadpool(ctx.reads.record, job_id)
         text = None
         if read_text and record.seq > text_seq and record.ckpt_seq == record.seq:
-            text = await run_in_threadpool(read_text_so_far, ctx.reads, job_id, record.seq)
+            text = await run_in_threadpool(read_text_so_far, ctx.reads, job_id, record.seq,
+                                           CheckpointObjects(ctx.artifacts, None))
             text_seq = record.seq
         beat = heartbeat_s is not None and time.monotonic() - yielded_at >= heartbeat_s
         if text is not None or (record.state, record.seq) != last or beat or \
@@ -118,17 +126,28 @@ def _cancel_unfinished(ctx: ApiContext, job_id: str) -> None:
         log.info("job %s: its client went away; cancel requested (%s)", job_id, state.value)
 
 
-def read_text_so_far(reads: ReadModel, job_id: str, seq: int) -> TextSoFar | None:
+def read_text_so_far(reads: ReadModel, job_id: str, seq: int,
+                     objects: CheckpointObjects | None = None) -> TextSoFar | None:
     """The generated text in the job's durable checkpoint, if that checkpoint is the one of
     commit ``seq`` and a text job's (None otherwise: none yet, a later commit replaced it, or a
     worker that does not write the text). Reads only the checkpoint's header, never its
-    tensors, and the header and the checkpoint's sequence number in one transaction."""
+    tensors, and the header and the checkpoint's sequence number in one transaction; a
+    checkpoint in the object store (Redis holding its reference) is read from ``objects``."""
     head = reads.checkpoint_bytes(job_id, seq, 0, _HEAD_BYTES - 1)
+    read = functools.partial(reads.checkpoint_bytes, job_id, seq)
+    if head is not None and is_reference(head) and objects is not None:
+        try:
+            reference = CheckpointReference.decode(head)
+        except CheckpointReferenceError as exc:
+            log.warning("job %s: checkpoint reference at seq %d is unreadable: %s", job_id, seq,
+                        exc)
+            return None
+        read = functools.partial(objects.read_range, reference)
+        head = read(0, _HEAD_BYTES - 1)
     if head is None or len(head) < 8:
         return None
     size = int.from_bytes(head[:8], "little")
-    header = head[8 : 8 + size] if 8 + size <= len(head) else \
-        reads.checkpoint_bytes(job_id, seq, 8, 8 + size - 1)
+    header = head[8 : 8 + size] if 8 + size <= len(head) else read(8, 8 + size - 1)
     if header is None:
         return None
     try:

@@ -23,7 +23,8 @@
 -- seq         int     the sequence number it was claimed at
 -- complete    '1'|'0' the chunk ran to its end ('0': it yielded inside; the job stops)
 -- has_ckpt    '1'|'0' the commit carries a durable checkpoint
--- checkpoint  bytes   the checkpoint ('' without one)
+-- checkpoint  bytes   the checkpoint, or a reference to it in the object store
+--                     (REFERENCE_MAGIC .. JSON, tasks.checkpoint_objects); '' without one
 -- service_s   string  worker seconds charged to the job
 -- now         string  the worker's clock, seconds since the epoch
 -- worker      string  the committing worker
@@ -43,8 +44,10 @@
 --                               from the checkpoint (which it must carry)
 --
 -- Returns {'stale'}, {'needs_checkpoint'} (the job must stop here: send one), or {status, seq,
--- next chunk, queue[, published task id]} with status 'done', 'cancelled', 'preempted',
--- 'continue' or 'hop'.
+-- next chunk, queue, published task id, replaced reference} with status 'done', 'cancelled',
+-- 'preempted', 'continue' or 'hop' ('' for a queue or task id not there; the replaced
+-- reference is the object-store reference this commit's checkpoint took the place of, '' when
+-- none: its object may go).
 
 local job = KEYS[1]
 local ckpt = KEYS[2]
@@ -64,6 +67,7 @@ local now = ARGV[8]
 local worker = ARGV[9]
 local task_id = ARGV[10]
 local options = cjson.decode(ARGV[11])
+local REFERENCE_MAGIC = 'slckref:'
 
 local h = redis.call('HMGET', job, 'state', 'epoch', 'seq', 'next_chunk', 'num_chunks',
                      'preempt', 'cancel', 'queue', 'preemptions', 'id', 'cost_key')
@@ -82,7 +86,11 @@ if (stop or yielded) and not last and has_ckpt ~= '1' then return {'needs_checkp
 local new_seq = tonumber(seq) + 1
 redis.call('HSET', job, 'seq', new_seq, 'next_chunk', nxt, 'updated_at', now)
 redis.call('HINCRBYFLOAT', job, 'service_s', service_s)
+local replaced = ''
 if has_ckpt == '1' then
+  if redis.call('GETRANGE', ckpt, 0, #REFERENCE_MAGIC - 1) == REFERENCE_MAGIC then
+    replaced = redis.call('GET', ckpt)
+  end
   redis.call('SET', ckpt, checkpoint)
   redis.call('HSET', job, 'ckpt_seq', new_seq, 'ckpt_chunk', nxt)
 end
@@ -94,7 +102,9 @@ if ran_whole and timing then
   redis.call('XADD', timings, 'MAXLEN', '~', 10000, '*', 'cost_key', timing.cost_key or h[11],
              'device', timing.device, 's_per_unit', timing.s_per_unit)
 end
-local cursor = {tostring(new_seq), tostring(nxt), ''}
+local function reply(status, queue, published)
+  return {status, tostring(new_seq), tostring(nxt), queue or '', published or '', replaced}
+end
 if last then
   redis.call('HSET', job, 'state', STATE.DONE, 'preempt', '0')
   local artifact = options.artifact
@@ -103,21 +113,21 @@ if last then
   end
   ended(job, active, done, h[10], STATE.DONE, now)
   event(events, 'state', STATE.RUNNING, STATE.DONE, worker, 'all chunks ran', now)
-  return {'done', unpack(cursor)}
+  return reply('done')
 end
 if cancel then
   redis.call('HSET', job, 'state', STATE.CANCELLED)
   ended(job, active, done, h[10], STATE.CANCELLED, now)
   event(events, 'state', STATE.RUNNING, STATE.CANCELLED, worker, 'cancelled by client', now)
-  return {'cancelled', unpack(cursor)}
+  return reply('cancelled')
 end
 if stop then
   redis.call('HSET', job, 'state', STATE.PREEMPTED, 'preempt', '0', 'preempted_at', now,
              'preemptions', tonumber(h[9] or '0') + 1)
   event(events, 'state', STATE.RUNNING, STATE.PREEMPTED, worker, 'preempt flag', now)
-  return {'preempted', unpack(cursor)}
+  return reply('preempted')
 end
-if options.then_continue then return {'continue', unpack(cursor)} end
+if options.then_continue then return reply('continue') end
 local class = string.match(h[8], '([^.]+)$')
 local target = (options.hop_queues or {})[class] or class
 redis.call('HSET', job, 'state', STATE.QUEUED, 'queue', target, 'queued_at', now)
@@ -126,8 +136,8 @@ if yielded then why = 'yielded inside chunk ' .. nxt .. ' to waiting work; resum
 event(events, 'state', STATE.RUNNING, STATE.QUEUED, worker, why, now)
 local message = options.next_message
 if not message or message.task_id == '' then
-  return {'hop', tostring(new_seq), tostring(nxt), target}
+  return reply('hop', target)
 end
 redis.call('LPUSH', target, message.before .. cjson.encode(target) .. message.after)
 redis.call('HSET', job, 'published', nxt, 'last_task_id', message.task_id)
-return {'hop', tostring(new_seq), tostring(nxt), target, message.task_id}
+return reply('hop', target, message.task_id)

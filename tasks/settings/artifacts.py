@@ -5,7 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+from tasks.settings.durations import Seconds
+
+DEFAULT_OFFLOAD_BYTES = 1024 * 1024
+"""The offload threshold of a store that is not a local directory, unless one is set."""
 
 
 class ArtifactSettings(BaseModel):
@@ -27,6 +32,22 @@ class ArtifactSettings(BaseModel):
     secret_access_key: SecretStr | None = None
     """S3 secret key (never printed or logged); unset → the usual chain
     (``AWS_SECRET_ACCESS_KEY`` ...)."""
+    checkpoint_offload_bytes: int | None = Field(default=None, ge=0, le=512 * 1024 * 1024)
+    """A durable checkpoint larger than this many bytes is written to the store (under
+    ``checkpoints/<job id>/``) and Redis keeps only a small reference to it (0: every
+    checkpoint). Unset → 1 MiB when the store is not a local directory (``s3://``: every host
+    reads it), else never: a single host keeps every checkpoint in Redis, as before."""
+    checkpoint_sweep_interval: Seconds = Field(default=60.0, ge=1, le=86400)
+    """How often the scheduler removes the checkpoint objects of jobs that ended without a
+    worker removing them (cancelled or expired while queued, failed by the watchdog, a worker
+    that died)."""
+
+    def offload_threshold_bytes(self, store_is_local: bool) -> int | None:
+        """The size above which a checkpoint goes to the store; None: every one stays in
+        Redis."""
+        if self.checkpoint_offload_bytes is not None:
+            return self.checkpoint_offload_bytes
+        return None if store_is_local else DEFAULT_OFFLOAD_BYTES
 
     def storage_options(self) -> dict[str, Any]:
         """Keyword arguments for the URL's fsspec file system (only the S3 ones are known)."""
