@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import httpx
+from botocore.exceptions import BotoCoreError
 
 from app.drills.seaweed import PORT_NAMES, weed_server
 
@@ -62,7 +63,7 @@ class SeaweedS3:
             try:
                 if self.filesystem().ls("", refresh=True) is not None:
                     return
-            except (OSError, httpx.HTTPError):
+            except (OSError, httpx.HTTPError, BotoCoreError):  # not listening yet
                 pass
             time.sleep(0.25)
         self.stop()

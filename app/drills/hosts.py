@@ -321,13 +321,20 @@ class ObjectStore:
         return s3fs.S3FileSystem(**self.client_options())
 
     def answers(self) -> bool:
+        """Whether the S3 gateway serves the bucket (made on first answer); not listening yet
+        (a refused connection, however botocore words it) counts as no."""
+        from botocore.exceptions import BotoCoreError
+
         assert self.child is not None
         if not self.child.alive():
             raise RuntimeError(f"weed exited; see {self.root / 'weed.log'}")
         fs = self.filesystem()
-        if not fs.exists(BUCKET):
-            fs.mkdir(BUCKET)
-        fs.ls(BUCKET, refresh=True)
+        try:
+            if not fs.exists(BUCKET):
+                fs.mkdir(BUCKET)
+            fs.ls(BUCKET, refresh=True)
+        except BotoCoreError:
+            return False
         return True
 
     def settings(self, prefix: str) -> dict[str, Any]:
