@@ -108,7 +108,7 @@ def run_preempted(params: Mapping[str, Any], registry: AdapterRegistry, rng: ran
     return state, runner
 
 
-def _with_peft_adapters(c: DiffusionComponents, specs: Sequence[tuple[AdapterSpec, float]]
+def with_peft_adapters(c: DiffusionComponents, specs: Sequence[tuple[AdapterSpec, float]]
                         ) -> None:
     """PEFT alone on the transformer (DiT and PixArt pipelines have no LoRA loader)."""
     for spec, _ in specs:
@@ -141,7 +141,7 @@ def reference(params: Mapping[str, Any], registry: AdapterRegistry) -> torch.Ten
             pipe.set_adapters([spec.name for spec, _ in specs],
                               adapter_weights=[scale for _, scale in specs])
     else:
-        _with_peft_adapters(c, specs)
+        with_peft_adapters(c, specs)
     return pipeline_output(c, params)
 
 
