@@ -768,8 +768,8 @@ cli.add_typer(adapter_cli, name="adapter")
 
 
 def _adapter_folder() -> Path:
-    from tasks.runtime import current_settings
-    from workers.diffusion.adapters import DEFAULT_ADAPTERS_DIR
+    from tasks.runtime import current_settings  # deferred: the settings tree
+    from workers.diffusion.adapters import DEFAULT_ADAPTERS_DIR  # deferred: pydantic models
 
     return current_settings().diffusion.adapters_dir or DEFAULT_ADAPTERS_DIR
 
@@ -779,7 +779,7 @@ def adapter_list(run_dir: RunDir = None, config: ConfigFile = None) -> None:
     """The adapters in the configured folder (diffusion.adapters_dir), with the model each fits."""
     from rich.table import Table
 
-    from workers.diffusion.adapters import adapter_registry
+    from workers.diffusion.adapters import adapter_registry  # deferred: pydantic models
 
     _setup(run_dir, config)
     folder = _adapter_folder()
@@ -805,9 +805,9 @@ def adapter_make(
     """Make a LoRA adapter of random weights for MODEL with PEFT and register it (its
     safetensors file and NAME.yaml): to try adapters without a trained one. Nothing is
     downloaded; a trained adapter is registered the same way, by its own NAME.yaml."""
-    from workers.diffusion.adapters import AdapterSpec
+    from workers.diffusion.adapters import AdapterSpec  # deferred: pydantic models
     from workers.diffusion.recipes import diffusion_recipe  # deferred: loads torch
-    from workers.errors import ModelConfigError
+    from workers.errors import ModelConfigError  # deferred: with the recipes
 
     _setup(run_dir, config)
     target = folder or _adapter_folder()

@@ -50,7 +50,7 @@ def validate_params(kind: str, params: dict[str, Any],
             from workers.diffusion import (
                 validate_params as validate_diffusion,  # deferred: loads torch
             )
-            from workers.diffusion.adapters import adapter_registry
+            from workers.diffusion.adapters import adapter_registry  # with the above: torch
 
             return dict(validate_diffusion(kind, params,
                                            adapters=adapter_registry(adapters_dir)))
