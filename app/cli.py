@@ -806,7 +806,7 @@ def adapter_make(
     safetensors file and NAME.yaml): to try adapters without a trained one. Nothing is
     downloaded; a trained adapter is registered the same way, by its own NAME.yaml."""
     from workers.diffusion.adapters import AdapterSpec  # deferred: pydantic models
-    from workers.diffusion.recipes import diffusion_recipe  # deferred: loads torch
+    from workers.diffusion.recipes import diffusion_recipe  # deferred: the recipes
     from workers.errors import ModelConfigError  # deferred: with the recipes
 
     _setup(run_dir, config)
