@@ -140,7 +140,7 @@ def check_adapters(choices: Sequence[AdapterChoice], base: str,
         fitting = ", ".join(registry.for_base(base)) or "none"
         if spec is None:
             raise ParamsError(f"unknown adapter {choice.name!r}; adapters of model {base!r}: "
-                              f"{fitting} (register one in {registry.folder})")
+                              f"{fitting} (GET /v1/adapters or stepline adapter list)")
         if spec.base != base:
             raise ParamsError(f"adapter {choice.name!r} is made for model {spec.base!r}, not "
                               f"{base!r}; submit it with model={spec.base!r}, or use one of "

@@ -120,8 +120,8 @@ class DiffusionRunner:
     def _adapter(self, name: str, params: Mapping[str, Any]) -> AdapterSpec:
         spec = self.adapters.get(name)
         if spec is None or spec.base != params["model"]:
-            raise ParamsError(f"adapter {name!r} of model {params['model']!r} is no longer "
-                              f"registered in {self.adapters.folder}; register it again")
+            raise ParamsError(f"adapter {name!r} of model {params['model']!r} is not registered "
+                              "on this worker (diffusion.adapters_dir); register it there")
         return spec
 
     def evaluations(self, params: Mapping[str, Any]) -> int:
