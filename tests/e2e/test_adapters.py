@@ -62,7 +62,8 @@ def test_a_registered_adapter_is_listed_and_a_job_naming_it_runs_with_it(
             assert client.wait(job.id, timeout_s=60).state.value == "DONE"
             outputs.append(hashlib.sha256(client.result(job.id)).hexdigest())
         # then the job carries its adapters, and they changed its image
-        assert client.get(styled.id).params["adapters"] == [{"name": "fox-style", "scale": 0.8}]
+        carried = client.get(styled.id).params["adapters"]
+        assert [(a["name"], a["scale"]) for a in carried] == [("fox-style", 0.8)]
         assert outputs[0] != outputs[1]
 
 

@@ -273,3 +273,24 @@ def test_a_registered_adapter_is_seen_without_a_restart(tmp_path: Path) -> None:
     make_random_adapter(diffusion_recipe("dit-tiny"), "late", tmp_path)
     # then the registry lists it for its base
     assert registry.for_base("dit-tiny") == ["late"]
+
+
+def test_an_adapter_replaced_after_submit_fails_the_job_naming_it_rather_than_blending(
+    tmp_path: Path
+) -> None:
+    # given a job accepted with an adapter, and its first chunk run
+    registry = AdapterRegistry(tmp_path)
+    make_random_adapter(diffusion_recipe("dit-tiny"), "swap", tmp_path, seed=1)
+    params = _params("dit-tiny", registry, [("swap", 1.0)])
+    runner = _runner(params, registry)
+    state = runner.run_chunk(params, 0, None, lambda: False).state
+    # when the adapter's weights file is replaced by other weights under the same name
+    make_random_adapter(diffusion_recipe("dit-tiny"), "swap", tmp_path, seed=2)
+    # then the job's next chunk refuses to run with them, naming the adapter
+    with pytest.raises(ParamsError, match="adapter 'swap': its weights file is not the version"):
+        runner.run_chunk(params, 1, state, lambda: False)
+    # and a job that pins the old version is refused at submit
+    pinned = {"name": "swap", "sha256": params["adapters"][0]["sha256"]}
+    with pytest.raises(ParamsError, match="adapter 'swap'"):
+        validate_params("image", {"model": "dit-tiny", "class_label": 1, "adapters": [pinned]},
+                        adapters=registry)

@@ -5,8 +5,9 @@ API lists adapters and checks a job's choice cheaply (:mod:`workers.diffusion.lo
 
 from __future__ import annotations
 
+import hashlib
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,9 @@ class AdapterChoice(BaseModel):
     name: str = Field(min_length=1, max_length=128)
     scale: float = Field(default=1.0, ge=-8, le=8)
     """Multiplies the adapter's update (0 leaves the base's output, 1 the adapter as trained)."""
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    """The weights file's digest: filled in at submit (or given, to pin a version), so the job
+    runs with the weights it was accepted with, or fails naming the adapter."""
 
 
 def read_adapter_file(path: Path) -> AdapterSpec:
@@ -114,6 +118,27 @@ class AdapterRegistry:
         return self._load().get(name)
 
 
+_DIGESTS: dict[tuple[Path, int, int, int, int], str] = {}
+_DIGESTS_LOCK = threading.Lock()
+
+
+def weights_digest(path: Path) -> str:
+    """The sha256 of an adapter's weights file, hashed once per version of the file."""
+    stat = path.stat()
+    key = (path, stat.st_ino, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_size)
+    with _DIGESTS_LOCK:
+        known = _DIGESTS.get(key)
+    if known is None:
+        digest = hashlib.sha256()
+        with path.open("rb") as file:
+            for block in iter(lambda: file.read(1 << 20), b""):
+                digest.update(block)
+        known = digest.hexdigest()
+        with _DIGESTS_LOCK:
+            _DIGESTS[key] = known
+    return known
+
+
 _REGISTRIES: dict[Path, AdapterRegistry] = {}
 _REGISTRIES_LOCK = threading.Lock()
 
@@ -129,33 +154,55 @@ def adapter_registry(folder: Path | str | None = None) -> AdapterRegistry:
 
 def check_adapters(choices: Sequence[AdapterChoice], base: str,
                    registry: AdapterRegistry) -> list[dict[str, Any]]:
-    """``choices`` as a job carries them (name and scale, in order) once each names a registered
-    adapter made for recipe ``base``; a :class:`ParamsError` names the one that does not."""
+    """``choices`` as a job carries them (name, scale and the weights' sha256, in order) once
+    each names a registered adapter made for recipe ``base``; a :class:`ParamsError` names the
+    one that does not."""
     if len(choices) > MAX_ADAPTERS_PER_JOB:
         raise ParamsError(f"a job applies at most {MAX_ADAPTERS_PER_JOB} adapters, not "
                           f"{len(choices)}")
-    seen: set[str] = set()
+    chosen: list[dict[str, Any]] = []
     for choice in choices:
-        spec = registry.get(choice.name)
-        fitting = ", ".join(registry.for_base(base)) or "none"
-        if spec is None:
-            raise ParamsError(f"unknown adapter {choice.name!r}; adapters of model {base!r}: "
-                              f"{fitting} (GET /v1/adapters or stepline adapter list)")
-        if spec.base != base:
-            raise ParamsError(f"adapter {choice.name!r} is made for model {spec.base!r}, not "
-                              f"{base!r}; submit it with model={spec.base!r}, or use one of "
-                              f"{fitting}")
-        if not spec.weights_path.is_file():
-            raise ParamsError(f"adapter {choice.name!r}: its weights file {spec.weights} is "
-                              "missing; register the adapter again")
-        if choice.name in seen:
+        spec = _fitting(choice.name, base, registry)
+        if any(c["name"] == choice.name for c in chosen):
             raise ParamsError(f"adapter {choice.name!r} is named twice; name it once with the "
                               "sum of its scales")
-        seen.add(choice.name)
-    return [choice.model_dump() for choice in choices]
+        check_weights(spec, choice.sha256)
+        chosen.append({"name": choice.name, "scale": choice.scale,
+                       "sha256": weights_digest(spec.weights_path)})
+    return chosen
 
 
-def adapter_set(params: Any) -> list[tuple[str, float]]:
+def _fitting(name: str, base: str, registry: AdapterRegistry) -> AdapterSpec:
+    """The registered adapter ``name`` when it is made for ``base`` and its weights exist."""
+    spec = registry.get(name)
+    fitting = ", ".join(registry.for_base(base)) or "none"
+    if spec is None:
+        raise ParamsError(f"unknown adapter {name!r}; adapters of model {base!r}: "
+                          f"{fitting} (GET /v1/adapters or stepline adapter list)")
+    if spec.base != base:
+        raise ParamsError(f"adapter {name!r} is made for model {spec.base!r}, not {base!r}; "
+                          f"submit it with model={spec.base!r}, or use one of {fitting}")
+    if not spec.weights_path.is_file():
+        raise ParamsError(f"adapter {name!r}: its weights file {spec.weights} is missing; "
+                          "register the adapter again")
+    return spec
+
+
+def check_weights(spec: AdapterSpec, sha256: str | None) -> None:
+    """A :class:`ParamsError` unless ``spec``'s weights file has digest ``sha256`` (or none was
+    recorded): a job runs with the adapter version it was accepted with."""
+    if sha256 is not None and weights_digest(spec.weights_path) != sha256:
+        raise ParamsError(f"adapter {spec.name!r}: its weights file is not the version this job "
+                          f"names (sha256 {sha256[:12]}…); it was replaced since, so submit the "
+                          "job again (or register the new weights under a new name)")
+
+
+def adapter_digests(params: Mapping[str, Any]) -> dict[str, str | None]:
+    """The weights digest each of a job's adapters was accepted with, by name."""
+    return {str(a["name"]): a.get("sha256") for a in params.get("adapters") or ()}
+
+
+def adapter_set(params: Mapping[str, Any]) -> list[tuple[str, float]]:
     """The (name, scale) pairs a job's validated parameters apply, in order (none: ``[]``)."""
     return [(str(a["name"]), float(a["scale"])) for a in params.get("adapters") or ()]
 

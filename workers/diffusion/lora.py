@@ -26,7 +26,7 @@ from peft import LoraConfig, get_peft_model_state_dict, inject_adapter_in_model
 from peft.utils import set_peft_model_state_dict
 from safetensors.torch import load_file, save_file
 
-from workers.diffusion.adapters import AdapterSpec
+from workers.diffusion.adapters import AdapterSpec, weights_digest
 from workers.diffusion.components import build_components
 from workers.diffusion.recipes import DiffusionRecipe
 from workers.errors import ParamsError
@@ -40,10 +40,10 @@ MAX_LOADED_ADAPTERS = 8
 _PREFIX = "transformer."
 
 _LOCK = threading.Lock()
-_LOADED: weakref.WeakKeyDictionary[torch.nn.Module, dict[str, tuple[int, int]]] = \
+_LOADED: weakref.WeakKeyDictionary[torch.nn.Module, dict[str, str]] = \
     weakref.WeakKeyDictionary()
-"""Per transformer: its loaded adapters (least recently used first) and the weights file's
-(mtime, size) each was loaded from, so a replaced file is loaded again."""
+"""Per transformer: its loaded adapters (least recently used first) and the sha256 of the
+weights file each was loaded from, so a replaced file is loaded again."""
 _PEFT_UTILS: Any = diffusers.utils.peft_utils  # untyped: diffusers' own adapter switches
 _ACTIVE: weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple[str, float], ...]] = \
     weakref.WeakKeyDictionary()
@@ -96,11 +96,6 @@ def make_random_adapter(recipe: DiffusionRecipe, name: str, folder: Path, *, ran
     return spec
 
 
-def _file_stamp(spec: AdapterSpec) -> tuple[int, int]:
-    stat = spec.weights_path.stat()
-    return stat.st_mtime_ns, stat.st_size
-
-
 def _load(family: str, transformer: torch.nn.Module, spec: AdapterSpec) -> None:
     """Load ``spec`` onto ``transformer`` as adapter ``spec.name`` (its loader, else PEFT)."""
     loader = pipeline_loader(family)
@@ -137,7 +132,7 @@ def ensure_loaded(family: str, transformer: torch.nn.Module, specs: Sequence[Ada
     unload the least recently used beyond :data:`MAX_LOADED_ADAPTERS`."""
     loaded = _LOADED.setdefault(transformer, {})
     for spec in specs:
-        stamp = _file_stamp(spec)
+        stamp = weights_digest(spec.weights_path)
         if loaded.get(spec.name) != stamp:
             if spec.name in loaded:
                 _unload(transformer, spec.name)

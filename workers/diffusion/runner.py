@@ -23,9 +23,11 @@ from workers.checkpoint import Checkpoint
 from workers.diffusion.adapters import (
     AdapterRegistry,
     AdapterSpec,
+    adapter_digests,
     adapter_registry,
     adapter_set,
     adapter_set_key,
+    check_weights,
 )
 from workers.diffusion.artifacts import VIDEO_FPS, image_artifact, video_artifact
 from workers.diffusion.batching import batch_groups, decode_together, run_passes_together
@@ -122,6 +124,7 @@ class DiffusionRunner:
         if spec is None or spec.base != params["model"]:
             raise ParamsError(f"adapter {name!r} of model {params['model']!r} is not registered "
                               "on this worker (diffusion.adapters_dir); register it there")
+        check_weights(spec, adapter_digests(params).get(name))
         return spec
 
     def evaluations(self, params: Mapping[str, Any]) -> int:
