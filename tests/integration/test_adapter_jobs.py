@@ -123,6 +123,31 @@ def test_a_preempted_adapter_job_finished_on_another_worker_equals_the_pipeline_
     assert _artifact(store, job_id) == pipeline_artifact(kind, params, adapter_folder)
 
 
+def test_an_adapter_job_whose_worker_is_sigkilled_matches_the_pipeline_with_its_adapters(
+    processes: Processes, redis_client: redis.Redis, adapter_folder: Path
+) -> None:
+    # given an adapter job running on w1, with the scheduler watching the workers
+    env = {ADAPTERS_ENV: str(adapter_folder)}
+    processes.worker("w1", extra_env=env)
+    processes.scheduler()
+    wait_for_workers(redis_client, ["w1", "scheduler"])
+    service = JobService(JobStore(redis_client), current_settings())
+    store = service.store
+    long_job = {**JOBS["image"], "num_inference_steps": 60}  # still running when w1 dies
+    job_id, _ = service.submit(JobSpec(kind="image", slo=SloClass.BATCH, params=long_job,
+                                       deadline_s=600))
+    # when w1 is SIGKILLed mid-run and a fresh worker w2 starts
+    wait_for(lambda: _progress(store, job_id) >= 4, 60, "four chunks to run on w1")
+    processes.kill("w1")
+    processes.worker("w2", extra_env=env)
+    # then the recovered job finishes on w2 with the pipeline's artifact for its adapters
+    wait_for(lambda: store.state(job_id) is JobState.DONE, 120, "the job to finish on w2")
+    assert {e["by"] for e in store.events(job_id) if e["kind"] == "commit"} == {
+        "w1@test", "w2@test"}
+    params = store.record(job_id).params
+    assert _artifact(store, job_id) == pipeline_artifact("image", params, adapter_folder)
+
+
 def test_a_job_naming_an_unknown_or_misfitting_adapter_is_refused_naming_it(
     redis_client: redis.Redis, adapter_folder: Path
 ) -> None:
