@@ -294,3 +294,23 @@ def test_an_adapter_replaced_after_submit_fails_the_job_naming_it_rather_than_bl
     with pytest.raises(ParamsError, match="adapter 'swap'"):
         validate_params("image", {"model": "dit-tiny", "class_label": 1, "adapters": [pinned]},
                         adapters=registry)
+
+
+def test_one_batch_call_over_jobs_of_different_adapter_sets_gives_each_its_lone_output(
+    registry: AdapterRegistry
+) -> None:
+    # given jobs of one model and shape with different adapter sets, each run alone first
+    jobs = [_params("pixart-tiny", registry, adapters, seed=3) for adapters in
+            ([("pixart-a", 1.0)], [], [("pixart-b", 0.5)])]
+    runner = _runner(jobs[0], registry)
+    alone = [_run_whole(runner, p) for p in jobs]
+    states: list[Any] = [None] * len(jobs)
+    # when their chunks go to run_batch together, step by step
+    for index in range(STEPS + 1):
+        results = runner.run_batch([BatchItem(params=p, index=index, state=s)
+                                    for p, s in zip(jobs, states, strict=True)])
+        assert index == 0 or all(r.metrics["batch_size"] == 1 for r in results)
+        states = [r.state for r in results]
+    # then no forward mixed them: each job's output is bit-identical to its lone run
+    for state, expected in zip(states, alone, strict=True):
+        assert torch.equal(state.tensors["latents"], expected)
