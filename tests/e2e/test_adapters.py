@@ -3,17 +3,19 @@ CLI and the Python client, named by jobs that real workers run, refused by name 
 
 from __future__ import annotations
 
+import base64
 import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 
+import openai
 import pytest
 import redis
 from typer.testing import CliRunner
 
 from app.api.server import ThreadedServer
 from app.cli import cli
-from app.client import Client, Rejected
+from app.client import Client, Rejected, find_api_key
 from tasks.runtime import current_settings
 from tests.conftest import Processes, wait_for_workers
 from workers.diffusion.lora import make_random_adapter
@@ -65,6 +67,15 @@ def test_a_registered_adapter_is_listed_and_a_job_naming_it_runs_with_it(
         carried = client.get(styled.id).params["adapters"]
         assert [(a["name"], a["scale"]) for a in carried] == [("fox-style", 0.8)]
         assert outputs[0] != outputs[1]
+    # and the OpenAI images route applies the adapters of its stepline field the same way
+    sdk = openai.OpenAI(base_url=f"{api}/v1", api_key=find_api_key(), max_retries=0)
+    image = sdk.images.generate(
+        model="pixart-tiny", prompt=FOX["prompt"], response_format="b64_json",
+        extra_body={"stepline": {"adapters": [{"name": "fox-style", "scale": 0.8}],
+                                 "params": {"seed": FOX["seed"],
+                                            "num_inference_steps": FOX["num_inference_steps"]}}})
+    assert image.data is not None and image.data[0].b64_json is not None
+    assert hashlib.sha256(base64.b64decode(image.data[0].b64_json)).hexdigest() == outputs[0]
 
 
 def test_an_unknown_adapter_is_refused_by_name_over_rest_the_client_and_the_cli(
