@@ -29,6 +29,7 @@ from tasks.errors import InvalidJob, Overloaded
 from tasks.settings import Settings
 from tasks.spec import JobSpec, SimulatedParams
 from tasks.store import JobStore
+from workers.diffusion.adapters import adapter_registry
 from workers.errors import ParamsError
 from workers.kinds import get_runner
 from workers.runner import ChunkPlan
@@ -50,7 +51,6 @@ def validate_params(kind: str, params: dict[str, Any],
             from workers.diffusion import (
                 validate_params as validate_diffusion,  # deferred: loads torch
             )
-            from workers.diffusion.adapters import adapter_registry  # with the above: torch
 
             return dict(validate_diffusion(kind, params,
                                            adapters=adapter_registry(adapters_dir)))
