@@ -17,7 +17,14 @@ import httpx
 from pydantic import BaseModel
 
 from app.run_files import API_KEY_FILE, API_URL_FILE, read_run_file
-from app.schemas import InferenceResponse, JobDetail, JobPage, JobSpec, StatsView
+from app.schemas import (
+    AdapterList,
+    InferenceResponse,
+    JobDetail,
+    JobPage,
+    JobSpec,
+    StatsView,
+)
 from scheduler.lifecycle import JobState, SloClass
 from tasks.errors import InvalidJob, JobNotFound, SteplineError
 
@@ -153,11 +160,16 @@ class Client:
         params: dict[str, Any] | None = None,
         deadline_s: float | None = None,
         idempotency_key: str | None = None,
+        adapters: list[tuple[str, float]] | None = None,
     ) -> JobDetail:
-        """Submit ``spec`` (or one built from the keywords); returns the job as stored."""
+        """Submit ``spec`` (or one built from the keywords); returns the job as stored.
+        ``adapters``: (name, scale) LoRA adapters of an image or video job, in order."""
         if spec is None:
+            params = dict(params or {})
+            if adapters:
+                params["adapters"] = [{"name": name, "scale": scale} for name, scale in adapters]
             spec = JobSpec.model_validate({
-                "kind": kind, "slo": slo, "params": params or {}, "deadline_s": deadline_s,
+                "kind": kind, "slo": slo, "params": params, "deadline_s": deadline_s,
                 "idempotency_key": idempotency_key,
             })
         body = spec.model_dump(mode="json", exclude_none=True)
@@ -237,6 +249,10 @@ class Client:
         if slo is not None:
             body["slo"] = slo
         return self._model(InferenceResponse, "POST", "/v1/inference", json=body)
+
+    def adapters(self) -> AdapterList:
+        """The LoRA adapters jobs may name, each with the model it fits."""
+        return self._model(AdapterList, "GET", "/v1/adapters")
 
     def stats(self) -> StatsView:
         return self._model(StatsView, "GET", "/v1/stats")

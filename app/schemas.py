@@ -166,6 +166,16 @@ class ErrorBody(BaseModel):
 _IDEMPOTENCY = r"^[A-Za-z0-9._:\-]+$"
 
 
+class AdapterRef(BaseModel):
+    """A LoRA adapter a job applies (``GET /v1/adapters`` lists them), and how strongly."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=128)
+    scale: float = Field(default=1.0, ge=-8, le=8,
+                         description="1: the adapter as trained; 0: the base model's output.")
+
+
 class SteplineOptions(BaseModel):
     """The ``stepline`` field of an OpenAI-compatible request (the OpenAI SDK sends it with
     ``extra_body={"stepline": {...}}``); the ``X-Stepline-SLO-Class`` and
@@ -191,6 +201,10 @@ class SteplineOptions(BaseModel):
         default_factory=dict,
         description="More parameters of the job's kind, e.g. chunk_tokens or routing (text), "
                     "num_inference_steps, guidance_scale, scheduler or negative_prompt (image).")
+    adapters: list[AdapterRef] = Field(
+        default_factory=list, max_length=4,
+        description="Image requests: LoRA adapters of the model (GET /v1/adapters), applied "
+                    "in order, each at its scale.")
 
 
 class OpenAIErrorDetail(BaseModel):
@@ -442,3 +456,21 @@ class ImagesResponse(BaseModel):
     size: str | None = None
     output_format: str | None = None
     stepline: SteplineReport
+
+
+class AdapterInfo(BaseModel):
+    """One registered LoRA adapter (``GET /v1/adapters``)."""
+
+    name: str
+    base: str = Field(description="The model (recipe) the adapter fits; jobs name it as model.")
+    rank: int
+    alpha: float
+    target_modules: list[str]
+    description: str = ""
+
+
+class AdapterList(BaseModel):
+    """GET /v1/adapters: every adapter in the configured folder, by name."""
+
+    object: Literal["list"] = "list"
+    data: list[AdapterInfo]

@@ -271,6 +271,7 @@ def runner_options(settings: Settings, kind: str) -> RunnerOptions:
         video_fps=s.diffusion.video_fps, torch_threads=s.torch_threads,
         router=router_config(s.moe) if text else None,
         cache=cache_config(s.moe, s.device) if text else None,
+        adapters_dir=None if s.diffusion.adapters_dir is None else str(s.diffusion.adapters_dir),
     )
 
 

@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -28,6 +29,7 @@ from tasks.errors import InvalidJob, Overloaded
 from tasks.settings import Settings
 from tasks.spec import JobSpec, SimulatedParams
 from tasks.store import JobStore
+from workers.diffusion.adapters import adapter_registry
 from workers.errors import ParamsError
 from workers.kinds import get_runner
 from workers.runner import ChunkPlan
@@ -38,8 +40,10 @@ TEXT_CHUNK_TOKENS = {SloClass.REALTIME: 4, SloClass.INTERACTIVE: 8, SloClass.BAT
 """Tokens per MoE decode chunk: a realtime job yields often, a batch job hops rarely."""
 
 
-def validate_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
-    """The kind's own schema applied to ``params``; :class:`InvalidJob` says what to fix."""
+def validate_params(kind: str, params: dict[str, Any],
+                    adapters_dir: Path | None = None) -> dict[str, Any]:
+    """The kind's own schema applied to ``params``; :class:`InvalidJob` says what to fix.
+    A diffusion job's adapters must be in ``adapters_dir`` (default: configs/adapters)."""
     try:
         if kind == "simulated":
             return SimulatedParams.model_validate(params).model_dump()
@@ -48,7 +52,8 @@ def validate_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
                 validate_params as validate_diffusion,  # deferred: loads torch
             )
 
-            return dict(validate_diffusion(kind, params))
+            return dict(validate_diffusion(kind, params,
+                                           adapters=adapter_registry(adapters_dir)))
         if kind == "text":
             from workers.moe import validate_params as validate_text  # deferred: loads torch
 
@@ -87,7 +92,7 @@ class JobService:
         raw = dict(spec.params)
         if spec.kind == "text":  # decode chunk length adapts to the class: short for realtime
             raw.setdefault("chunk_tokens", TEXT_CHUNK_TOKENS[spec.slo])
-        params = validate_params(spec.kind, raw)
+        params = validate_params(spec.kind, raw, self.settings.diffusion.adapters_dir)
         spec = spec.model_copy(update={"params": params})
         runner = get_runner(spec.kind)
         plan = runner.plan(params)

@@ -27,6 +27,8 @@ class RunnerOptions:
     """How text jobs route tokens to experts (None: the reference router)."""
     cache: CacheConfig | None = None
     """The expert cache of text jobs (None: the reference cache, every expert resident)."""
+    adapters_dir: str | None = None
+    """Folder of the LoRA adapters of diffusion jobs (None: the project's configs/adapters)."""
 
 
 @cache
@@ -41,7 +43,8 @@ def get_runner(kind: str, options: RunnerOptions = RunnerOptions()) -> JobRunner
         from workers import diffusion  # deferred: loads torch
 
         return diffusion.get_runner(kind, block_groups=options.block_groups,
-                                    device=options.device, video_fps=options.video_fps)
+                                    device=options.device, video_fps=options.video_fps,
+                                    adapters_dir=options.adapters_dir)
     if kind == "text":
         from workers import moe  # deferred: loads torch
 

@@ -13,7 +13,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
 
-from app.api import dashboard, jobs, observe, openai
+from app.api import adapters, dashboard, jobs, observe, openai
 from app.api.context import ApiContext
 from app.api.errors import install_error_handlers
 from app.celery import configure as configure_celery
@@ -46,6 +46,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     api.include_router(jobs.router)
     api.include_router(observe.router)
     api.include_router(openai.router)
+    api.include_router(adapters.router)
     api.include_router(dashboard.router)
     api.state.warm = threading.Event()  # set by the startup once every recipe is planned
     api.state.warm_start = settings.warm_start

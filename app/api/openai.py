@@ -57,6 +57,7 @@ from app.schemas import (
 from app.tenants import Tenant
 from scheduler.lifecycle import JobState, SloClass
 from tasks.record import JobRecord
+from workers.diffusion.adapters import adapter_registry
 from workers.errors import ModelConfigError
 from workers.limits import MAX_NEW_TOKENS
 from workers.registry import RecipeFile, default_registry
@@ -133,27 +134,32 @@ _TEXT_FIELDS = {"prompt": "messages or prompt", "inputs": "messages or prompt",
                 "seed": "seed", "model": "model", "ignore_eos": "ignore_eos",
                 "min_new_tokens": "min_tokens"}
 _IMAGE_FIELDS = {"prompt": "prompt", "model": "model", "height": "size", "width": "size",
-                 "output_format": "output_format"}
+                 "output_format": "output_format", "adapters": "stepline.adapters"}
 
 
 # models ---------------------------------------------------------------------------------------
-def _card(recipe: RecipeFile) -> ModelCard:
+def _card(ctx: ApiContext, recipe: RecipeFile) -> ModelCard:
+    """The recipe's card; a diffusion recipe's lists the adapters that fit it."""
     description = recipe.spec.get("description")
+    extra: dict[str, Any] = {"description": description} if description else {}
+    if recipe.kind in ("image", "video"):
+        extra["adapters"] = adapter_registry(ctx.settings.diffusion.adapters_dir).for_base(
+            recipe.name)
     return ModelCard(id=recipe.name, created=int(recipe.path.stat().st_mtime),
-                     stepline={"kind": recipe.kind,
-                               **({"description": description} if description else {})})
+                     stepline={"kind": recipe.kind, **extra})
 
 
 @router.get("/models", response_model=ModelList, responses=ERRORS,
             summary="The configured recipes (text and diffusion), OpenAI's list shape")
-def list_models(tenant: Caller) -> ModelList:
+def list_models(ctx: Ctx, tenant: Caller) -> ModelList:
     registry = default_registry()
-    return ModelList(data=[_card(registry.get(name)) for name in registry.names()])
+    return ModelList(data=[_card(ctx, registry.get(name)) for name in registry.names()])
 
 
 @router.get("/models/{model}", response_model=ModelCard, responses=ERRORS, summary="One recipe")
-def get_model(model: Annotated[str, Path(max_length=200)], tenant: Caller) -> ModelCard:
-    return _card(_recipe(model))
+def get_model(model: Annotated[str, Path(max_length=200)], ctx: Ctx,
+              tenant: Caller) -> ModelCard:
+    return _card(ctx, _recipe(model))
 
 
 def _recipe(name: str) -> RecipeFile:
@@ -624,6 +630,8 @@ def _image_spec(ctx: ApiContext, body: ImageRequest, options: SteplineOptions) -
                                      ("output_format", body.output_format)) if v is not None})
     if "seed" not in options.params:
         params["seed"] = _seed(None)
+    if options.adapters:
+        params["adapters"] = [adapter.model_dump() for adapter in options.adapters]
     return _job_spec(ctx, "image", options, params, _IMAGE_FIELDS)
 
 

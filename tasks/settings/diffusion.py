@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -16,3 +18,6 @@ class DiffusionSettings(BaseModel):
     """Split each denoising step into this many groups of transformer blocks."""
     video_fps: int = Field(default=8, ge=1, le=60)
     """Frame rate written into video artifacts (MP4, GIF, WebP)."""
+    adapters_dir: Path | None = None
+    """Folder of the LoRA adapters jobs may name (``<name>.yaml`` next to its safetensors
+    file); none: the project's ``configs/adapters``. API and workers must see the same one."""

@@ -11,6 +11,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from workers.diffusion.adapters import (
+    MAX_ADAPTERS_PER_JOB,
+    AdapterChoice,
+    AdapterRegistry,
+    adapter_registry,
+    check_adapters,
+)
 from workers.diffusion.labels import closest_names, imagenet_labels, resolve_class
 from workers.diffusion.recipes import (
     DIFFUSION_KINDS,
@@ -50,6 +57,9 @@ class DiffusionParams(BaseModel):
     scheduler: str | None = None
     output_format: str | None = None
     """png or webp for images; mp4, gif or webp for video."""
+    adapters: list[AdapterChoice] = Field(default_factory=list, max_length=MAX_ADAPTERS_PER_JOB)
+    """LoRA adapters of the model (``GET /v1/adapters``) applied in this order, each at its
+    scale; none: the base model."""
 
 
 def _describe(exc: ValidationError) -> str:
@@ -189,9 +199,12 @@ def _check_format(fmt: str, r: DiffusionRecipe) -> None:
 
 
 def validate_params(
-    kind: str, params: Mapping[str, Any], registry: ModelRegistry | None = None
+    kind: str, params: Mapping[str, Any], registry: ModelRegistry | None = None,
+    adapters: AdapterRegistry | None = None,
 ) -> dict[str, Any]:
-    """Normalise ``params`` for ``kind``: every default filled; raises :class:`ParamsError`."""
+    """Normalise ``params`` for ``kind``: every default filled; raises :class:`ParamsError`.
+    ``adapters`` is the registry the job's adapters must be in (default: ``configs/adapters``);
+    a job without adapters carries no ``adapters`` key, as before adapters existed."""
     try:
         p = DiffusionParams.model_validate(dict(params))
     except ValidationError as exc:
@@ -211,8 +224,10 @@ def validate_params(
     fmt = p.output_format or ("png" if r.kind == "image" else "mp4")
     _check_format(fmt, r)
     guidance = r.default_guidance_scale if p.guidance_scale is None else p.guidance_scale
-    return p.model_copy(update={
+    chosen = check_adapters(p.adapters, r.name, adapters or adapter_registry())
+    normal = p.model_copy(update={
         "model": r.name, "height": height, "width": width, "num_frames": frames,
         "num_inference_steps": steps, "scheduler": scheduler, "output_format": fmt,
         "guidance_scale": float(guidance),
-    }).model_dump()
+    }).model_dump(exclude={"adapters"})
+    return {**normal, "adapters": chosen} if chosen else normal

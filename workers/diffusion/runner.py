@@ -20,6 +20,15 @@ from typing import Any
 import torch
 
 from workers.checkpoint import Checkpoint
+from workers.diffusion.adapters import (
+    AdapterRegistry,
+    AdapterSpec,
+    adapter_digests,
+    adapter_registry,
+    adapter_set,
+    adapter_set_key,
+    check_weights,
+)
 from workers.diffusion.artifacts import VIDEO_FPS, image_artifact, video_artifact
 from workers.diffusion.batching import batch_groups, decode_together, run_passes_together
 from workers.diffusion.blockwise import ADAPTERS, group_bounds, run_blocks
@@ -30,6 +39,7 @@ from workers.diffusion.components import (
     scheduler_baseline,
 )
 from workers.diffusion.families import FAMILIES, PipelineFamily, decode_job
+from workers.diffusion.lora import apply_adapters
 from workers.diffusion.recipes import DiffusionRecipe, diffusion_recipe
 from workers.diffusion.scheduler_state import copy_scheduler
 from workers.diffusion.state import (
@@ -73,11 +83,12 @@ def chunk_name(evaluations: int, index: int) -> str:
 
 class DiffusionRunner:
     """Runs image or video jobs (``kind``) with parameters from :func:`validate_params`;
-    ``max_batch`` bounds how many jobs' chunks :meth:`run_batch` runs together."""
+    ``max_batch`` bounds how many jobs' chunks :meth:`run_batch` runs together; a job's LoRA
+    adapters come from ``adapters`` (default: ``configs/adapters``)."""
 
     def __init__(self, kind: str, block_groups: int = 2, device: str = "cpu",
                  registry: ModelRegistry | None = None, video_fps: int = VIDEO_FPS,
-                 max_batch: int = 8) -> None:
+                 max_batch: int = 8, adapters: AdapterRegistry | None = None) -> None:
         if kind not in ("image", "video"):
             raise ParamsError(f"kind {kind!r} is not a diffusion kind; use image or video")
         if max_batch < 1:
@@ -88,6 +99,7 @@ class DiffusionRunner:
         self.device = device
         self.registry = registry
         self.video_fps = video_fps
+        self.adapters = adapters or adapter_registry()
         self._recipes: dict[str, DiffusionRecipe] = {}
 
     def recipe(self, params: Mapping[str, Any]) -> DiffusionRecipe:
@@ -99,6 +111,21 @@ class DiffusionRunner:
 
     def components(self, params: Mapping[str, Any]) -> DiffusionComponents:
         return load_components(self.recipe(params), self.device)
+
+    def transformer(self, params: Mapping[str, Any]) -> Any:
+        """The resident transformer with the job's adapters, at its scales, the only ones
+        active (loaded on first use; the base is never rebuilt for them)."""
+        c = self.components(params)
+        chosen = [(self._adapter(name, params), scale) for name, scale in adapter_set(params)]
+        return apply_adapters(c.recipe.family, c.transformer, chosen)
+
+    def _adapter(self, name: str, params: Mapping[str, Any]) -> AdapterSpec:
+        spec = self.adapters.get(name)
+        if spec is None or spec.base != params["model"]:
+            raise ParamsError(f"adapter {name!r} of model {params['model']!r} is not registered "
+                              "on this worker (diffusion.adapters_dir); register it there")
+        check_weights(spec, adapter_digests(params).get(name))
+        return spec
 
     def evaluations(self, params: Mapping[str, Any]) -> int:
         """Denoise chunks of the job: its scheduler's model evaluations."""
@@ -132,14 +159,15 @@ class DiffusionRunner:
         return result
 
     def batch_key(self, params: Mapping[str, Any], index: int) -> str | None:
-        """Model and shape for a denoise chunk: jobs that agree on them share a forward whatever
-        their prompt, seed, guidance, scheduler or step. An encode or decode chunk adds its name,
-        so it batches only with its own kind. None for an index out of range."""
+        """Model, adapter set (names and scales) and shape for a denoise chunk: jobs that agree on
+        them share a forward whatever their prompt, seed, guidance, scheduler or step. An encode
+        or decode chunk adds its name, so it batches only with its own kind. None for an index
+        out of range."""
         evaluations = self.evaluations(params)
         if not 0 <= index <= evaluations + 1:
             return None
         shape = f"{params['height']}x{params['width']}x{params['num_frames']}"
-        key = f"{self.recipe(params).name}:{shape}"
+        key = f"{self.recipe(params).name}{adapter_set_key(adapter_set(params))}:{shape}"
         if index == 0:
             return f"{key}:encode"
         return f"{key}:decode" if index == evaluations + 1 else key
@@ -182,8 +210,9 @@ class DiffusionRunner:
         if state is None:
             raise CheckpointError(f"chunk {index} needs the state the previous chunk wrote")
         live, state.live = state.live, None  # taken once: a second resume rebuilds
+        adapters = adapter_set(params)
         if isinstance(live, JobState) and live.next_chunk == index \
-                and live.model == params["model"]:
+                and live.model == params["model"] and live.adapters == adapters:
             return live  # the state this runner saved it from: equal to a rebuild, and cheaper
         job = state_from_checkpoint(state, copy_scheduler(self._baseline(params)),
                                     self.components(params).device)
@@ -192,6 +221,8 @@ class DiffusionRunner:
                 f"checkpoint is for chunk {job.next_chunk} of model {job.model!r}, "
                 f"not chunk {index} of {params['model']!r}"
             )
+        if job.adapters != adapters:
+            raise CheckpointError(f"checkpoint is for adapters {job.adapters}, not {adapters}")
         return job
 
     def _save(self, params: Mapping[str, Any], job: JobState) -> Checkpoint:
@@ -217,7 +248,7 @@ class DiffusionRunner:
         latents = family.init_latents(c, params, scheduler, generator)
         job = JobState(model=str(params["model"]), scheduler_name=str(params["scheduler"]),
                        next_chunk=1, latents=latents, cond=cond, scheduler=scheduler,
-                       generator=generator)
+                       generator=generator, adapters=adapter_set(params))
         return ChunkResult(state=self._save(params, job))
 
     def _start_step(self, params: Mapping[str, Any], job: JobState) -> StepProgress:
@@ -230,7 +261,7 @@ class DiffusionRunner:
     def _run_passes(self, params: Mapping[str, Any], p: StepProgress,
                     should_yield: ShouldYield) -> bool:
         """Advance ``p`` to the end of the step; False when it stopped at a group boundary."""
-        model = self.components(params).transformer
+        model = self.transformer(params)
         adapter = ADAPTERS[self.recipe(params).family]
         groups = group_bounds(adapter.num_blocks(model), self.block_groups)
         while p.pass_index < len(p.inputs):
@@ -346,7 +377,7 @@ class DiffusionRunner:
         job's own guidance, scheduler step and generator, as :meth:`_denoise` does alone."""
         started_s = time.perf_counter()
         params = members[0].item.params
-        model, adapter = self.components(params).transformer, ADAPTERS[self.recipe(params).family]
+        model, adapter = self.transformer(params), ADAPTERS[self.recipe(params).family]
         with torch.no_grad():
             steps = [self._start_step(m.item.params, m.job) for m in members]
             outputs, shared_with = run_passes_together(adapter, model, [s.inputs for s in steps])

@@ -48,6 +48,9 @@ class JobState:
     scheduler: Any
     generator: torch.Generator
     progress: StepProgress | None = None
+    adapters: list[tuple[str, float]] = field(default_factory=list)
+    """The LoRA adapters (name, scale) the job's forwards apply: part of its state, so a resume
+    under another adapter set is refused rather than blended."""
 
 
 def _put_group(tensors: Tensors, prefix: str, group: Tensors) -> list[str]:
@@ -95,6 +98,8 @@ def state_to_checkpoint(s: JobState, baseline: Any) -> Checkpoint:
         "next_chunk": s.next_chunk, "cond_keys": cond_keys, "scheduler_state": sched_meta,
         "partial": None if s.progress is None else _progress_to(s.progress, tensors),
     }
+    if s.adapters:
+        meta["adapters"] = [[name, scale] for name, scale in s.adapters]
     return Checkpoint(tensors=tensors, meta=meta)
 
 
@@ -114,6 +119,7 @@ def state_from_checkpoint(ck: Checkpoint, fresh_scheduler: Any, dev: torch.devic
             latents=t["latents"].to(dev), cond=_take_group(t, "cond.", m["cond_keys"], dev),
             scheduler=scheduler, generator=generator,
             progress=None if m["partial"] is None else _progress_from(m["partial"], t, dev),
+            adapters=[(str(name), float(scale)) for name, scale in m.get("adapters", [])],
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"diffusion checkpoint is incomplete: {exc!r}") from exc
