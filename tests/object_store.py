@@ -50,8 +50,12 @@ class SeaweedS3:
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True)
         log.close()
-        self._wait_until_answering(timeout_s)
-        self.filesystem().mkdir(BUCKET)
+        try:
+            self._wait_until_answering(timeout_s)
+            self.filesystem().mkdir(BUCKET)
+        except BaseException:
+            self.stop()  # a server that never answered is not left behind
+            raise
 
     def _wait_until_answering(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
