@@ -163,6 +163,18 @@ def wait_for_workers(client: redis.Redis, names: list[str], timeout_s: float = 6
              f"workers {names} to start")
 
 
+def preempt_after(store: JobStore, job_id: str, chunks: int, timeout_s: float = 60) -> None:
+    """Once ``chunks`` chunks of the job ran, raise its preempt flag (fenced on what it was)
+    and wait until it yields (PREEMPTED)."""
+    from scheduler.lifecycle import JobState
+
+    wait_for(lambda: int(store.fields(job_id)["next_chunk"]) >= chunks, timeout_s,
+             f"{chunks} chunks of {job_id} to run")
+    wait_for(lambda: store.request_preempt(job_id, state=(r := store.record(job_id)).state,
+                                           epoch=r.epoch), 10, "the preempt flag to be set")
+    wait_for(lambda: store.state(job_id) is JobState.PREEMPTED, 30, "the job to yield")
+
+
 PY = sys.executable
 
 

@@ -20,7 +20,7 @@ from tasks.errors import InvalidJob
 from tasks.runtime import current_settings
 from tasks.store import JobStore
 from tasks.submit import JobService
-from tests.conftest import Processes, wait_for, wait_for_workers
+from tests.conftest import Processes, preempt_after, wait_for, wait_for_workers
 from tests.integration.test_model_jobs import _artifact, _progress
 from tests.unit.test_diffusion_adapters import with_peft_adapters
 from workers.diffusion.adapters import AdapterRegistry
@@ -103,10 +103,7 @@ def test_a_preempted_adapter_job_finished_on_another_worker_equals_the_pipeline_
                                        deadline_s=600))
 
     # when it is preempted on w1 after a few chunks and released to a fresh worker w2
-    wait_for(lambda: _progress(store, job_id) >= 3, 60, "three chunks to run on w1")
-    wait_for(lambda: store.request_preempt(job_id, state=(r := store.record(job_id)).state,
-                                           epoch=r.epoch), 10, "the preempt flag to be set")
-    wait_for(lambda: store.state(job_id) is JobState.PREEMPTED, 30, "the job to yield")
+    preempt_after(store, job_id, 3, timeout_s=60)
     processes.kill("w1")
     processes.worker("w2", extra_env=env)
     wait_for_workers(redis_client, ["w2"])

@@ -26,7 +26,7 @@ from tasks.protocol import _tidy_objects
 from tasks.runtime import current_settings
 from tasks.store import CommitRequest, CommitStatus, JobStore
 from tasks.submit import JobService
-from tests.conftest import Processes, wait_for, wait_for_workers
+from tests.conftest import Processes, preempt_after, wait_for, wait_for_workers
 from tests.integration.test_model_jobs import IMAGE, uninterrupted_artifact
 from tests.object_store import SeaweedS3
 
@@ -59,10 +59,6 @@ def _object_names(objects: CheckpointObjects, job_id: str) -> list[str]:
     return sorted(str(name) for name in objects.artifacts.fs.find(folder))
 
 
-def _progress(store: JobStore, job_id: str) -> int:
-    return int(store.fields(job_id)["next_chunk"])
-
-
 def test_a_preempted_job_with_offloaded_checkpoints_resumed_on_another_worker_matches_the_uninterrupted_run(  # noqa: E501
     offloading_env: dict[str, str], processes: Processes, redis_client: redis.Redis,
 ) -> None:
@@ -73,12 +69,9 @@ def test_a_preempted_job_with_offloaded_checkpoints_resumed_on_another_worker_ma
     store, objects = service.store, _objects()
     job_id, _ = service.submit(JobSpec(kind="image", slo=SloClass.BATCH, params=IMAGE,
                                        deadline_s=600))
-    wait_for(lambda: _progress(store, job_id) >= 3, 90, "three chunks to run on w1")
 
-    # when it is preempted there and w1 goes away
-    wait_for(lambda: store.request_preempt(job_id, state=(r := store.record(job_id)).state,
-                                           epoch=r.epoch), 10, "the preempt flag to be set")
-    wait_for(lambda: store.state(job_id) is JobState.PREEMPTED, 30, "the job to yield")
+    # when it is preempted there after three chunks and w1 goes away
+    preempt_after(store, job_id, 3, timeout_s=90)
     processes.kill("w1")
 
     # then Redis holds a small reference to the one object that holds its checkpoint

@@ -15,7 +15,7 @@ from tasks.dispatch import release
 from tasks.runtime import current_settings
 from tasks.store import JobStore
 from tasks.submit import JobService, validate_params
-from tests.conftest import Processes, wait_for, wait_for_workers
+from tests.conftest import Processes, preempt_after, wait_for, wait_for_workers
 from workers.kinds import RunnerOptions, get_runner
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -72,10 +72,7 @@ def test_a_preempted_job_resumed_on_another_worker_matches_the_uninterrupted_run
     job_id, _ = service.submit(JobSpec(kind=kind, slo=SloClass.BATCH, params=params,  # type: ignore[arg-type]
                                        deadline_s=600))
 
-    wait_for(lambda: _progress(store, job_id) >= 3, 60, "three chunks to run on w1")
-    wait_for(lambda: store.request_preempt(job_id, state=(r := store.record(job_id)).state,
-                                           epoch=r.epoch), 10, "the preempt flag to be set")
-    wait_for(lambda: store.state(job_id) is JobState.PREEMPTED, 30, "the job to yield")
+    preempt_after(store, job_id, 3, timeout_s=60)
     processes.kill("w1")
     processes.worker("w2")
     wait_for_workers(redis_client, ["w2"])

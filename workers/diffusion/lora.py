@@ -103,9 +103,12 @@ def _load(family: str, transformer: torch.nn.Module, spec: AdapterSpec) -> None:
         if loader is not None:
             state, metadata = loader.lora_state_dict(
                 str(spec.weights_path), return_lora_metadata=True)
-            loader.load_lora_into_transformer(
-                state, transformer=transformer, adapter_name=spec.name,
-                metadata=metadata or {f"{_PREFIX}{k}": v for k, v in lora_metadata(spec).items()})
+            with warnings.catch_warnings():  # PEFT's note on a second adapter, as below
+                warnings.filterwarnings("ignore", message="Already found a `peft_config`")
+                loader.load_lora_into_transformer(
+                    state, transformer=transformer, adapter_name=spec.name,
+                    metadata=metadata or {f"{_PREFIX}{k}": v
+                                          for k, v in lora_metadata(spec).items()})
             return
         state = {key.removeprefix(_PREFIX): value
                  for key, value in load_file(spec.weights_path).items()}
