@@ -29,8 +29,8 @@ SECRET = "br0ker-s3cret"
 
 
 @pytest.fixture()
-def broker_server(tmp_path: Path) -> Iterator[EmbeddedRedis]:
-    server = EmbeddedRedis(tmp_path / "broker", appendonly=False)
+def broker_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
+    server = EmbeddedRedis(tmp_path_factory.mktemp("broker"), appendonly=False)
     server.start()
     yield server
     server.stop()
