@@ -24,6 +24,7 @@ from tasks.runtime import current_settings, separate_broker
 from tasks.store import CommitStatus, JobStore
 from tasks.submit import JobService
 from tests.conftest import Processes, recover_once, use_stack_env, wait_for, wait_for_workers
+from tests.integration.test_model_jobs import IMAGE, uninterrupted_artifact
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -147,6 +148,37 @@ def test_a_worker_sigkilled_mid_job_with_the_broker_apart_gets_its_job_finished_
     audit = _audit(service.store, job_id)
     assert audit.exact, audit.problem()
     assert int(service.store.fields(job_id)["epoch"]) >= 1
+    assert _kombu_keys(redis_client) == []
+
+
+def test_an_image_job_preempted_and_resumed_on_another_worker_matches_the_uninterrupted_run(
+    apart: Processes, redis_client: redis.Redis, broker_redis: redis.Redis
+) -> None:
+    # given an image job running on w1, the broker apart
+    apart.worker("w1")
+    wait_for_workers(redis_client, ["w1"])
+    service = JobService(_store(redis_client, broker_redis), current_settings())
+    store = service.store
+    job_id, _ = service.submit(JobSpec(kind="image", slo=SloClass.BATCH, params=IMAGE,
+                                       deadline_s=600))
+    wait_for(lambda: int(store.fields(job_id)["next_chunk"]) >= 3, 60, "three chunks on w1")
+
+    # when it is preempted, w1 goes away and w2 resumes it from its checkpoint
+    wait_for(lambda: store.request_preempt(job_id, state=(r := store.record(job_id)).state,
+                                           epoch=r.epoch), 10, "the preempt flag to be set")
+    wait_for(lambda: store.state(job_id) is JobState.PREEMPTED, 30, "the job to yield")
+    apart.kill("w1")
+    apart.worker("w2")
+    wait_for_workers(redis_client, ["w2"])
+    release(store, store.record(job_id), queue="batch", by="test", reason="resume elsewhere")
+
+    # then both ran it, and its image is the uninterrupted run's, byte for byte
+    wait_for(lambda: store.state(job_id) is JobState.DONE, 90, "the job to finish on w2")
+    assert {e["by"] for e in store.events(job_id) if e["kind"] == "commit"} == {"w1@test",
+                                                                                  "w2@test"}
+    record = store.record(job_id)
+    artifact = (current_settings().artifacts_path / str(record.artifact)).read_bytes()
+    assert artifact == uninterrupted_artifact("image", IMAGE)
     assert _kombu_keys(redis_client) == []
 
 
