@@ -361,7 +361,8 @@ class JobStore:
     def __init__(self, client: redis.Redis, *, commit_replicas: int = 0,
                  commit_replica_timeout_s: float = 0.5, broker: redis.Redis | None = None) -> None:
         self.redis = client
-        self.broker = broker or client  # the Celery queues' lists (``broker.url``): read only
+        # Celery's queue lists, only read here: another Redis with ``broker.url``, else this one
+        self.broker = broker if broker is not None else client
         self.commit_replicas = commit_replicas  # a commit waits for them (WAIT); 0: none
         self.commit_replica_timeout_ms = max(1, round(commit_replica_timeout_s * 1000))
         self._transition = scripts.register(client, "transition")
