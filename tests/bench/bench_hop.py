@@ -42,7 +42,7 @@ from app.schemas import JobSpec
 from app.stack import Stack
 from scheduler.lifecycle import SloClass
 from tasks.dispatch import direct_publish
-from tasks.runtime import connect, current_settings, redis_url
+from tasks.runtime import broker_url, connect, current_settings, redis_url
 from tasks.store import JobStore
 from tasks.submit import JobService
 
@@ -127,7 +127,7 @@ class Floor:
              "solo", "-Q", "bench-floor", "-n", "floor@%h", "--loglevel", "WARNING",
              "--without-mingle", "--without-gossip"], env={**env, "PYTHONPATH": str(ROOT)},
             cwd=ROOT, stdout=self.log, stderr=self.log)
-        self.client = connect(redis_url(current_settings()))
+        self.client = connect(broker_url(current_settings()))  # the chain records it there
         time.sleep(3.0)  # the worker's start
 
     def overheads(self, step_ms: float, hops: int, rounds: int) -> list[float]:
