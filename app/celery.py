@@ -16,10 +16,10 @@ from tasks.events import FLUSH_KEY, consumer_path
 from tasks.routing import ALL_QUEUES, CHUNK_TASK, CONTROL, INTERACTIVE, TICK_TASK
 from tasks.runtime import (
     KEEPALIVE_OPTIONS,
+    broker_url,
     current_settings,
     is_sentinel_url,
     kombu_url,
-    redis_url,
     use_celery,
 )
 from tasks.settings import Settings
@@ -44,7 +44,7 @@ def broker_connection_options(broker_url: str, settings: Settings) -> dict[str, 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
     """Celery settings derived from Stepline's; one place, so workers and clients agree."""
-    broker = kombu_url(redis_url(settings))
+    broker = kombu_url(broker_url(settings))
     interval_s = settings.scheduler.origin_detection_interval
     return {
         "broker_url": broker,

@@ -224,6 +224,10 @@ class Stack:
             self.redis = EmbeddedRedis(
                 self.run_dir, appendfsync=self.settings.broker.redis_appendfsync)
             self.redis.start()
+        if self.settings.broker.url is not None:  # the broker given: no second embedded server
+            store_url = self.redis.url if self.redis is not None else self.settings.redis_url
+            log.info("job store %s, broker %s", mask_url(store_url or ""),
+                     mask_url(self.settings.broker.url))
         for _ in range(self.workers):
             self.start_worker()
         if not self.worker_range.fixed:
@@ -424,6 +428,8 @@ def up_banner(stack: Stack, pool: WorkerRange) -> str:
     settings, run_dir = stack.settings, stack.run_dir
     where = (mask_url(settings.redis_url) if settings.redis_url
              else f"embedded, {run_dir / SOCKET_NAME}")
+    if settings.broker.url is not None:
+        where += f", broker {mask_url(settings.broker.url)}"
     key = "configured keys (api.keys)" if settings.api.keys else run_dir / API_KEY_FILE
     login = ("api.flower_password" if settings.api.flower_password
              else run_dir / FLOWER_AUTH_FILE)

@@ -20,7 +20,7 @@ from tasks.artifacts import ArtifactStore
 from tasks.checkpoint_objects import CheckpointObjects, CheckpointSweeper
 from tasks.heartbeat import Heartbeat
 from tasks.record import encode
-from tasks.runtime import current_settings, store_client
+from tasks.runtime import broker_client, current_settings, store_client
 from tasks.settings import Settings
 from tasks.settings.moe import cache_config, router_config
 from tasks.store import JobStore, mark_changed, write_heartbeat
@@ -280,6 +280,7 @@ def worker_context() -> WorkerContext:
     """The context of this process (built on first use)."""
     settings = current_settings()
     store = JobStore(store_client(settings), commit_replicas=settings.broker.commit_replicas,
-                     commit_replica_timeout_s=settings.broker.commit_replica_timeout)
+                     commit_replica_timeout_s=settings.broker.commit_replica_timeout,
+                     broker=broker_client(settings))
     artifacts = ArtifactStore.from_settings(settings)
     return WorkerContext(settings=settings, store=store, artifacts=artifacts)

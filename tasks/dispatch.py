@@ -20,7 +20,7 @@ from scheduler.lifecycle import JobState
 from tasks import keys
 from tasks.record import JobRecord, encode
 from tasks.routing import BATCH_TASK, CHUNK_TASK, affinity_worker, class_queue_of
-from tasks.runtime import celery, current_settings
+from tasks.runtime import celery, current_settings, separate_broker
 from tasks.store import JobStore, NextMessage, mark_changed
 
 if TYPE_CHECKING:
@@ -46,9 +46,12 @@ def publish_chunk(store: JobStore, job: JobRecord, *, chunk: int, epoch: int, qu
 
 def direct_publish(settings: Settings | None = None) -> bool:
     """Whether Stepline writes its task messages onto the queues itself
-    (``broker.direct_publish``; Celery's publish when ``task_sent_events`` wants its event)."""
-    broker = (settings or current_settings()).broker
-    return broker.direct_publish and not broker.task_sent_events
+    (``broker.direct_publish``; Celery's publish when ``task_sent_events`` wants its event, or
+    when the queues live on another Redis than the store, ``broker.url``)."""
+    settings = settings or current_settings()
+    broker = settings.broker
+    return broker.direct_publish and not broker.task_sent_events \
+        and not separate_broker(settings)
 
 
 def _send(store: JobStore, task_name: str, task_id: str, args: list[Any],

@@ -230,14 +230,13 @@ class ReadModel:
             return None
 
     def list_lengths(self, names: Sequence[str]) -> list[int]:
-        pipe = self.store.redis.pipeline(transaction=False)
-        for name in names:
-            pipe.llen(name)
-        return [int(n) for n in pipe.execute()]
+        """The length of each of kombu's queue lists (on the broker)."""
+        return self.store.queue_lengths(names)
 
     def list_tails(self, names: Sequence[str], count: int) -> list[list[bytes]]:
-        """The last ``count`` entries of each list (a kombu queue's oldest messages)."""
-        pipe = self.store.redis.pipeline(transaction=False)
+        """The last ``count`` entries of each of kombu's queue lists (its oldest messages), read
+        from the broker."""
+        pipe = self.store.broker.pipeline(transaction=False)
         for name in names:
             pipe.lrange(name, -count, -1)
         return cast(list[list[bytes]], pipe.execute())

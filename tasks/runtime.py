@@ -44,6 +44,17 @@ def redis_url(settings: Settings) -> str:
     return settings.redis_url or socket_url(Path(settings.run_dir))
 
 
+def broker_url(settings: Settings) -> str:
+    """Celery's broker: ``broker.url`` when set, else the store's Redis (:func:`redis_url`)."""
+    return settings.broker.url or redis_url(settings)
+
+
+def separate_broker(settings: Settings) -> bool:
+    """Whether the broker's queues live on another Redis than the job store: then no store
+    script or transaction can write a queue, and queue lists are read from the broker."""
+    return settings.broker.url is not None and settings.broker.url != redis_url(settings)
+
+
 def kombu_url(url: str) -> str:
     """Celery spells a unix-socket Redis ``redis+socket://``; redis-py spells it ``unix://``."""
     if url.startswith("unix://"):
@@ -101,6 +112,14 @@ def connect(url: str, *, sentinel_master: str = "stepline") -> redis.Redis:
 def store_client(settings: Settings) -> redis.Redis:
     """The store's client for ``settings`` (a plain URL, a socket or Sentinel)."""
     return connect(redis_url(settings), sentinel_master=settings.broker.sentinel_master)
+
+
+def broker_client(settings: Settings) -> redis.Redis | None:
+    """A client for the broker's queue lists when they live apart (:func:`separate_broker`);
+    None when they are the store's own."""
+    if not separate_broker(settings):
+        return None
+    return connect(broker_url(settings), sentinel_master=settings.broker.sentinel_master)
 
 
 _celery_app: Celery | None = None

@@ -359,8 +359,10 @@ class JobStore:
     """Jobs in Redis. All methods are safe to call from any process."""
 
     def __init__(self, client: redis.Redis, *, commit_replicas: int = 0,
-                 commit_replica_timeout_s: float = 0.5) -> None:
+                 commit_replica_timeout_s: float = 0.5, broker: redis.Redis | None = None) -> None:
         self.redis = client
+        # Celery's queue lists, only read here: another Redis with ``broker.url``, else this one
+        self.broker = broker if broker is not None else client
         self.commit_replicas = commit_replicas  # a commit waits for them (WAIT); 0: none
         self.commit_replica_timeout_ms = max(1, round(commit_replica_timeout_s * 1000))
         self._transition = scripts.register(client, "transition")
@@ -615,14 +617,26 @@ class JobStore:
     def chunk_signals(self, job_id: str, ahead: Sequence[str] = ()) -> tuple[bool, str | None]:
         """What a running chunk asks between its block groups, in one round trip: whether the
         job's preempt or cancel flag is raised, and the first of the queues ``ahead`` (those
-        its worker takes before the job's own) that holds work (None: none does)."""
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hmget(keys.job(job_id), "preempt", "cancel")
-        for queue in ahead:
-            pipe.llen(queue)
-        flags, *lengths = pipe.execute()
+        its worker takes before the job's own) that holds work (None: none does). With the
+        queues on a broker of their own, one round trip to each."""
+        if self.broker is not self.redis and ahead:
+            flags = self.redis.hmget(keys.job(job_id), "preempt", "cancel")
+            lengths = self.queue_lengths(ahead)
+        else:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.hmget(keys.job(job_id), "preempt", "cancel")
+            for queue in ahead:
+                pipe.llen(queue)
+            flags, *lengths = pipe.execute()
         waiting = next((q for q, n in zip(ahead, lengths, strict=True) if int(n) > 0), None)
         return any(flag == b"1" for flag in flags), waiting
+
+    def queue_lengths(self, queues: Sequence[str]) -> list[int]:
+        """The length of each Celery queue list, read from the broker in one round trip."""
+        pipe = self.broker.pipeline(transaction=False)
+        for queue in queues:
+            pipe.llen(queue)
+        return [int(n) for n in pipe.execute()]
 
     # chunks -----------------------------------------------------------------------------------
     def claim(self, request: ClaimRequest) -> tuple[JobRecord | str, bytes | None]:

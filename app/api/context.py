@@ -12,7 +12,7 @@ from tasks.artifacts import ArtifactStore
 from tasks.errors import JobNotFound
 from tasks.read_model import ReadModel
 from tasks.record import JobRecord, UnreadableRecord
-from tasks.runtime import store_client
+from tasks.runtime import broker_client, store_client
 from tasks.settings import Settings
 from tasks.store import JobStore
 from tasks.submit import JobService
@@ -35,7 +35,8 @@ class ApiContext:
     def from_settings(cls, settings: Settings) -> ApiContext:
         client = store_client(settings)
         store = JobStore(client, commit_replicas=settings.broker.commit_replicas,
-                         commit_replica_timeout_s=settings.broker.commit_replica_timeout)
+                         commit_replica_timeout_s=settings.broker.commit_replica_timeout,
+                         broker=broker_client(settings))
         return cls(
             settings=settings, store=store, reads=ReadModel(store),
             service=JobService(store, settings), artifacts=ArtifactStore.from_settings(settings),

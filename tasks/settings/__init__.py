@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings import SettingsError as EnvSourceError
 
 from tasks.errors import SettingsError
+from tasks.redact import mask_url
 from tasks.settings.affinity import AffinitySettings
 from tasks.settings.api import ApiSettings
 from tasks.settings.artifacts import ArtifactSettings
@@ -39,11 +40,23 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.yaml"
 
 
+BROKER_SCHEMES = ("redis://", "rediss://", "unix://", "sentinel://")
+"""The URL forms ``broker.url`` takes (those of ``REDIS_URL``)."""
+
+
 class BrokerSettings(BaseModel):
     """Celery and Redis transport knobs."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
+    url: str | None = None
+    """Celery's broker, when it lives apart from the job store (``REDIS_URL``): ``redis://``,
+    ``rediss://``, ``unix://`` or Sentinel's ``sentinel://...;sentinel://...`` (its master
+    named ``sentinel_master``). null: the store's Redis carries the queues too. Apart, a hop
+    is two round trips instead of one (``direct_publish`` is off in effect: the commit cannot
+    push a message onto another server in its own script) and the queue depths are read from
+    the broker; a chunk committed but never published is requeued by the tick after
+    ``chunk_lease``."""
     visibility_timeout: Seconds = Field(default=120.0, ge=1, le=86400)
     """An unacknowledged chunk is redelivered after this long; sized for the longest step."""
     unacked_restore_interval: Seconds = Field(default=5.0, ge=0.1, le=3600)
@@ -97,6 +110,14 @@ class BrokerSettings(BaseModel):
     """fsync policy of the embedded Redis's append-only file: ``everysec`` may lose about the
     last second of writes to a machine crash (not to a killed redis-server); ``always`` loses
     no acknowledged write, at a throughput cost."""
+
+    @field_validator("url")
+    @classmethod
+    def _known_scheme(cls, url: str | None) -> str | None:
+        if url is not None and not url.startswith(BROKER_SCHEMES):
+            raise ValueError(f"expected a Redis URL ({', '.join(BROKER_SCHEMES)}) or null, "
+                             f"not {mask_url(url)!r}")
+        return url
 
 
 class ServiceSettings(BaseModel):

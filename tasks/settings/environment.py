@@ -13,6 +13,8 @@ from typing import Annotated, Any, Union, get_args, get_origin
 from pydantic import BaseModel
 from pydantic_core import ErrorDetails
 
+from tasks.redact import mask_url
+
 ENV_PREFIX = "STEPLINE_"
 NESTING = "__"
 _COMPLEX = {list: "a JSON list", tuple: "a JSON list", set: "a JSON list",
@@ -69,10 +71,12 @@ def describe_error(error: ErrorDetails, values: Sequence[EnvValue]) -> str:
     key, value = ".".join(loc), error.get("input")
     expected = _expectation(error)
     source = supplier(loc, values)
+    shown = mask_url(repr(value))  # a bad URL's password is not printed either
     if source is None:
-        return f"invalid setting {key} = {value!r}: {expected}"
-    where = key if source.path == loc else f"{key} = {value!r}"
-    return f"invalid environment variable {source.name}={source.raw!r} ({where}): {expected}"
+        return f"invalid setting {key} = {shown}: {expected}"
+    where = key if source.path == loc else f"{key} = {shown}"
+    return f"invalid environment variable {source.name}={mask_url(repr(source.raw))} ({where}): " \
+           f"{expected}"
 
 
 def supplier(loc: tuple[str, ...], values: Sequence[EnvValue]) -> EnvValue | None:

@@ -37,10 +37,12 @@ from app.bench.driver import replay
 from app.bench.report import median_ci, percentile
 from app.bench.workload import generate_trace, load_workload
 from app.celery import configure as configure_celery
+from app.embedded_redis import EmbeddedRedis
 from app.schemas import JobSpec
 from app.stack import Stack
 from scheduler.lifecycle import SloClass
-from tasks.runtime import connect, current_settings, redis_url
+from tasks.dispatch import direct_publish
+from tasks.runtime import broker_url, connect, current_settings, redis_url
 from tasks.store import JobStore
 from tasks.submit import JobService
 
@@ -125,7 +127,7 @@ class Floor:
              "solo", "-Q", "bench-floor", "-n", "floor@%h", "--loglevel", "WARNING",
              "--without-mingle", "--without-gossip"], env={**env, "PYTHONPATH": str(ROOT)},
             cwd=ROOT, stdout=self.log, stderr=self.log)
-        self.client = connect(redis_url(current_settings()))
+        self.client = connect(broker_url(current_settings()))  # the chain records it there
         time.sleep(3.0)  # the worker's start
 
     def overheads(self, step_ms: float, hops: int, rounds: int) -> list[float]:
@@ -260,6 +262,9 @@ def main() -> None:
                         help="probe jobs declare batch_growth: each hops as a batch of one")
     parser.add_argument("--no-task-events", action="store_true",
                         help="workers send no Celery task events (what they cost a hop)")
+    parser.add_argument("--broker-apart", action="store_true",
+                        help="Celery's broker on a second embedded Redis (broker.url): each "
+                             "hop publishes through Celery, then writes its bookkeeping")
     args = parser.parse_args()
     if args.no_task_events:
         os.environ["STEPLINE_BROKER__TASK_EVENTS"] = "false"  # the stack's workers inherit it
@@ -267,6 +272,9 @@ def main() -> None:
         JOB_EXTRA["batch_growth"] = 0.2
     run_dir = Path(tempfile.mkdtemp(prefix="stepline-hop-"))
     os.environ["STEPLINE_RUN_DIR"] = str(run_dir)
+    broker = EmbeddedRedis(run_dir / "broker") if args.broker_apart else None
+    if broker is not None:
+        os.environ["STEPLINE_BROKER__URL"] = broker.start()  # the stack's processes inherit it
     current_settings.cache_clear()
     settings = current_settings()
     configure_celery(settings)
@@ -275,6 +283,7 @@ def main() -> None:
     report: dict[str, Any] = {
         "workers": args.workers, "policy": args.policy, "steps": STEPS,
         "direct_publish": settings.broker.direct_publish,
+        "direct_publish_in_effect": direct_publish(settings), "broker_apart": broker is not None,
         "task_events": settings.broker.task_events,
         "affinity_kinds": list(settings.affinity.kinds), "batchable": args.batchable,
         "load_average_at_start": os.getloadavg()}
@@ -304,6 +313,8 @@ def main() -> None:
         if floor is not None:
             floor.stop()
         stack.stop()
+        if broker is not None:
+            broker.stop()
     report["load_average_at_end"] = os.getloadavg()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
