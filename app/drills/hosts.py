@@ -17,6 +17,7 @@ of the same parameters (reference jobs run before the first fault).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -292,6 +293,8 @@ class ObjectStore:
         self.secret = secrets.token_urlsafe(24)
         self.child: Child | None = None
         self.io: LoopIn | None = None
+        self._made: list[Any] = []
+        """The s3fs file systems made on ``io`` (their sessions are closed before it is)."""
 
     @property
     def endpoint_url(self) -> str:
@@ -318,7 +321,9 @@ class ObjectStore:
     def filesystem(self) -> Any:
         import s3fs
 
-        return s3fs.S3FileSystem(**self.client_options())
+        fs = s3fs.S3FileSystem(**self.client_options())
+        self._made.append(fs)
+        return fs
 
     def answers(self) -> bool:
         """Whether the S3 gateway serves the bucket (made on first answer); not listening yet
@@ -341,12 +346,19 @@ class ObjectStore:
         return {"url": f"s3://{BUCKET}/{prefix}", "endpoint_url": self.endpoint_url,
                 "access_key_id": S3_ACCESS_KEY, "secret_access_key": self.secret}
 
-    def stop(self) -> None:
+    def stop(self, *also: Any) -> None:
+        """Stop weed, then close the HTTP sessions of the file systems made on the IO loop
+        (and of ``also``, others made on it) and the loop itself."""
         try:
             if self.child is not None:
                 self.child.stop()
         finally:
             if self.io is not None:
+                for fs in [*self._made, *also]:
+                    if (session := getattr(fs, "_s3", None)) is not None:
+                        with contextlib.suppress(Exception):  # best effort: the loop goes next
+                            type(fs).close_session(self.io.loop, session)
+                self._made.clear()
                 self.io.close()
                 self.io = None
 
@@ -789,7 +801,7 @@ class HostsDrill:
                 self.hosts.stop()
             finally:
                 try:
-                    self.objects.stop()
+                    self.objects.stop(*([self.artifacts.fs] if self.artifacts else []))
                 finally:
                     self.redis.stop()
 
