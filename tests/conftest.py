@@ -52,6 +52,22 @@ def redis_client(redis_server: EmbeddedRedis) -> Iterator[redis.Redis]:
 
 
 @pytest.fixture()
+def broker_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
+    """A second server of the test's own, for Celery's broker apart from the job store."""
+    server = EmbeddedRedis(tmp_path_factory.mktemp("broker"), appendonly=False)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture()
+def broker_redis(broker_server: EmbeddedRedis) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(broker_server.url)
+    yield client
+    client.close()
+
+
+@pytest.fixture()
 def stack_env(
     redis_server: EmbeddedRedis, redis_client: redis.Redis, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,

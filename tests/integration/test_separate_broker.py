@@ -30,21 +30,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 
 @pytest.fixture()
-def broker_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
-    server = EmbeddedRedis(tmp_path_factory.mktemp("broker"))
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture()
-def broker_redis(broker_server: EmbeddedRedis) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(broker_server.url)
-    yield client
-    client.close()
-
-
-@pytest.fixture()
 def apart_env(redis_server: EmbeddedRedis, redis_client: redis.Redis,
               broker_server: EmbeddedRedis, tmp_path: Path,
               monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:

@@ -3,7 +3,6 @@ published through Celery (a store script cannot write another server); unset, on
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,6 @@ import redis
 from app.api.stats import queue_depths
 from app.autoscale import WorkerRange
 from app.celery import celery_config
-from app.embedded_redis import EmbeddedRedis
 from app.stack import Stack, up_banner
 from tasks import keys
 from tasks.dispatch import direct_publish
@@ -26,21 +24,6 @@ from tasks.store import JobStore
 pytestmark = pytest.mark.timeout(60)
 
 SECRET = "br0ker-s3cret"
-
-
-@pytest.fixture()
-def broker_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
-    server = EmbeddedRedis(tmp_path_factory.mktemp("broker"), appendonly=False)
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture()
-def broker_redis(broker_server: EmbeddedRedis) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(broker_server.url)
-    yield client
-    client.close()
 
 
 def test_unset_the_broker_is_the_stores_redis_and_hops_publish_directly(
