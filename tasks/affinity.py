@@ -7,7 +7,7 @@ class queue (``scheduler.recovery``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,35 +94,31 @@ class WorkerDirectory:
         )
 
         expected = self._expected_experts(model)
-        best: tuple[float, str] | None = None
-        for name, beat in self.bodies.items():
-            summary = beat.experts.get(model)
-            idle = beat.busy_job is None and name not in self.picked
-            consumes = affinity_queue(name, class_queue) in beat.queues
-            if summary is None or not idle or not consumes:
-                continue
-            fit = residency_fit(signature_from_masks(summary["resident"]), expected)
-            if fit >= min_fit and (best is None or (fit, name) > best):
-                best = (fit, name)
-        if best is None:
-            return None
-        self.picked.add(best[1])
-        return best[1]
+        fits = [(residency_fit(signature_from_masks(summary["resident"]), expected), name)
+                for name, beat in self._idle(class_queue)
+                if (summary := beat.experts.get(model)) is not None]
+        return self._take(max((fit for fit in fits if fit[0] >= min_fit), default=None))
 
     def warm_idle(self, model: str, class_queue: str) -> str | None:
         """An idle worker consuming its affinity queue for ``class_queue`` that holds diffusion
         model ``model`` in device memory: the one holding the fewest bytes (the least to lose
         to another model's load), by name on a tie. None when no idle worker holds it."""
         prefix = f"diffusion:{model}:"
-        best: tuple[int, str] | None = None
+        holders = [(beat.resident_bytes(), name) for name, beat in self._idle(class_queue)
+                   if isinstance(held := beat.residency.get("device", {}), Mapping)
+                   and any(str(key).startswith(prefix) for key in held)]
+        return self._take(min(holders, default=None))
+
+    def _idle(self, class_queue: str) -> Iterator[tuple[str, Heartbeat]]:
+        """The workers free for a release to ``class_queue``: idle, not picked yet this time,
+        and consuming their own queue for that class."""
         for name, beat in self.bodies.items():
-            if beat.busy_job is not None or name in self.picked \
-                    or affinity_queue(name, class_queue) not in beat.queues:
-                continue
-            held = beat.residency.get("device", {})
-            if isinstance(held, Mapping) and any(str(k).startswith(prefix) for k in held):
-                candidate = (beat.resident_bytes(), name)
-                best = candidate if best is None or candidate < best else best
+            if beat.busy_job is None and name not in self.picked \
+                    and affinity_queue(name, class_queue) in beat.queues:
+                yield name, beat
+
+    def _take(self, best: tuple[Any, str] | None) -> str | None:
+        """The worker named by the winning (score, name) pair, marked picked."""
         if best is None:
             return None
         self.picked.add(best[1])
