@@ -12,7 +12,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import cast
 
 from scheduler import (
@@ -71,45 +71,60 @@ def policy_config(settings: Settings, store: JobStore) -> PolicyConfig:
     return replace(config, policy=PolicyKind(active), recovery=recovery)
 
 
+@dataclass(slots=True)
+class TickPhases:
+    """Where one tick's time went, and how much it read: each phase's seconds (None: the tick
+    ended before it), the live jobs planned and the records read for them."""
+
+    read_s: float | None = None
+    plan_s: float | None = None
+    check_s: float | None = None
+    apply_s: float | None = None
+    jobs: int = 0
+    reread: int = 0
+
+    def stream_fields(self) -> dict[str, str]:
+        """The tick's stats entry fields: ``read_ms`` ... for the phases it ran, the counts."""
+        fields = {f"{name}_ms": f"{seconds * 1000:.3f}" for name, seconds in (
+            ("read", self.read_s), ("plan", self.plan_s), ("check", self.check_s),
+            ("apply", self.apply_s)) if seconds is not None}
+        return {**fields, "jobs": str(self.jobs), "reread": str(self.reread)}
+
+
 def run_tick(ctx: WorkerContext, now_s: float, cache: SnapshotCache | None = None,
              planner: IncrementalPlanner | None = None,
-             phases: dict[str, float] | None = None) -> TickPlan:
+             phases: TickPhases | None = None) -> TickPlan:
     """One tick: read (from ``cache`` when given, folding in what changed; else every record),
     plan (with ``planner`` when given: it keeps per-job columns across ticks, found by the
     identity of the cache's unchanged views; its plans equal ``plan_tick``'s), check, apply in
-    pipelined batches. ``phases``, when given, gets each phase's seconds (``read``, ``plan``,
-    ``check``, ``apply``), the live jobs and the records read (``jobs``, ``reread``)."""
+    pipelined batches. ``phases``, when given, gets each phase's seconds and what it read."""
     store, settings = ctx.store, ctx.settings
-    clock = time.perf_counter()
-    took = phases if phases is not None else {}
-
-    def lap(name: str) -> None:
-        nonlocal clock
-        now = time.perf_counter()
-        took[name], clock = now - clock, now
-
+    took = phases if phases is not None else TickPhases()
+    started = time.perf_counter()
     policy = policy_config(settings, store)
     cost = learned_cost_model(store, policy)
     block_groups = settings.diffusion.block_groups
     seen = (cache.read(cost, policy, now_s, block_groups) if cache is not None
             else read_snapshot(store, cost, policy, now_s, block_groups))
-    lap("read")
-    took["jobs"] = len(seen.snapshot.jobs)
-    took["reread"] = cache.changed if cache is not None else len(seen.snapshot.jobs)
+    read = time.perf_counter()
+    took.read_s, took.jobs = read - started, len(seen.snapshot.jobs)
+    took.reread = cache.changed if cache is not None else took.jobs
     plan = (planner.plan(seen.snapshot, policy, now_s) if planner is not None
             else plan_tick(seen.snapshot, policy, now_s))
-    lap("plan")
+    planned = time.perf_counter()
+    took.plan_s = planned - read
     try:
         check_plan_invariants(plan, seen.snapshot)
     except SchedulerError:
         log.exception("the plan broke an invariant; applying nothing this tick")
         return plan
-    lap("check")
+    checked = time.perf_counter()
+    took.check_s = checked - planned
     target = LiveTarget(store, seen.records, settings, buffered=True)
     apply_plan(plan, target)
     target.flush()
     advance_expert_updates(store, settings, now_s)
-    lap("apply")
+    took.apply_s = time.perf_counter() - checked
     return plan
 
 

@@ -10,7 +10,7 @@ import functools
 import gc
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import Enum
 from typing import Any
@@ -21,7 +21,7 @@ from redis.commands.core import Script
 
 from scheduler import IncrementalPlanner
 from tasks import keys, scripts
-from tasks.adapter import run_tick
+from tasks.adapter import TickPhases, run_tick
 from tasks.context import worker_context
 from tasks.routing import TICK_TASK
 from tasks.snapshot import SnapshotCache
@@ -44,7 +44,7 @@ def tick(self: Any) -> str:
         cache.invalidate()
 
     started = time.perf_counter()
-    phases: dict[str, float] = {}
+    phases = TickPhases()
     with collector_paused():
         run_tick(ctx, now_s=time.time(), cache=cache, planner=held_planner(ctx.store),
                  phases=phases)
@@ -110,15 +110,11 @@ def _lease_script(client: redis.Redis) -> Script:
     return scripts.register(client, "tick_lease")
 
 
-def _record(client: Any, duration_s: float, phases: Mapping[str, float] | None = None) -> None:
-    """Tick duration and start time, for the tick p99 and interval jitter figures; each phase's
-    milliseconds (``read_ms`` ...) and the counts run_tick gave (``jobs``, ``reread``)."""
+def _record(client: Any, duration_s: float, phases: TickPhases | None = None) -> None:
+    """Tick duration and start time, for the tick p99 and interval jitter figures; its phases'
+    milliseconds and what it read (:meth:`TickPhases.stream_fields`)."""
     now = time.time()
-    fields = {"duration_ms": f"{duration_s * 1000:.3f}", "ts": repr(now)}
-    for name, value in (phases or {}).items():
-        if name in ("jobs", "reread"):
-            fields[name] = str(int(value))
-        else:
-            fields[f"{name}_ms"] = f"{value * 1000:.3f}"
+    fields = {"duration_ms": f"{duration_s * 1000:.3f}", "ts": repr(now),
+              **(phases.stream_fields() if phases is not None else {})}
     client.xadd(keys.TICK_STATS, fields,
                 maxlen=20_000, approximate=True)

@@ -38,13 +38,14 @@ import redis
 from redis.connection import AbstractConnection
 
 from app.embedded_redis import EmbeddedRedis
-from scheduler import IncrementalPlanner, SloClass, check_plan_invariants, plan_tick
+from scheduler import IncrementalPlanner, SloClass
 from scheduler.lifecycle import JobState
-from tasks.adapter import LiveTarget, policy_config
-from tasks.apply import apply_plan
+from tasks.adapter import TickPhases, run_tick
+from tasks.artifacts import ArtifactStore
+from tasks.context import WorkerContext
 from tasks.heartbeat import Heartbeat
 from tasks.settings import Settings
-from tasks.snapshot import SnapshotCache, learned_cost_model, read_snapshot
+from tasks.snapshot import SnapshotCache
 from tasks.spec import JobSpec
 from tasks.store import JobStore, write_heartbeat
 
@@ -114,24 +115,16 @@ def populate(store: JobStore, n: int, rng: random.Random) -> list[str]:
 
 def tick(store: JobStore, settings: Settings, cache: SnapshotCache | None,
          planner: IncrementalPlanner | None = None) -> Split:
-    """``tasks.adapter.run_tick``, timed by part."""
-    started = time.perf_counter()
-    now_s = time.time()
-    policy = policy_config(settings, store)
-    cost = learned_cost_model(store, policy)
-    block_groups = settings.diffusion.block_groups
-    seen = (cache.read(cost, policy, now_s, block_groups) if cache is not None
-            else read_snapshot(store, cost, policy, now_s, block_groups))
-    read = time.perf_counter()
-    plan = (planner.plan(seen.snapshot, policy, now_s) if planner is not None
-            else plan_tick(seen.snapshot, policy, now_s))
-    check_plan_invariants(plan, seen.snapshot)
-    planned = time.perf_counter()
-    target = LiveTarget(store, seen.records, settings, buffered=True)
-    apply_plan(plan, target)
-    target.flush()
-    done = time.perf_counter()
-    return Split((read - started) * 1e3, (planned - read) * 1e3, (done - planned) * 1e3)
+    """``tasks.adapter.run_tick``, as the scheduler worker runs it, timed by its phases (the
+    invariants' check counted with the plan)."""
+    phases = TickPhases()
+    ctx = WorkerContext(settings=settings, store=store,
+                        artifacts=ArtifactStore.from_settings(settings), name="bench")
+    run_tick(ctx, time.time(), cache=cache, planner=planner, phases=phases)
+    assert phases.read_s is not None and phases.plan_s is not None
+    assert phases.check_s is not None and phases.apply_s is not None, "the plan broke an invariant"
+    return Split(phases.read_s * 1e3, (phases.plan_s + phases.check_s) * 1e3,
+                 phases.apply_s * 1e3)
 
 
 def change(store: JobStore, ids: list[str], n: int, rng: random.Random) -> None:
