@@ -18,6 +18,7 @@ import pytest
 import redis
 
 from app.celery import configure as configure_celery
+from app.drills.faults import JobAudit
 from app.embedded_redis import EmbeddedRedis
 from scheduler import CostModel, plan_tick
 from tasks import keys
@@ -177,6 +178,24 @@ def wait_for_workers(client: redis.Redis, names: list[str], timeout_s: float = 6
 
     wait_for(lambda: all(client.exists(keys.WORKER_PREFIX + f"{n}@test") for n in names), timeout_s,
              f"workers {names} to start")
+
+
+def done(store: JobStore, job_id: str) -> bool:
+    """Whether the job is DONE; a job that FAILED or was CANCELLED fails the test at once
+    (with its record), instead of a wait that runs out."""
+    from scheduler.lifecycle import JobState
+
+    state = store.state(job_id)
+    assert state not in (JobState.FAILED, JobState.CANCELLED), store.fields(job_id)
+    return state is JobState.DONE
+
+
+def job_audit(store: JobStore, job_id: str) -> JobAudit:
+    """The job's exactness audit against the configured artifact directory."""
+    from app.drills.faults import audit_job
+    from tasks.artifacts import ArtifactStore
+
+    return audit_job(store, ArtifactStore(current_settings().artifacts_path), job_id)
 
 
 def preempt_after(store: JobStore, job_id: str, chunks: int, timeout_s: float = 60) -> None:

@@ -160,6 +160,14 @@ def _holds(client: redis.Redis, worker: str, model: str) -> bool:
     return any(key.startswith(f"diffusion:{model}:") for key in device)
 
 
+def _finished_and_first_released_to(store: JobStore, job_id: str) -> str:
+    """Once the job is DONE, the reason its first release gave (which queue it went to)."""
+    wait_for(lambda: store.state(job_id) is JobState.DONE, 60, "the image job")
+    released = [e for e in store.events(job_id)
+                if e["kind"] == "state" and e["to"] == JobState.QUEUED.value]
+    return released[0]["reason"]
+
+
 def test_an_image_job_is_released_to_the_idle_worker_that_holds_its_model(
     processes: Processes, redis_client: redis.Redis
 ) -> None:
@@ -176,10 +184,8 @@ def test_an_image_job_is_released_to_the_idle_worker_that_holds_its_model(
                                        deadline_s=120))
 
     # then its release went to w1's own queue, and w1 ran its first step without a load
-    wait_for(lambda: service.store.state(job_id) is JobState.DONE, 60, "the image job")
-    released = [e for e in service.store.events(job_id)
-                if e["kind"] == "state" and e["to"] == JobState.QUEUED.value]
-    assert released[0]["reason"] == "admitted to w1@test.interactive", released[0]
+    assert _finished_and_first_released_to(service.store, job_id) == \
+        "admitted to w1@test.interactive"
     assert _commits(service.store, job_id)[0]["by"] == "w1@test"
 
 
@@ -193,7 +199,4 @@ def test_with_no_warm_worker_an_image_job_goes_to_its_class_queue(
     # when an image job is submitted, then it is released to its class queue (any worker)
     job_id, _ = service.submit(JobSpec(kind="image", slo=SloClass.INTERACTIVE, params=IMAGE,
                                        deadline_s=120))
-    wait_for(lambda: service.store.state(job_id) is JobState.DONE, 60, "the image job")
-    released = [e for e in service.store.events(job_id)
-                if e["kind"] == "state" and e["to"] == JobState.QUEUED.value]
-    assert released[0]["reason"] == "admitted to interactive", released[0]
+    assert _finished_and_first_released_to(service.store, job_id) == "admitted to interactive"

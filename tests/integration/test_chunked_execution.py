@@ -13,7 +13,7 @@ from scheduler.lifecycle import JobState, SloClass
 from tasks.runtime import current_settings
 from tasks.store import JobStore
 from tasks.submit import JobService
-from tests.conftest import Processes, wait_for, wait_for_workers
+from tests.conftest import Processes, done, wait_for, wait_for_workers
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -29,12 +29,6 @@ def _simulated(slo: SloClass, steps: int, step_ms: float) -> JobSpec:
 
 def _commits(store: JobStore, job_id: str) -> list[dict[str, str]]:
     return [e for e in store.events(job_id) if e["kind"] == "commit"]
-
-
-def _done(store: JobStore, job_id: str) -> bool:
-    state = store.state(job_id)
-    assert state not in (JobState.FAILED, JobState.CANCELLED), store.fields(job_id)
-    return state is JobState.DONE
 
 
 @pytest.mark.parametrize("direct", [True, False], ids=["direct-publish", "celery-publish"])
@@ -53,7 +47,7 @@ def test_a_20_chunk_job_runs_as_20_distinct_chunk_tasks(
 
     job_id, _ = service.submit(_simulated(SloClass.INTERACTIVE, steps=20, step_ms=10))
 
-    wait_for(lambda: _done(service.store, job_id), 60, "the job to finish")
+    wait_for(lambda: done(service.store, job_id), 60, "the job to finish")
     commits = _commits(service.store, job_id)
     assert [int(c["chunk"]) for c in commits] == list(range(20))
     assert len({c["task"] for c in commits}) == 20
@@ -77,7 +71,7 @@ def test_realtime_chunk_runs_before_interactive_and_batch_behind_a_busy_worker(
     interactive, _ = service.submit(_simulated(SloClass.INTERACTIVE, steps=1, step_ms=10))
     realtime, _ = service.submit(_simulated(SloClass.REALTIME, steps=1, step_ms=10))
 
-    wait_for(lambda: all(_done(service.store, j) for j in (batch, interactive, realtime)), 60,
+    wait_for(lambda: all(done(service.store, j) for j in (batch, interactive, realtime)), 60,
              "all three jobs to finish")
     started = {j: float(service.store.fields(j)["started_at"]) for j in (batch, interactive,
                                                                         realtime)}
@@ -98,7 +92,7 @@ def test_a_job_survives_a_sigkilled_worker_with_no_chunk_lost_or_applied_twice(
     killed_at = time.time()
     processes.worker("w2")
 
-    wait_for(lambda: _done(service.store, job_id), 90, "the job to finish on w2")
+    wait_for(lambda: done(service.store, job_id), 90, "the job to finish on w2")
     commits = _commits(service.store, job_id)
     assert sorted(int(c["chunk"]) for c in commits) == list(range(30))
     assert {c["by"] for c in commits} == {"w1@test", "w2@test"}

@@ -11,14 +11,13 @@ import time
 import pytest
 import redis
 
-from app.drills.faults import FENCED_LOG, audit_job
+from app.drills.faults import FENCED_LOG
 from app.schemas import JobSpec
 from scheduler.lifecycle import JobState, SloClass
-from tasks.artifacts import ArtifactStore
 from tasks.runtime import current_settings
 from tasks.store import JobStore
 from tasks.submit import JobService
-from tests.conftest import Processes, recover_once, wait_for, wait_for_workers
+from tests.conftest import Processes, done, job_audit, recover_once, wait_for, wait_for_workers
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -44,16 +43,6 @@ def _inside_chunk(store: JobStore, job_id: str, min_chunk: int, lo_s: float, hi_
     return f["running_on"].split("@")[0] if lo_s <= elapsed_s <= hi_s else None
 
 
-def _done(store: JobStore, job_id: str) -> bool:
-    state = store.state(job_id)
-    assert state not in (JobState.FAILED, JobState.CANCELLED), store.fields(job_id)
-    return state is JobState.DONE
-
-
-def _audit(store: JobStore, job_id: str) -> object:
-    return audit_job(store, ArtifactStore(current_settings().artifacts_path), job_id)
-
-
 def test_a_worker_sigkilled_between_block_groups_is_survived_with_the_exact_result(
     processes: Processes, redis_client: redis.Redis
 ) -> None:
@@ -72,9 +61,9 @@ def test_a_worker_sigkilled_between_block_groups_is_survived_with_the_exact_resu
     processes.kill(str(victim))
 
     # then the other worker resumes it from the checkpoint: every chunk once, in order
-    wait_for(lambda: _done(service.store, job_id), 60, "the job to finish")
-    audit = _audit(service.store, job_id)
-    assert audit.exact, audit.problem()  # type: ignore[attr-defined]
+    wait_for(lambda: done(service.store, job_id), 60, "the job to finish")
+    audit = job_audit(service.store, job_id)
+    assert audit.exact, audit.problem()
     fields = service.store.fields(job_id)
     assert int(fields["epoch"]) >= 1  # the watchdog requeued it under a new epoch
     resumed_by = {e["by"] for e in service.store.events(job_id)
@@ -99,14 +88,14 @@ def test_a_frozen_worker_loses_its_chunk_to_the_watchdog_and_its_late_commit_is_
     os.kill(processes.procs[victim].pid, signal.SIGSTOP)
     try:
         # then its lease lapses, the watchdog requeues the chunk, and the other worker finishes
-        wait_for(lambda: _done(service.store, job_id), 60, "the job to finish elsewhere")
+        wait_for(lambda: done(service.store, job_id), 60, "the job to finish elsewhere")
     finally:
         os.kill(processes.procs[victim].pid, signal.SIGCONT)
 
     # and the thawed worker's commit of the old attempt lands nowhere
     wait_for(lambda: FENCED_LOG in processes.log(victim), 20, "the late commit to be fenced")
-    audit = _audit(service.store, job_id)
-    assert audit.exact, audit.problem()  # type: ignore[attr-defined]
+    audit = job_audit(service.store, job_id)
+    assert audit.exact, audit.problem()
     assert processes.procs[victim].poll() is None  # and it keeps serving
 
 
@@ -160,7 +149,7 @@ def test_a_hung_chunk_with_a_live_heartbeat_is_requeued_and_its_peers_are_not(
 
         wait_for(heal_once, 20, "the healer to requeue the hung chunk")
         waited_s = time.time() - hung_at
-        wait_for(lambda: all(_done(store, j) for j in (job_id, peer_id)), 60,
+        wait_for(lambda: all(done(store, j) for j in (job_id, peer_id)), 60,
                  "both jobs to finish on the other worker")
     finally:
         _release_breakpoint(ports[victim])
@@ -170,8 +159,8 @@ def test_a_hung_chunk_with_a_live_heartbeat_is_requeued_and_its_peers_are_not(
     assert lease_left_s[0] > 0  # its heartbeat was alive: the lease watchdog could not act
     wait_for(lambda: FENCED_LOG in processes.log(victim), 20, "the late commit to be fenced")
     for job in (job_id, peer_id):
-        audit = _audit(store, job)
-        assert audit.exact, audit.problem()  # type: ignore[attr-defined]
+        audit = job_audit(store, job)
+        assert audit.exact, audit.problem()
     reasons = [e["reason"] for e in store.events(job_id) if e.get("by") == "healer"]
     assert len(reasons) == 1 and "live heartbeat" in reasons[0]
 

@@ -13,17 +13,23 @@ import pytest
 import redis
 
 from app.celery import configure as configure_celery
-from app.drills.faults import JobAudit, audit_job
 from app.embedded_redis import EmbeddedRedis
 from app.schemas import JobSpec
 from scheduler.lifecycle import JobState, SloClass
-from tasks.artifacts import ArtifactStore
 from tasks.dispatch import release
 from tasks.routing import ALL_QUEUES
 from tasks.runtime import current_settings, separate_broker
 from tasks.store import CommitStatus, JobStore
 from tasks.submit import JobService
-from tests.conftest import Processes, recover_once, use_stack_env, wait_for, wait_for_workers
+from tests.conftest import (
+    Processes,
+    done,
+    job_audit,
+    recover_once,
+    use_stack_env,
+    wait_for,
+    wait_for_workers,
+)
 from tests.integration.test_model_jobs import IMAGE, uninterrupted_artifact
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -59,16 +65,6 @@ def _submit(service: JobService, steps: int, step_ms: float) -> str:
     return service.submit(spec)[0]
 
 
-def _done(store: JobStore, job_id: str) -> bool:
-    state = store.state(job_id)
-    assert state not in (JobState.FAILED, JobState.CANCELLED), store.fields(job_id)
-    return state is JobState.DONE
-
-
-def _audit(store: JobStore, job_id: str) -> JobAudit:
-    return audit_job(store, ArtifactStore(current_settings().artifacts_path), job_id)
-
-
 def _kombu_keys(client: redis.Redis) -> list[bytes]:
     """What kombu keeps in a Redis: queue lists, bindings, the unacked messages."""
     found = [*client.keys("_kombu*"), *client.keys("unacked*")]
@@ -100,10 +96,10 @@ def test_jobs_run_exactly_with_every_queue_on_the_broker_and_none_in_the_store(
     # and once two workers take the queues, the job hops chunk by chunk through Celery
     apart.worker("w1")
     apart.worker("w2")
-    wait_for(lambda: _done(service.store, job_id), 60, "the job to finish")
+    wait_for(lambda: done(service.store, job_id), 60, "the job to finish")
 
     # then every chunk ran once, in order, each its own task, and kombu kept nothing in the store
-    audit = _audit(service.store, job_id)
+    audit = job_audit(service.store, job_id)
     assert audit.exact, audit.problem()
     commits = [e for e in service.store.events(job_id) if e["kind"] == "commit"]
     assert [int(c["chunk"]) for c in commits] == list(range(12))
@@ -129,8 +125,8 @@ def test_a_worker_sigkilled_mid_job_with_the_broker_apart_gets_its_job_finished_
     apart.kill(victim)
 
     # then the tick requeues it and the other worker finishes it: every chunk once, in order
-    wait_for(lambda: _done(service.store, job_id), 90, "the job to finish")
-    audit = _audit(service.store, job_id)
+    wait_for(lambda: done(service.store, job_id), 90, "the job to finish")
+    audit = job_audit(service.store, job_id)
     assert audit.exact, audit.problem()
     assert int(service.store.fields(job_id)["epoch"]) >= 1
     assert _kombu_keys(redis_client) == []

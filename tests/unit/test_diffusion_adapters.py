@@ -181,6 +181,21 @@ def _run_whole(runner: DiffusionRunner, params: Mapping[str, Any]) -> torch.Tens
     return _ours(runner, params, state)
 
 
+def _run_batched(runner: DiffusionRunner, jobs: list[dict[str, Any]]
+                 ) -> tuple[list[Any], set[int]]:
+    """Every chunk of ``jobs`` through one ``run_batch`` call per step: their final latents,
+    and the batch sizes the denoise steps (chunk 1 on) reported."""
+    states: list[Any] = [None] * len(jobs)
+    sizes: set[int] = set()
+    for index in range(STEPS + 1):
+        results = runner.run_batch([BatchItem(params=p, index=index, state=s)
+                                    for p, s in zip(jobs, states, strict=True)])
+        if index > 0:
+            sizes.update(r.metrics["batch_size"] for r in results)
+        states = [r.state for r in results]
+    return [state.tensors["latents"] for state in states], sizes
+
+
 def test_adapters_switch_on_one_resident_base_without_a_rebuild(registry: AdapterRegistry) -> None:
     # given one runner whose resident PixArt serves jobs with different adapter sets in turn
     runner = _runner(_params("pixart-tiny", registry, []), registry)
@@ -220,16 +235,12 @@ def test_a_batch_of_same_adapter_jobs_matches_their_lone_runs_within_rounding(
     jobs = [_params("pixart-tiny", registry, [("pixart-b", 0.6)], seed=s) for s in (1, 2)]
     runner = _runner(jobs[0], registry)
     alone = [_run_whole(runner, p) for p in jobs]
-    states: list[Any] = [None, None]
     # when their chunks run through run_batch together
-    for index in range(STEPS + 1):
-        results = runner.run_batch([BatchItem(params=p, index=index, state=s)
-                                    for p, s in zip(jobs, states, strict=True)])
-        assert index == 0 or all(r.metrics["batch_size"] == 2 for r in results)
-        states = [r.state for r in results]
+    latents, sizes = _run_batched(runner, jobs)
+    assert sizes == {2}  # every denoise step one forward of both
     # then each job's output is its lone run's, within float rounding of the shared forward
-    for state, expected in zip(states, alone, strict=True):
-        torch.testing.assert_close(state.tensors["latents"], expected, rtol=1e-3, atol=1e-3)
+    for out, expected in zip(latents, alone, strict=True):
+        torch.testing.assert_close(out, expected, rtol=1e-3, atol=1e-3)
 
 
 def test_unknown_and_misfitting_adapters_are_refused_by_name(registry: AdapterRegistry) -> None:
@@ -304,13 +315,9 @@ def test_one_batch_call_over_jobs_of_different_adapter_sets_gives_each_its_lone_
             ([("pixart-a", 1.0)], [], [("pixart-b", 0.5)])]
     runner = _runner(jobs[0], registry)
     alone = [_run_whole(runner, p) for p in jobs]
-    states: list[Any] = [None] * len(jobs)
     # when their chunks go to run_batch together, step by step
-    for index in range(STEPS + 1):
-        results = runner.run_batch([BatchItem(params=p, index=index, state=s)
-                                    for p, s in zip(jobs, states, strict=True)])
-        assert index == 0 or all(r.metrics["batch_size"] == 1 for r in results)
-        states = [r.state for r in results]
+    latents, sizes = _run_batched(runner, jobs)
+    assert sizes == {1}  # every job its own forward
     # then no forward mixed them: each job's output is bit-identical to its lone run
-    for state, expected in zip(states, alone, strict=True):
-        assert torch.equal(state.tensors["latents"], expected)
+    for out, expected in zip(latents, alone, strict=True):
+        assert torch.equal(out, expected)
