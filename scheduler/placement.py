@@ -159,17 +159,19 @@ def place(need: ModelNeed, workers: Sequence[Holding], estimates: LoadEstimates,
             return Placement(min(w.name for w in warm_idle), 0.0, 0.0, "idle and warm")
         return Placement(None, 0.0, cold, "class queue: no idle worker holds it")
     queued = demand or {}
-    best: tuple[float, float, str] | None = None  # (start, load, name)
+    best: tuple[float, float, bool, str] | None = None  # (start, load, evicts, name)
     for w in workers:
         if not math.isfinite(w.free_in_s):
             continue
         load = estimates.load_s(need, w)
         start = w.free_in_s + load + _displacement_s(need, w, estimates, queued)
-        if best is None or (start, load, w.name) < best:
-            best = (start, load, w.name)
+        # on a tie, a worker with room: a load there evicts nothing a later job may want
+        candidate = (start, load, _evicts(need, w), w.name)
+        if best is None or candidate < best:
+            best = candidate
     if best is None:
         return Placement(None, 0.0, cold, "class queue: no worker's free time is known")
-    start, load, name = best
+    start, load, _, name = best
     reason = "warm" if load == 0.0 else "cold: the soonest start counting its load"
     return Placement(name, start, load, reason)
 
@@ -177,6 +179,11 @@ def place(need: ModelNeed, workers: Sequence[Holding], estimates: LoadEstimates,
 def _cold_s(need: ModelNeed, workers: Sequence[Holding], estimates: LoadEstimates) -> float:
     """The load a worker not holding the model pays (from disk, plus every adapter)."""
     return estimates.load_s(need, Holding("", device=frozenset(), host=frozenset()))
+
+
+def _evicts(need: ModelNeed, worker: Holding) -> bool:
+    """Whether loading ``need`` on ``worker`` must evict a model from its full device."""
+    return need.model not in worker.device and 0 < worker.capacity <= len(worker.device)
 
 
 def _displacement_s(need: ModelNeed, worker: Holding, estimates: LoadEstimates,

@@ -26,6 +26,7 @@ from scheduler import (
 )
 from scheduler.errors import SchedulerError
 from scheduler.lifecycle import JobState
+from scheduler.model import ClusterSnapshot
 from scheduler.plan import LevelMark, Release
 from scheduler.recovery import Failure, Recovery, RecoveryCause, RecoveryConfig
 from tasks import keys
@@ -35,6 +36,7 @@ from tasks.affinity import (
     common_prefix,
     expand_worker_queues,
     needs_directory,
+    queued_demand,
     release_queue,
 )
 from tasks.apply import apply_plan
@@ -120,12 +122,27 @@ def run_tick(ctx: WorkerContext, now_s: float, cache: SnapshotCache | None = Non
         return plan
     checked = time.perf_counter()
     took.check_s = checked - planned
-    target = LiveTarget(store, seen.records, settings, buffered=True)
+    target = LiveTarget(store, seen.records, settings, buffered=True,
+                        busy_free_in_s=lambda: busy_free_in_s(seen.snapshot, now_s))
     apply_plan(plan, target)
     target.flush()
     advance_expert_updates(store, settings, now_s)
     took.apply_s = time.perf_counter() - checked
     return plan
+
+
+def busy_free_in_s(snapshot: ClusterSnapshot, now_s: float) -> dict[str, float]:
+    """Per busy worker, the seconds its running chunk is expected to take still: the cost
+    model's estimate of the chunk less the time it has run (the longest of a batch's)."""
+    free: dict[str, float] = {}
+    for job in snapshot.jobs:
+        if job.state is not JobState.RUNNING or job.running_on is None \
+                or job.chunk_running_since_s is None:
+            continue
+        chunk_s = snapshot.cost.estimate_step_s(job.cost_key, None, job.next_chunk_cost_units)
+        left = max(0.0, chunk_s - (now_s - job.chunk_running_since_s))
+        free[job.running_on] = max(free.get(job.running_on, 0.0), left)
+    return free
 
 
 def advance_expert_updates(store: JobStore, settings: Settings, now_s: float) -> None:
@@ -166,9 +183,12 @@ class LiveTarget:
     queue first, so the order holds. Unbuffered, every action is its own round trip."""
 
     def __init__(self, store: JobStore, seen: Mapping[str, JobRecord],
-                 settings: Settings, *, buffered: bool = False) -> None:
+                 settings: Settings, *, buffered: bool = False,
+                 busy_free_in_s: Callable[[], Mapping[str, float]] | None = None) -> None:
         self.store, self.seen, self.settings = store, seen, settings
         self._directory: WorkerDirectory | None = None
+        self._busy_free_in_s = busy_free_in_s
+        """When the busy workers free up (the tick's snapshot knows), read for a placement."""
         self.buffered = buffered
         self._batch = ScriptBatch(store)
         self._then: list[Callable[[bool], None]] = []
@@ -308,7 +328,10 @@ class LiveTarget:
                 estimate_s: float | None = None) -> bool:
         job = self.seen[job_id]
         if self._directory is None and needs_directory(self.settings, job):
-            self._directory = WorkerDirectory.read(self.store)
+            busy = self._busy_free_in_s() if self._busy_free_in_s is not None else None
+            self._directory = WorkerDirectory.read(
+                self.store, busy_free_in_s=busy,
+                demand=lambda: queued_demand(self.seen.values()))
         queue = release_queue(self.settings, job, queue, self._directory)
         if self.buffered:
             return self._release_queued(job, queue, reason=f"released to {queue}",

@@ -1,17 +1,30 @@
 """Expert and checkpoint affinity: a job's next chunk goes to the worker that ran its last one
 (``<worker>.<class>``, consumed right before the class queue), a new text job to an idle worker
-whose resident experts fit its model. A chunk parked too long is the tick's to move back to its
-class queue (``scheduler.recovery``).
+whose resident experts fit its model, a released chunk of a job that runs on a model where the
+placement policy (``scheduler.placement``, ``affinity.placement``) puts it. A chunk parked too
+long is the tick's to move back to its class queue (``scheduler.recovery``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+import math
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from scheduler.lifecycle import JobState
 from scheduler.model import JobKind
+from scheduler.placement import (
+    Holding,
+    LoadEstimates,
+    ModelNeed,
+    Placement,
+    PlacementPolicy,
+    assign,
+    place,
+)
 from tasks.heartbeat import Heartbeat
 from tasks.record import JobRecord
 from tasks.routing import (
@@ -49,14 +62,106 @@ def consume_in_affinity_order(consumer: Any, worker: str) -> tuple[str, ...]:
 
 
 def hop_queues(settings: Settings, worker: str, consuming: Iterable[str],
-               kind: str) -> dict[str, str]:
+               kind: str, params: Mapping[str, Any] | None = None) -> dict[str, str]:
     """Where this worker publishes a job's next chunk, per class queue: its own queue for the
-    class when affinity applies and it consumes that queue now (a reserved worker does not);
-    a class missing from the map hops to its class queue. The commit picks the entry of the
-    job's class as it stands at commit time (the scheduler may have changed it)."""
+    class when affinity applies (to the kind, or to a job on a model under a placement that
+    is not oblivious: it keeps its model) and it consumes that queue now (a reserved worker
+    does not); a class missing from the map hops to its class queue. The commit picks the
+    entry of the job's class as it stands at commit time (the scheduler may have changed it)."""
     mine = set(consuming)
+    keeps = params is not None and keeps_model(settings, kind, params)
     return {cls: affinity_queue(worker, cls) for cls in AFFINITY_CLASSES
-            if applies(settings, kind, cls) and affinity_queue(worker, cls) in mine}
+            if (keeps or applies(settings, kind, cls)) and affinity_queue(worker, cls) in mine}
+
+
+# placement by model residency -----------------------------------------------------------------
+RESIDENT_PREFIXES = {JobKind.IMAGE: "diffusion", JobKind.VIDEO: "diffusion",
+                     JobKind.SIMULATED: "simulated"}
+"""Per kind whose jobs run on a model, the first part of its models' residency keys
+(``diffusion:<recipe>:<device>:<weights>``, ``simulated:<model>``)."""
+
+
+def placement_policy(settings: Settings) -> PlacementPolicy:
+    return PlacementPolicy(settings.affinity.placement)
+
+
+def model_need(kind: JobKind | str, params: Mapping[str, Any]) -> ModelNeed | None:
+    """What a job needs resident (its model and adapters, named ``<prefix>:<name>`` as
+    :func:`resident_model` names the residency's keys); None for a job on no model."""
+    prefix = RESIDENT_PREFIXES.get(JobKind(kind))
+    model = params.get("model")
+    if prefix is None or model is None:
+        return None
+    adapters = frozenset(f"{prefix}:{a['name']}" for a in params.get("adapters") or ()
+                         if isinstance(a, Mapping) and "name" in a)
+    return ModelNeed(f"{prefix}:{model}", adapters)
+
+
+def keeps_model(settings: Settings, kind: JobKind | str, params: Mapping[str, Any]) -> bool:
+    """Whether a job's chunks stay on the worker that holds its model (placement by model,
+    not oblivious)."""
+    return settings.affinity.enabled and model_need(kind, params) is not None \
+        and placement_policy(settings) is not PlacementPolicy.OBLIVIOUS
+
+
+def resident_model(key: str) -> str | None:
+    """The model a residency key holds, as :func:`model_need` names it (None: a kind placement
+    does not route, e.g. a MoE model)."""
+    parts = key.split(":")
+    if len(parts) >= 2 and parts[0] in RESIDENT_PREFIXES.values():
+        return f"{parts[0]}:{parts[1]}"
+    return None
+
+
+def holding(name: str, beat: Heartbeat, free_in_s: float) -> Holding:
+    """A worker as placement sees it, from its heartbeat's residency: models on its device and
+    in host memory, adapters loaded on them, how many models its budget holds (its device
+    budget over the mean bytes of the models it holds; 0 when either is unknown)."""
+    r = beat.residency
+    device_bytes = _tier(r, "device")
+    device = frozenset(m for k in device_bytes if (m := resident_model(k)) is not None)
+    host = frozenset(m for k in _tier(r, "host") if (m := resident_model(k)) is not None)
+    adapters: set[str] = set()
+    held = r.get("adapters")
+    for key, names in (held.items() if isinstance(held, Mapping) else ()):
+        if resident_model(str(key)) is not None and isinstance(names, list):
+            adapters |= {f"{str(key).split(':')[0]}:{n}" for n in names}
+    sizes = [int(b) for k, b in device_bytes.items() if resident_model(k) is not None]
+    budget = r.get("budget_bytes")
+    capacity = 0
+    if isinstance(budget, int) and sizes and sum(sizes) > 0:
+        capacity = max(1, int(budget // (sum(sizes) / len(sizes))))
+    return Holding(name, free_in_s, device, host - device, frozenset(adapters), capacity)
+
+
+def _tier(residency: Mapping[str, Any], tier: str) -> dict[str, int]:
+    held = residency.get(tier)
+    return {str(k): int(v) for k, v in held.items()} if isinstance(held, Mapping) else {}
+
+
+def observe_loads(estimates: LoadEstimates, beats: Iterable[Heartbeat]) -> None:
+    """Fold the heartbeats' recent measured loads into ``estimates`` (each load once)."""
+    for beat in beats:
+        recent = beat.residency.get("recent")
+        for load in recent if isinstance(recent, list) else ():
+            if not isinstance(load, Mapping) or "at" not in load:
+                continue
+            model = resident_model(str(load.get("model", "")))
+            tier = load.get("tier")
+            if model is None or tier not in ("disk", "host", "adapter"):
+                continue
+            kind = model.split(":")[0]
+            name = f"{kind}:{load.get('adapter')}" if tier == "adapter" else model
+            estimates.observe_once(name, tier, float(load["s"]), float(load["at"]))
+
+
+_ESTIMATES = LoadEstimates()
+_ESTIMATES_LOCK = threading.Lock()
+
+
+def load_estimates() -> LoadEstimates:
+    """This process's load-time estimates (the tick's, or an API's), learned from heartbeats."""
+    return _ESTIMATES
 
 
 def common_prefix(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
@@ -75,10 +180,45 @@ class WorkerDirectory:
 
     bodies: dict[str, Heartbeat]
     picked: set[str] = field(default_factory=set)
+    busy_free_in_s: Mapping[str, float] = field(default_factory=dict)
+    """Per busy worker, the seconds its running chunk is expected to take still (the tick's
+    snapshot knows them); a busy worker missing here is free at an unknown time."""
+    demand: Callable[[], Mapping[str, int]] | None = None
+    """The queued jobs per model (:func:`model_need`'s names), read when first needed."""
+    estimates: LoadEstimates = field(default_factory=load_estimates)
+    _holdings: dict[str, Holding] | None = None
+    _demand: Mapping[str, int] | None = None
 
     @classmethod
-    def read(cls, store: JobStore) -> WorkerDirectory:
-        return cls(store.heartbeats())
+    def read(cls, store: JobStore, busy_free_in_s: Mapping[str, float] | None = None,
+             demand: Callable[[], Mapping[str, int]] | None = None) -> WorkerDirectory:
+        directory = cls(store.heartbeats(), busy_free_in_s=busy_free_in_s or {}, demand=demand)
+        with _ESTIMATES_LOCK:
+            observe_loads(directory.estimates, directory.bodies.values())
+        return directory
+
+    def place(self, need: ModelNeed, class_queue: str,
+              policy: PlacementPolicy) -> Placement:
+        """Where ``need``'s chunk goes among the alive workers consuming their own queue for
+        ``class_queue`` (:func:`scheduler.placement.place`); the chosen worker is then counted
+        busy for the rest of this directory's releases."""
+        if self._holdings is None:
+            self._holdings = {
+                name: holding(name, beat, 0.0 if beat.busy_job is None
+                              else self.busy_free_in_s.get(name, math.inf))
+                for name, beat in self.bodies.items()}
+        if self._demand is None and policy is PlacementPolicy.STEPLINE:
+            self._demand = self.demand() if self.demand is not None else {}
+        workers = [h for name, h in self._holdings.items()
+                   if name not in self.picked
+                   and affinity_queue(name, class_queue) in self.bodies[name].queues]
+        with _ESTIMATES_LOCK:
+            chosen = place(need, workers, self.estimates, policy, self._demand)
+        if chosen.worker is not None:
+            self.picked.add(chosen.worker)
+            after = assign(workers, chosen, need, math.inf)  # its chunk's length: not known
+            self._holdings.update((h.name, h) for h in after)
+        return chosen
 
     @property
     def alive(self) -> set[str]:
@@ -98,16 +238,6 @@ class WorkerDirectory:
                 for name, beat in self._idle(class_queue)
                 if (summary := beat.experts.get(model)) is not None]
         return self._take(max((fit for fit in fits if fit[0] >= min_fit), default=None))
-
-    def warm_idle(self, model: str, class_queue: str) -> str | None:
-        """An idle worker consuming its affinity queue for ``class_queue`` that holds diffusion
-        model ``model`` in device memory: the one holding the fewest bytes (the least to lose
-        to another model's load), by name on a tie. None when no idle worker holds it."""
-        prefix = f"diffusion:{model}:"
-        holders = [(beat.resident_bytes(), name) for name, beat in self._idle(class_queue)
-                   if isinstance(held := beat.residency.get("device", {}), Mapping)
-                   and any(str(key).startswith(prefix) for key in held)]
-        return self._take(min(holders, default=None))
 
     def _idle(self, class_queue: str) -> Iterator[tuple[str, Heartbeat]]:
         """The workers free for a release to ``class_queue``: idle, not picked yet this time,
@@ -133,22 +263,27 @@ class WorkerDirectory:
         return expected
 
 
-WARM_KINDS = frozenset({JobKind.IMAGE, JobKind.VIDEO})
-"""Kinds whose releases look for a worker holding their model (``affinity.warm_release``)."""
-
-
 def needs_directory(settings: Settings, job: JobRecord) -> bool:
     """Whether :func:`release_queue` may consult the workers' heartbeats for ``job``."""
-    return job.kind is JobKind.TEXT or (settings.affinity.warm_release
-                                        and job.kind in WARM_KINDS)
+    return job.kind is JobKind.TEXT or keeps_model(settings, job.kind, job.params)
+
+
+def queued_demand(records: Iterable[JobRecord]) -> dict[str, int]:
+    """Jobs waiting to run (pending or queued) per model they need."""
+    demand: dict[str, int] = {}
+    for job in records:
+        if job.state in (JobState.PENDING, JobState.QUEUED) \
+                and (need := model_need(job.kind, job.params)) is not None:
+            demand[need.model] = demand.get(need.model, 0) + 1
+    return demand
 
 
 def release_queue(settings: Settings, job: JobRecord, class_queue: str,
                   directory: WorkerDirectory | None) -> str:
     """The queue a job's release goes to: for the first chunk of a text job, the affinity queue
-    of the idle worker whose experts fit best; for an image or video chunk, that of an idle
-    worker holding its model (no load before its step); otherwise ``class_queue``. A chunk
-    parked there while that worker turns busy moves back to its class queue after
+    of the idle worker whose experts fit best; for a chunk of a job on a model, that of the
+    worker the placement policy chooses (``affinity.placement``); otherwise ``class_queue``. A
+    chunk parked there while that worker turns busy moves back to its class queue after
     ``affinity.max_wait`` (the tick's recovery)."""
     a = settings.affinity
     if directory is None or job.atomic or not a.enabled or class_queue not in AFFINITY_CLASSES:
@@ -158,8 +293,14 @@ def release_queue(settings: Settings, job: JobRecord, class_queue: str,
         if job.next_chunk != 0 or not applies(settings, "text", class_queue):
             return class_queue
         worker = directory.best_fit(str(model), class_queue, a.prefill_min_fit)
-    elif job.kind in WARM_KINDS and a.warm_release and model is not None:
-        worker = directory.warm_idle(str(model), class_queue)
+    elif keeps_model(settings, job.kind, job.params):
+        need = model_need(job.kind, job.params)
+        assert need is not None
+        chosen = directory.place(need, class_queue, placement_policy(settings))
+        worker = chosen.worker
+        if worker is not None:
+            log.debug("job %s: %s on %s (%s, start in %.2fs)", job.job_id, need.model, worker,
+                      chosen.reason, chosen.start_in_s)
     else:
         return class_queue
     return affinity_queue(worker, class_queue) if worker else class_queue

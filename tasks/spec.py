@@ -4,15 +4,34 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from scheduler.lifecycle import SloClass
 
 JobKindName = Literal["simulated", "image", "video", "text"]
 
 
+NAME_PATTERN = r"^[A-Za-z0-9._\-]+$"
+MODEL_FIELDS = ("model", "model_bytes", "load_ms", "host_load_ms", "adapters")
+"""The simulated params that declare a model; stored only for a job that names one."""
+
+
+class SimulatedAdapter(BaseModel):
+    """A LoRA adapter a simulated job applies on its model: loaded once per worker holding the
+    model, in ``load_ms``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=64, pattern=NAME_PATTERN)
+    load_ms: float = Field(default=0.0, ge=0, le=600_000, description="Load time, in ms.")
+
+
 class SimulatedParams(BaseModel):
-    """A job whose chunks sleep their declared step time (for tests, demos and benchmarks)."""
+    """A job whose chunks sleep their declared step time (for tests, demos and benchmarks).
+    A job that names a ``model`` runs on it: a worker holds the model in its model residency
+    (``model_bytes`` of real tensor memory, counted against ``residency.memory_budget_bytes``),
+    and one that does not hold it pays its load first: ``load_ms`` from disk, ``host_load_ms``
+    from host memory; each adapter not yet loaded on it, the adapter's ``load_ms``."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -30,6 +49,47 @@ class SimulatedParams(BaseModel):
                     "(1 + batch_growth x (b-1)); jobs batch only with jobs of the same step_ms "
                     "and growth. Default: the job always runs alone.",
     )
+    model: str | None = Field(
+        default=None, min_length=1, max_length=128, pattern=NAME_PATTERN,
+        description="The simulated model the job runs on (held in a worker's model "
+                    "residency). Default: none; no load, nothing held.",
+    )
+    model_bytes: int = Field(
+        default=1 << 20, ge=1, le=1 << 32,
+        description="Bytes the model holds on a worker (a real tensor of this size).",
+    )
+    load_ms: float = Field(
+        default=0.0, ge=0, le=600_000, description="Loading the model from disk, in ms."
+    )
+    host_load_ms: float | None = Field(
+        default=None, ge=0, le=600_000,
+        description="Moving the model back from host memory, in ms. Default: a quarter of "
+                    "load_ms.",
+    )
+    adapters: list[SimulatedAdapter] = Field(
+        default_factory=list, max_length=6, description="LoRA adapters applied on the model."
+    )
+
+    @model_validator(mode="after")
+    def _model_declared(self) -> SimulatedParams:
+        declared = self.model_fields_set & set(MODEL_FIELDS[1:])
+        if self.model is None and declared:
+            raise ValueError(f"{', '.join(sorted(declared))} describe a model: name it "
+                             "(model)")
+        names = [a.name for a in self.adapters]
+        if len(set(names)) != len(names):
+            raise ValueError(f"adapters: each adapter once, not {names}")
+        return self
+
+    def stored(self) -> dict[str, Any]:
+        """The params as stored with the job: the model fields only when it names a model."""
+        body = self.model_dump()
+        if self.model is None:
+            for key in MODEL_FIELDS:
+                body.pop(key, None)
+        elif self.host_load_ms is None:
+            body["host_load_ms"] = self.load_ms / 4.0
+        return body
 
 
 class JobSpec(BaseModel):

@@ -46,7 +46,7 @@ def validate_params(kind: str, params: dict[str, Any],
     A diffusion job's adapters must be in ``adapters_dir`` (default: configs/adapters)."""
     try:
         if kind == "simulated":
-            return SimulatedParams.model_validate(params).model_dump()
+            return SimulatedParams.model_validate(params).stored()
         if kind in ("image", "video"):
             from workers.diffusion import (
                 validate_params as validate_diffusion,  # deferred: loads torch

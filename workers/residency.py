@@ -43,6 +43,7 @@ if TYPE_CHECKING:  # the residency itself never loads torch: a simulated worker 
 
 T = TypeVar("T")
 Tier = Literal["device", "host", "disk"]
+LoadSource = Literal["device", "host", "disk", "adapter"]
 Policy = Literal["lru", "cost"]
 POLICIES: tuple[Policy, ...] = ("lru", "cost")
 RECENT_LOADS = 16
@@ -90,17 +91,23 @@ class Resident:
 
 @dataclass(frozen=True, slots=True)
 class LoadRecord:
-    """One load: which model, the tier it came from, how long it took, its bytes."""
+    """One load: which model, the tier it came from (``adapter``: a LoRA adapter loaded onto
+    the resident model), how long it took, its bytes, when (the residency's clock)."""
 
     model: str
-    tier: Tier
+    tier: LoadSource
     seconds: float
     bytes: int
     at_s: float
+    adapter: str | None = None
+    """The adapter loaded, for a load of tier ``adapter``."""
 
     def as_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "tier": self.tier, "s": round(self.seconds, 6),
-                "bytes": self.bytes}
+        body = {"model": self.model, "tier": self.tier, "s": round(self.seconds, 6),
+                "bytes": self.bytes, "at": round(self.at_s, 6)}
+        if self.adapter is not None:
+            body["adapter"] = self.adapter
+        return body
 
 
 @dataclass(slots=True)
@@ -126,6 +133,8 @@ class _Counters:
     evictions: dict[str, int] = field(default_factory=lambda: {"host": 0, "disk": 0})
     hits: int = 0
     peak_device_bytes: int = 0
+    adapter_loads: int = 0
+    adapter_load_s: float = 0.0
 
 
 class ModelResidency:
@@ -146,6 +155,8 @@ class ModelResidency:
         self._timer_s = timer_s
         """Times loads (a test's clock can make a build take a chosen time)."""
         self._entries: dict[str, _Entry] = {}
+        self._adapters: dict[str, tuple[str, ...]] = {}
+        """Adapters loaded on each held model (its owner reports them: :meth:`note_adapters`)."""
         self._costs: dict[str, dict[str, float]] = {}
         """Measured load seconds per model and source tier, kept after the model is dropped."""
         self._reuse: dict[str, tuple[float, float]] = {}
@@ -295,6 +306,21 @@ class ModelResidency:
         """Forget every model (a fresh process), keeping the measured costs and counters."""
         with self._lock:
             self._entries.clear()
+            self._adapters.clear()
+
+    def note_adapters(self, key: str, names: Iterable[str]) -> None:
+        """The adapters now loaded on held model ``key`` (the heartbeat's ``adapters``); they
+        go with the model when it is dropped."""
+        with self._lock:
+            if key in self._entries:
+                self._adapters[key] = tuple(names)
+
+    def adapter_loaded(self, key: str, adapter: str, seconds: float) -> None:
+        """Record one load of ``adapter`` onto held model ``key`` that took ``seconds``."""
+        with self._lock:
+            self.counters.adapter_loads += 1
+            self.counters.adapter_load_s += seconds
+            self.recent.append(LoadRecord(key, "adapter", seconds, 0, self._clock_s(), adapter))
 
     def summary(self) -> dict[str, Any]:
         """The heartbeat's ``residency`` entry: bytes per model in each tier, budgets, load
@@ -312,6 +338,10 @@ class ModelResidency:
                 "loads": dict(c.loads),
                 "load_s": {k: round(v, 6) for k, v in c.load_s.items()},
                 "evictions": dict(c.evictions),
+                "adapters": {k: list(names) for k, names in self._adapters.items()
+                             if names and k in self._entries},
+                "adapter_loads": c.adapter_loads,
+                "adapter_load_s": round(c.adapter_load_s, 6),
                 "recent": [r.as_dict() for r in self.recent],
             }
 
@@ -419,6 +449,7 @@ class ModelResidency:
 
     def _drop(self, entry: _Entry, evicted: bool = True) -> None:
         del self._entries[entry.key]
+        self._adapters.pop(entry.key, None)
         if evicted:
             self.counters.evictions["disk"] += 1
         if entry.kind.release is not None:

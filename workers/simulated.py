@@ -2,20 +2,75 @@
 
 Used for tests, demos and benchmarks at scale; always labelled as simulation. A step may be
 split into block groups, so preemption inside a step behaves as it does for a real DiT.
+
+A job that names a ``model`` runs on it: the process's model residency holds it as a real CPU
+tensor of the job's ``model_bytes`` (so the bytes it measures and counts against the budget are
+real), a build sleeps ``load_ms``, a move back from host memory ``host_load_ms``, and each LoRA
+adapter not yet loaded on it its own ``load_ms``. Loads, evictions and adapters are then the
+residency's own, measured on a real worker process, and show in its heartbeat.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from workers.errors import WorkerError
+from workers.residency import ModelResidency, Resident, process_residency
 from workers.runner import Artifact, BatchItem, ChunkPlan, ChunkResult, ShouldYield
 
 if TYPE_CHECKING:
+    import torch
+
     from workers.checkpoint import Checkpoint  # types only: the codec loads torch
+
+MODEL_PREFIX = "simulated:"
+"""Residency keys of simulated models: ``simulated:<model>``."""
+MAX_LOADED_ADAPTERS = 8
+"""Adapters kept loaded on one simulated model; the least recently used is unloaded beyond."""
+
+
+@dataclass(slots=True)
+class SimulatedModel:
+    """A simulated model as the residency holds it: its weights (real bytes), the time a move
+    back from host memory takes, and the adapters loaded on it (least recently used first)."""
+
+    weights: torch.Tensor
+    host_load_s: float
+    adapters: OrderedDict[str, None] = field(default_factory=OrderedDict)
+
+
+SIMULATED_RESIDENT = Resident(
+    tensors=lambda m: (m.weights,),
+    to_host=lambda m: None,  # a CPU device: host memory is the same memory, nothing moves
+    to_device=lambda m: time.sleep(m.host_load_s),
+)
+"""Simulated models in the residency: measured by their weights tensor; a move back from host
+memory takes the model's declared host load time."""
+
+
+def model_key(model: str) -> str:
+    return MODEL_PREFIX + model
+
+
+def _build(params: Mapping[str, Any]) -> SimulatedModel:
+    """Load the job's model: the declared load time, then its bytes, allocated and written."""
+    import torch  # deferred: a process that only plans jobs never builds one
+
+    load_ms = float(params.get("load_ms", 0.0))
+    time.sleep(load_ms / 1000.0)
+    host_ms = params.get("host_load_ms")
+    host_s = (load_ms / 4.0 if host_ms is None else float(host_ms)) / 1000.0
+    return SimulatedModel(torch.zeros(int(params["model_bytes"]), dtype=torch.uint8), host_s)
+
+
+def uses_model(params: Mapping[str, Any]) -> bool:
+    return params.get("model") is not None
 
 
 class SimulatedRunner:
@@ -24,6 +79,36 @@ class SimulatedRunner:
     together (the batched step of a device that a lone step leaves partly idle)."""
 
     kind = "simulated"
+
+    def __init__(self, residency: ModelResidency | None = None) -> None:
+        self._residency = residency
+        self._adapter_lock = threading.Lock()
+
+    @property
+    def models(self) -> ModelResidency:
+        return self._residency or process_residency()
+
+    def load_model(self, params: Mapping[str, Any]) -> SimulatedModel | None:
+        """The job's model (and its adapters) resident, loaded first if it must be; None for a
+        job that names no model."""
+        if not uses_model(params):
+            return None
+        key = model_key(str(params["model"]))
+        model = self.models.acquire(key, lambda: _build(params), SIMULATED_RESIDENT)
+        with self._adapter_lock:
+            for adapter in params.get("adapters") or ():
+                name = str(adapter["name"])
+                if name in model.adapters:
+                    model.adapters.move_to_end(name)
+                    continue
+                started_s = time.perf_counter()
+                time.sleep(float(adapter.get("load_ms", 0.0)) / 1000.0)
+                self.models.adapter_loaded(key, name, time.perf_counter() - started_s)
+                model.adapters[name] = None
+                while len(model.adapters) > MAX_LOADED_ADAPTERS:
+                    model.adapters.popitem(last=False)
+            self.models.note_adapters(key, model.adapters)
+        return model
 
     def plan(self, params: Mapping[str, Any]) -> ChunkPlan:
         steps = int(params["steps"])
@@ -38,7 +123,11 @@ class SimulatedRunner:
         growth = params.get("batch_growth")
         if growth is None:
             return None
-        return f"simulated:{float(params['step_ms'])!r}:{float(growth)!r}"
+        key = f"simulated:{float(params['step_ms'])!r}:{float(growth)!r}"
+        if uses_model(params):  # one forward runs one model with one adapter set
+            adapters = "".join(f"+{a['name']}" for a in params.get("adapters") or ())
+            key += f":{params['model']}{adapters}"
+        return key
 
     def run_batch(self, items: Sequence[BatchItem]) -> list[ChunkResult]:
         results: list[ChunkResult | None] = [None] * len(items)
@@ -55,6 +144,7 @@ class SimulatedRunner:
                 results[members[0]] = self._alone(items[members[0]])
                 continue
             first = items[members[0]].params
+            self.load_model(first)
             growth = float(first["batch_growth"])
             time.sleep(float(first["step_ms"]) / 1000.0 * (1.0 + growth * (len(members) - 1)))
             for n in members:
@@ -82,6 +172,7 @@ class SimulatedRunner:
         meta = dict(state.meta) if state is not None else fresh
         if params.get("fail_at") is not None and int(params["fail_at"]) == index:
             raise WorkerError(f"simulated failure at chunk {index} (fail_at={index})")
+        self.load_model(params)
         groups = int(params.get("block_groups", 1))
         slice_s = float(params["step_ms"]) / 1000.0 / groups
         first_group = group = int(meta.get("group", 0))

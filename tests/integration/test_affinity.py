@@ -189,13 +189,16 @@ def test_an_image_job_is_released_to_the_idle_worker_that_holds_its_model(
     assert _commits(service.store, job_id)[0]["by"] == "w1@test"
 
 
-def test_with_no_warm_worker_an_image_job_goes_to_its_class_queue(
+def test_with_no_warm_worker_an_image_job_goes_to_its_class_queue_under_route_to_warm(
     processes: Processes, redis_client: redis.Redis
 ) -> None:
-    # given one idle worker that holds no model
+    # given one idle worker that holds no model, and route-to-warm placement
     processes.worker("w2")
     wait_for_workers(redis_client, ["w2"])
-    service = JobService(JobStore(redis_client), current_settings())
+    settings = current_settings()
+    warm = settings.model_copy(update={"affinity": settings.affinity.model_copy(
+        update={"placement": "warm"})})
+    service = JobService(JobStore(redis_client), warm)
     # when an image job is submitted, then it is released to its class queue (any worker)
     job_id, _ = service.submit(JobSpec(kind="image", slo=SloClass.INTERACTIVE, params=IMAGE,
                                        deadline_s=120))

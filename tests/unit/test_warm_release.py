@@ -1,13 +1,16 @@
-"""The release of an image or video chunk looks for an idle worker holding its model."""
+"""The release of an image or video chunk goes where the placement policy puts it: with
+``affinity.placement: warm``, an idle worker holding its model, else its class queue."""
 
 from __future__ import annotations
 
 from scheduler.lifecycle import JobState, SloClass
 from scheduler.model import JobKind
+from scheduler.placement import ModelNeed, PlacementPolicy
 from tasks.affinity import WorkerDirectory, needs_directory, release_queue
 from tasks.heartbeat import Heartbeat
 from tasks.record import JobRecord
 from tasks.runtime import current_settings
+from tasks.settings import Settings
 
 QUEUES = ("realtime", "{w}.interactive", "interactive", "{w}.batch", "batch", "standby")
 
@@ -26,21 +29,27 @@ def _image(model: str = "dit-tiny") -> JobRecord:
         next_chunk=0, seq=0, epoch=0, updated_at_s=100.0)
 
 
-def test_the_idle_worker_holding_the_model_is_chosen_the_least_loaded_first() -> None:
+def _placing(settings: Settings, placement: str) -> Settings:
+    return settings.model_copy(update={"affinity": settings.affinity.model_copy(
+        update={"placement": placement})})
+
+
+def test_the_idle_workers_holding_the_model_are_chosen_one_per_release() -> None:
     directory = WorkerDirectory({
         "a": _beat("a", {"diffusion:dit-tiny:cpu:seeded": 900, "diffusion:pixart-tiny:cpu:s": 5}),
         "b": _beat("b", {"diffusion:dit-tiny:cpu:seeded": 900}),
         "c": _beat("c", {"diffusion:dit-tiny:cpu:seeded": 900}, busy="other"),
         "d": _beat("d", {}),
     })
-    assert directory.warm_idle("dit-tiny", "interactive") == "b"  # fewest bytes held
-    assert directory.warm_idle("dit-tiny", "interactive") == "a"  # b is taken this tick
-    assert directory.warm_idle("dit-tiny", "interactive") is None  # c busy, d cold
-    assert directory.warm_idle("wan-tiny", "interactive") is None
+    need, warm = ModelNeed("diffusion:dit-tiny"), PlacementPolicy.WARM
+    assert directory.place(need, "interactive", warm).worker == "a"
+    assert directory.place(need, "interactive", warm).worker == "b"  # a is taken this tick
+    assert directory.place(need, "interactive", warm).worker is None  # c busy, d cold
+    assert directory.place(ModelNeed("diffusion:wan-tiny"), "interactive", warm).worker is None
 
 
 def test_release_queue_sends_an_image_job_to_a_warm_worker_and_else_to_its_class() -> None:
-    settings = current_settings()
+    settings = _placing(current_settings(), "warm")
     job = _image()
     assert needs_directory(settings, job)
     warm = WorkerDirectory({"b": _beat("b", {"diffusion:dit-tiny:cpu:seeded": 1})})
@@ -48,8 +57,8 @@ def test_release_queue_sends_an_image_job_to_a_warm_worker_and_else_to_its_class
     cold = WorkerDirectory({"b": _beat("b", {"diffusion:wan-tiny:cpu:seeded": 1})})
     assert release_queue(settings, job, "interactive", cold) == "interactive"
     # realtime has no affinity queue: a realtime release is never parked behind one worker
+    warm = WorkerDirectory({"b": _beat("b", {"diffusion:dit-tiny:cpu:seeded": 1})})
     assert release_queue(settings, job, "realtime", warm) == "realtime"
-    off = settings.model_copy(update={"affinity": settings.affinity.model_copy(
-        update={"warm_release": False})})
+    off = _placing(settings, "oblivious")
     assert not needs_directory(off, job)
     assert release_queue(off, job, "interactive", warm) == "interactive"

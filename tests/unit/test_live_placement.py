@@ -1,0 +1,231 @@
+"""The live release path's use of the placement policy: workers as placement sees them, built
+from heartbeat bodies; load estimates fed from their measured loads; the release choice per
+policy; a job on a model keeping its worker between chunks."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler.lifecycle import JobState, SloClass
+from scheduler.model import JobKind
+from scheduler.placement import Holding, LoadEstimates, ModelNeed
+from tasks.affinity import (
+    WorkerDirectory,
+    holding,
+    hop_queues,
+    model_need,
+    needs_directory,
+    observe_loads,
+    queued_demand,
+    release_queue,
+)
+from tasks.heartbeat import Heartbeat
+from tasks.record import JobRecord
+from tasks.runtime import current_settings
+from tasks.settings import Settings
+from tasks.submit import InvalidJob, validate_params
+
+QUEUES = ("realtime", "{w}.interactive", "interactive", "{w}.batch", "batch", "standby")
+MB = 1 << 20
+
+
+def _beat(name: str, device: dict[str, int], busy: str | None = None,
+          **residency: Any) -> Heartbeat:
+    return Heartbeat(name=name, busy_job=busy, batch=1 if busy else 0, ts=0.0,
+                     queues=tuple(q.format(w=name) for q in QUEUES),
+                     residency={"device": device, "host": {}, "budget_bytes": 2 * MB,
+                                **residency})
+
+
+def _sim(model: str, job_id: str = "j1", state: JobState = JobState.PENDING,
+         **params: Any) -> JobRecord:
+    return JobRecord(
+        job_id=job_id, kind=JobKind.SIMULATED, slo=SloClass.INTERACTIVE, tenant="acme",
+        params={"steps": 2, "step_ms": 100.0, "model": model, "model_bytes": MB,
+                "load_ms": 500.0, **params},
+        submitted_at_s=100.0, deadline_at_s=160.0, num_chunks=2, cost_key="simulated",
+        cost_units=(0.1, 0.1), state=state, queue="interactive", next_chunk=0, seq=0,
+        epoch=0, updated_at_s=100.0)
+
+
+def _placing(placement: str) -> Settings:
+    s = current_settings()
+    return s.model_copy(update={"affinity": s.affinity.model_copy(
+        update={"placement": placement})})
+
+
+def _sim_key(model: str) -> str:
+    return f"simulated:{model}"
+
+
+# workers as placement sees them ----------------------------------------------------------------
+def test_a_holding_is_built_from_a_heartbeats_residency() -> None:
+    beat = _beat("w1", {_sim_key("m1"): MB, "diffusion:dit-tiny:cpu:seeded": MB,
+                        "text:moe:qwen3-moe-tiny": 5 * MB},
+                 host={_sim_key("m2"): MB, _sim_key("m1"): MB},
+                 adapters={_sim_key("m1"): ["style", "ink"], "text:moe:x": ["no"]})
+    h = holding("w1", beat, 0.0)
+    assert h.device == {"simulated:m1", "diffusion:dit-tiny"}  # a MoE model is not placed
+    assert h.host == {"simulated:m2"}  # a model on the device is not counted in host memory
+    assert h.adapters == {"simulated:style", "simulated:ink"}
+    assert h.capacity == 2  # a budget of 2 MiB over models of 1 MiB each
+    assert h.idle and h.holds(ModelNeed("simulated:m1", frozenset({"simulated:ink"})))
+    assert not h.holds(ModelNeed("simulated:m1", frozenset({"simulated:other"})))
+
+
+def test_a_holding_of_unknown_budget_or_no_models_has_no_capacity() -> None:
+    assert holding("w1", _beat("w1", {}), 0.0).capacity == 0
+    unlimited = _beat("w1", {_sim_key("m1"): MB}, budget_bytes=None)
+    assert holding("w1", unlimited, 1.5).capacity == 0
+    assert holding("w1", unlimited, 1.5).free_in_s == 1.5
+    assert holding("w1", Heartbeat(name="w1"), math.inf) == Holding("w1", math.inf)
+
+
+def test_measured_loads_from_heartbeats_are_learned_once_each() -> None:
+    recent = [{"model": _sim_key("m1"), "tier": "disk", "s": 0.8, "bytes": MB, "at": 10.0},
+              {"model": _sim_key("m1"), "tier": "host", "s": 0.2, "bytes": MB, "at": 11.0},
+              {"model": _sim_key("m1"), "tier": "adapter", "s": 0.3, "bytes": 0, "at": 12.0,
+               "adapter": "style"},
+              {"model": "text:moe:x", "tier": "disk", "s": 9.0, "bytes": MB, "at": 13.0},
+              {"model": _sim_key("m9"), "tier": "disk", "s": 9.0, "bytes": MB}]  # no time
+    beat = _beat("w1", {}, recent=recent)
+    estimates = LoadEstimates()
+    observe_loads(estimates, [beat])
+    observe_loads(estimates, [beat])  # the next heartbeat lists the same loads again
+    assert estimates.estimate("simulated:m1", "disk") == pytest.approx(0.8)
+    assert estimates.estimate("simulated:m1", "host") == pytest.approx(0.2)
+    assert estimates.estimate("simulated:style", "adapter") == pytest.approx(0.3)
+    # a model never measured from disk gets the mean of what was (the MoE load is not one)
+    assert estimates.estimate("simulated:m2", "disk") == pytest.approx(0.8)
+
+
+def test_what_a_job_needs_and_the_queued_demand_per_model() -> None:
+    assert model_need("simulated", {"model": "m1", "adapters": [{"name": "a"}]}) == \
+        ModelNeed("simulated:m1", frozenset({"simulated:a"}))
+    assert model_need("image", {"model": "dit-tiny"}) == ModelNeed("diffusion:dit-tiny")
+    assert model_need("simulated", {"steps": 2}) is None
+    assert model_need("text", {"model": "qwen3-moe-tiny"}) is None
+    jobs = [_sim("m1", "a"), _sim("m1", "b", JobState.QUEUED), _sim("m2", "c"),
+            _sim("m1", "d", JobState.RUNNING)]
+    assert queued_demand(jobs) == {"simulated:m1": 2, "simulated:m2": 1}
+
+
+# the release choice per policy -----------------------------------------------------------------
+def _directory(busy_free_in_s: dict[str, float] | None = None,
+               demand: dict[str, int] | None = None, **beats: Heartbeat) -> WorkerDirectory:
+    estimates = LoadEstimates()
+    estimates.observe("simulated:m1", "disk", 0.5)
+    return WorkerDirectory(dict(beats), busy_free_in_s=busy_free_in_s or {},
+                           demand=lambda: demand or {}, estimates=estimates)
+
+
+def test_oblivious_placement_releases_to_the_class_queue_without_reading_workers() -> None:
+    settings, job = _placing("oblivious"), _sim("m1")
+    assert not needs_directory(settings, job)
+    warm = _directory(w1=_beat("w1", {_sim_key("m1"): MB}))
+    assert release_queue(settings, job, "interactive", warm) == "interactive"
+
+
+def test_warm_placement_takes_an_idle_warm_worker_else_the_class_queue() -> None:
+    settings, job = _placing("warm"), _sim("m1")
+    assert needs_directory(settings, job)
+    beats = {"w1": _beat("w1", {_sim_key("m1"): MB}, busy="other"), "w2": _beat("w2", {})}
+    assert release_queue(settings, job, "interactive", _directory(**beats)) == "interactive"
+    beats["w3"] = _beat("w3", {_sim_key("m1"): MB})
+    assert release_queue(settings, job, "interactive", _directory(**beats)) == "w3.interactive"
+
+
+def test_stepline_placement_loads_on_a_worker_with_room_before_one_that_must_evict() -> None:
+    settings, job = _placing("stepline"), _sim("m3")
+    full = _beat("w1", {_sim_key("m1"): MB, _sim_key("m2"): MB})
+    room = _beat("w2", {_sim_key("m4"): MB})
+    assert release_queue(settings, job, "interactive", _directory(w1=full, w2=room)) == \
+        "w2.interactive"
+
+
+def test_stepline_placement_waits_for_a_warm_worker_soon_free_not_for_an_unknown_one() -> None:
+    settings, job = _placing("stepline"), _sim("m1")
+    warm_busy = _beat("w1", {_sim_key("m1"): MB}, busy="other")
+    cold_idle = _beat("w2", {})
+    soon = _directory({"w1": 0.1}, w1=warm_busy, w2=cold_idle)
+    assert release_queue(settings, job, "interactive", soon) == "w1.interactive"
+    late = _directory({"w1": 3.0}, w1=warm_busy, w2=cold_idle)  # the load (0.5 s) is sooner
+    assert release_queue(settings, job, "interactive", late) == "w2.interactive"
+    unknown = _directory({}, w1=warm_busy, w2=cold_idle)
+    assert release_queue(settings, job, "interactive", unknown) == "w2.interactive"
+
+
+def test_stepline_placement_evicts_the_model_no_queued_job_needs() -> None:
+    settings, job = _placing("stepline"), _sim("m1")
+    wanted = _beat("w1", {_sim_key("m2"): MB, _sim_key("m3"): MB})
+    unwanted = _beat("w2", {_sim_key("m4"): MB, _sim_key("m5"): MB})
+    directory = _directory(demand={"simulated:m2": 3, "simulated:m3": 1},
+                           w1=wanted, w2=unwanted)
+    assert release_queue(settings, job, "interactive", directory) == "w2.interactive"
+
+
+def test_one_directory_gives_each_worker_one_release() -> None:
+    settings = _placing("stepline")
+    directory = _directory(w1=_beat("w1", {_sim_key("m1"): MB}), w2=_beat("w2", {}))
+    queues = [release_queue(settings, _sim("m1", f"j{i}"), "interactive", directory)
+              for i in range(3)]
+    assert queues == ["w1.interactive", "w2.interactive", "interactive"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sets(st.sampled_from(["m1", "m2", "m3", "m4"]), max_size=2),
+                          st.booleans(), st.booleans()), min_size=1, max_size=5),
+       st.sampled_from(["m1", "m2", "m3", "m4"]), st.sampled_from(["warm", "stepline"]))
+def test_a_release_goes_only_to_an_alive_worker_that_consumes_its_own_queue(
+    workers: list[tuple[set[str], bool, bool]], model: str, placement: str
+) -> None:
+    beats = {}
+    for n, (held, busy, consumes) in enumerate(workers):
+        name = f"w{n}"
+        beat = _beat(name, {_sim_key(m): MB for m in held}, busy="x" if busy else None)
+        if not consumes:  # a reserved worker: realtime only
+            beat = Heartbeat(name=name, busy_job=beat.busy_job, queues=("realtime",),
+                             residency=beat.residency)
+        beats[name] = beat
+    queue = release_queue(_placing(placement), _sim(model), "interactive", _directory(**beats))
+    if queue == "interactive":
+        return
+    worker = queue.removesuffix(".interactive")
+    assert f"{worker}.interactive" in beats[worker].queues
+    if placement == "warm":  # route-to-warm: only an idle worker that holds the model
+        assert beats[worker].busy_job is None
+        assert _sim_key(model) in beats[worker].residency["device"]
+
+
+# a job's chunks keep their worker --------------------------------------------------------------
+def test_a_job_on_a_model_hops_to_its_own_worker_unless_placement_is_oblivious() -> None:
+    mine = ("realtime", "w1.interactive", "interactive", "w1.batch", "batch")
+    params = _sim("m1").params
+    assert hop_queues(_placing("stepline"), "w1", mine, "simulated", params) == \
+        {"interactive": "w1.interactive", "batch": "w1.batch"}
+    assert hop_queues(_placing("warm"), "w1", mine, "simulated", params) != {}
+    assert hop_queues(_placing("oblivious"), "w1", mine, "simulated", params) == {}
+    assert hop_queues(_placing("stepline"), "w1", mine, "simulated", {"steps": 2}) == {}
+
+
+# the simulated job's model params --------------------------------------------------------------
+def test_simulated_model_params_are_validated_and_stored_only_with_a_model() -> None:
+    plain = validate_params("simulated", {"steps": 2})
+    assert "model" not in plain and "adapters" not in plain
+    stored = validate_params("simulated", {"model": "m1", "model_bytes": 4096, "load_ms": 800,
+                                           "adapters": [{"name": "ink", "load_ms": 300}]})
+    assert stored["host_load_ms"] == 200.0  # a quarter of the load from disk
+    assert stored["adapters"] == [{"name": "ink", "load_ms": 300.0}]
+    with pytest.raises(InvalidJob, match="name it"):
+        validate_params("simulated", {"load_ms": 800})
+    with pytest.raises(InvalidJob, match="each adapter once"):
+        validate_params("simulated", {"model": "m1", "adapters": [{"name": "a"}, {"name": "a"}]})
+    with pytest.raises(InvalidJob, match="model_bytes"):
+        validate_params("simulated", {"model": "m1", "model_bytes": 0})
+    with pytest.raises(InvalidJob, match="model"):
+        validate_params("simulated", {"model": "a b"})
