@@ -229,3 +229,18 @@ def test_simulated_model_params_are_validated_and_stored_only_with_a_model() -> 
         validate_params("simulated", {"model": "m1", "model_bytes": 0})
     with pytest.raises(InvalidJob, match="model"):
         validate_params("simulated", {"model": "a b"})
+
+
+# when a busy worker frees up, as the tick's snapshot tells ------------------------------------
+def test_a_busy_workers_free_time_is_its_running_chunks_estimate_less_its_run_time() -> None:
+    from tasks.adapter import busy_free_in_s
+    from tests.unit.test_scheduler_support import NOW_S, SIM_RATE_S_PER_UNIT, make_snapshot, running
+
+    units = 2.0 / SIM_RATE_S_PER_UNIT  # a chunk of two seconds
+    snapshot = make_snapshot([
+        running("a", "w1", next_chunk_cost_units=units, chunk_running_since_s=NOW_S - 0.5),
+        running("b", "w2", next_chunk_cost_units=units, chunk_running_since_s=NOW_S - 5.0),
+        running("c", "w3", next_chunk_cost_units=units),  # not known when it began
+    ])
+    free = busy_free_in_s(snapshot, NOW_S)
+    assert free == {"w1": pytest.approx(1.5), "w2": 0.0}  # overdue: free any moment
