@@ -62,8 +62,8 @@ _STATE_CODE = {JobState.PENDING: _WAITING, JobState.PREEMPTED: _WAITING,
                JobState.QUEUED: _QUEUED, JobState.RUNNING: _RUNNING,
                JobState.SUSPENDED: _SUSPENDED}
 
-_FLOATS = ("submitted", "deadline", "waiting", "service", "level_service", "units", "base",
-           "prog", "pre", "value")
+_FLOATS = ("submitted", "deadline", "waiting", "service", "level_service", "units", "load",
+           "base", "prog", "pre", "value")
 _INTS = ("state", "cls_rank", "key", "left", "level")
 _BOOLS = ("realtime", "batch", "preempt", "on_standby", "estimated", "shed", "deps", "by_key",
           "grouped", "group_truthy", "recover")
@@ -136,6 +136,7 @@ class _Columns:
         f["service"][at] = [j.service_s for j in views]
         f["level_service"][at] = [j.level_service_s for j in views]
         f["units"][at] = [j.remaining_cost_units for j in views]
+        f["load"][at] = [j.load_s for j in views]
         f["value"][at] = [JOB_VALUE[j.slo_class, j.tier] for j in views]
         states = [j.state for j in views]
         i["state"][at] = [_STATE_CODE.get(s, _NOT_LIVE) for s in states]
@@ -298,6 +299,7 @@ class _Planning:
         for k in np.flatnonzero(b["by_key"][rows]).tolist():
             remaining[k], sure[k] = table.remaining_s(live[k])
         remaining = remaining + c.i["left"][rows] * policy.hop_overhead_s
+        remaining = remaining + f["load"][rows]  # + 0.0 where warm: the same floats
         deadline = f["deadline"][rows]
         finish = now_s + remaining
         late = (finish > deadline + policy.expire_grace_s) & sure

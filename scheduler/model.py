@@ -99,6 +99,10 @@ class JobView:
     gathered because its chunk is not long-running)."""
     parked_on: str | None = None
     """The worker whose own (affinity) queue holds the job's next chunk."""
+    load_s: float = 0.0
+    """Seconds of model loading expected before the job's next chunk can run (no worker holds
+    its base model or adapters: ``scheduler.placement.expected_load_s``); counted into its
+    remaining time, so deadlines, lateness and admission see a cold start. 0: it is warm."""
     published: tuple[int, int] | None = None
     """(chunk, epoch) of the last chunk message published for the job; (-1, -1) when none was;
     None when not known (then the job is never judged unpublished)."""

@@ -40,6 +40,8 @@ class ModelNeed:
 
     model: str
     adapters: frozenset[str] = frozenset()
+    bytes: int = 0
+    """The base model's size (0: unknown; a worker's fullness is then judged by count)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,10 +60,21 @@ class Holding:
     """Adapters loaded on its resident bases."""
     capacity: int = 0
     """Base models its device budget holds (0: no limit known; a load evicts nothing)."""
+    free_bytes: int | None = None
+    """Device budget bytes not taken by its models (None: not known; ``capacity`` judges)."""
 
     @property
     def idle(self) -> bool:
         return self.free_in_s <= 0.0
+
+    def full_for(self, need: ModelNeed) -> bool:
+        """Whether loading ``need``'s base here must evict a model: by bytes when both sizes
+        are known, else by count against ``capacity``."""
+        if need.model in self.device:
+            return False
+        if self.free_bytes is not None and need.bytes > 0:
+            return need.bytes > self.free_bytes
+        return 0 < self.capacity <= len(self.device)
 
     def holds(self, need: ModelNeed) -> bool:
         return need.model in self.device and need.adapters <= self.adapters
@@ -190,8 +203,7 @@ def _displacement_s(need: ModelNeed, worker: Holding, estimates: LoadEstimates,
                     demand: Mapping[str, int]) -> float:
     """What loading ``need`` on a full ``worker`` costs other jobs: the cheapest model it could
     evict, weighted by that model's queued jobs that no other worker holds it for."""
-    if need.model in worker.device or worker.capacity <= 0 \
-            or len(worker.device) < worker.capacity:
+    if not worker.full_for(need):
         return 0.0
     return min((demand.get(m, 0) * estimates.estimate(m, "disk")
                 for m in worker.device), default=0.0)
@@ -245,7 +257,10 @@ def assign(workers: Sequence[Holding], placement: Placement, need: ModelNeed,
     out: list[Holding] = []
     for w in workers:
         if w.name == placement.worker:
+            free = w.free_bytes
+            if free is not None and need.model not in w.device:
+                free = max(free - need.bytes, 0)
             w = Holding(w.name, placement.start_in_s + busy_s, w.device | {need.model},
-                        w.host - {need.model}, w.adapters | need.adapters, w.capacity)
+                        w.host - {need.model}, w.adapters | need.adapters, w.capacity, free)
         out.append(w)
     return tuple(out)

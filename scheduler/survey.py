@@ -176,6 +176,9 @@ def survey_jobs(snapshot: ClusterSnapshot, alive: Sequence[WorkerView], policy: 
                 rem = job.remaining_cost_units * table.learn(cost_key)
             sure = confident[cost_key]
         rem += (job.num_chunks - job.next_chunk) * hop_s
+        load_s = job.load_s
+        if load_s > 0.0:  # a cold start ahead (0.0 added is the same float as none)
+            rem += load_s
         add_live(job)
         add_remaining(rem)
         finish_s, deadline = now_s + rem, job.deadline_s

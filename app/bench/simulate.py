@@ -18,11 +18,12 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app.bench.oracle import Discipline, OracleJob, mean_response_lower_bound_s, run_oracle
 from app.bench.report import percentile
+from app.bench.sim_residency import ResidencyConfig, WorkerMemory
 from app.bench.workload import Arrivals, arrival_times
 from scheduler import (
     AdmissionStatus,
@@ -45,10 +46,20 @@ from scheduler import (
     decide_submit,
     plan_tick,
 )
+from scheduler.placement import (
+    Holding,
+    LoadEstimates,
+    LoadPriors,
+    ModelNeed,
+    expected_load_s,
+    place,
+    stage,
+)
 from scheduler.plan import Release
 from scheduler.queues import CLASS_QUEUE, NORMAL_WORKER_QUEUES, STANDBY_QUEUE
 from scheduler.recovery import Failure, Recovery
 from tasks.apply import apply_plan
+from tasks.routing import AFFINITY_CLASSES, affinity_queue, with_affinity
 
 NOTE = ("simulated: a discrete-event model of the adapter, the workers and the Celery queues "
         "driving the real plan_tick on a virtual clock; chunk times are published H100 step "
@@ -124,6 +135,9 @@ class SimConfig:
     bursty: bool = False
     """On/off modulated Poisson arrivals (``Arrivals(process="bursty")``: bursts at 4× the
     rate, then a lull) at the same mean rate; otherwise plain Poisson."""
+    residency: ResidencyConfig | None = None
+    """Model residency and placement (``app.bench.sim_residency``): applies only to a trace
+    whose jobs name models; None or a single-model trace runs as if every model were held."""
 
     @classmethod
     def stress(cls, workers: int = 256, rate_per_s: float = 1000.0,
@@ -149,6 +163,9 @@ class SimArrival:
     chunk_s: tuple[float, ...]
     deadline_s: float
     """Absolute, on the trace's clock: the job's own, or its shape's SLO after arrival."""
+    model: str | None = None
+    """The base model its chunks need resident (None: the single-model mix)."""
+    adapters: tuple[str, ...] = ()
 
     @property
     def group(self) -> str:
@@ -212,12 +229,15 @@ class _Job:
         "lease_until_s",
         "level",
         "level_service_s",
+        "load_s",
         "next_chunk",
+        "parked_on",
         "preempt",
         "preemptions",
         "queue",
         "running_on",
         "service_s",
+        "started_warm",
         "state",
         "units_left",
         "view",
@@ -246,6 +266,12 @@ class _Job:
         """Set when the worker running it dies: its lease lapses then (a live worker renews)."""
         self.view: JobView | None = None
         self.units_left = arrival.shape.chunks * arrival.shape.units_per_chunk
+        self.parked_on: str | None = None
+        """The worker whose own queue holds its next chunk (a hop, or a placement)."""
+        self.load_s = 0.0
+        """The load the planner is told to expect before its next chunk (``JobView.load_s``)."""
+        self.started_warm: bool | None = None
+        """Whether its first chunk started on a worker holding its base (None: not started)."""
 
     def job_view(self) -> JobView:
         if self.view is None:
@@ -265,7 +291,8 @@ class _Job:
                 level=self.level, level_service_s=self.level_service_s,
                 preempt_requested=self.preempt, epoch=self.epoch,
                 estimated=self.first_estimate_s is not None,
-                lease_until_s=self.lease_until_s,
+                lease_until_s=self.lease_until_s, parked_on=self.parked_on,
+                load_s=self.load_s,
             )
         return self.view
 
@@ -276,8 +303,11 @@ class _Worker:
     __slots__ = (
         "alive",
         "busy_s",
+        "consumes",
         "dead_until_s",
         "job",
+        "load_s",
+        "mem",
         "name",
         "overhead_s",
         "queues",
@@ -300,9 +330,15 @@ class _Worker:
         self.overhead_s = 0.0
         self.dead_until_s = math.inf
         """After a failure: its heartbeat (and its job's lease) lapse at this time."""
+        self.consumes: tuple[str, ...] = self.queues
+        """The queues it reads, in order: ``queues``, with its own queue before each class
+        that has one when residency is modelled."""
+        self.mem: WorkerMemory | None = None
+        self.load_s = 0.0
+        """Seconds spent loading models (not counted in ``busy_s``)."""
 
 
-_ARRIVE, _TICK, _WAKE, _END, _FAIL = range(5)
+_ARRIVE, _TICK, _WAKE, _END, _FAIL, _STAGED = range(6)
 
 
 @dataclass
@@ -323,6 +359,8 @@ class SimResult:
     wall_s: float = 0.0
     first_estimates_s: list[float | None] = field(default_factory=list)
     """Each job's first whole-service-time estimate from the policy (None: never made)."""
+    residency: dict[str, Any] | None = None
+    """Loads, load seconds, warm starts and peak bytes when residency is modelled."""
 
 
 class ClusterSim:
@@ -350,6 +388,33 @@ class ClusterSim:
         self.lost_s = 0.0
         self.ticks = 0
         self.result = SimResult([None] * len(trace), self.status, 0.0, 0.0, 0.0, 0.0)
+        res = config.residency
+        self.res = res if res is not None and any(a.model for a in trace) else None
+        self.estimates = LoadEstimates()
+        self.demand: dict[str, int] = {}
+        self.staging: set[tuple[str, str]] = set()
+        self.counts = {"base_loads": 0, "host_loads": 0, "adapter_loads": 0, "staged": 0,
+                       "first_starts": 0, "warm_starts": 0, "placed_on_worker": 0,
+                       "parked_recovered": 0}
+        if self.res is not None:
+            self._model_residency(self.res)
+
+    def _model_residency(self, res: ResidencyConfig) -> None:
+        """Each worker gets its memory and its own queues; the placement's load estimates start
+        from the production priors on the catalog's clock; a chunk parked on a busy worker's
+        own queue waits up to ``park_max_wait_s`` before the tick moves it back."""
+        scale = res.catalog.time_scale
+        defaults = LoadPriors()
+        self.estimates = LoadEstimates(LoadPriors(defaults.disk_s * scale,
+                                                  defaults.host_s * scale,
+                                                  defaults.adapter_s * scale))
+        self.policy = replace(self.policy, recovery=replace(
+            self.policy.recovery, affinity_max_wait_s=res.park_max_wait_s))
+        for k, w in enumerate(self.workers):
+            w.mem = WorkerMemory(res, random.Random(f"{res.seed}-{k}"))
+            w.consumes = with_affinity(w.name, w.queues)
+            for q in w.consumes:
+                self.queues.setdefault(q, deque())
 
     # -- event loop -------------------------------------------------------------------------
 
@@ -365,7 +430,7 @@ class ClusterSim:
         if self.config.fail_at_s is not None:
             self._push(self.config.fail_at_s, _FAIL, None)
         end_s = self.config.end_s
-        handlers = (self.arrive, self._tick, self._wake, self._end, self._fail)
+        handlers = (self.arrive, self._tick, self._wake, self._end, self._fail, self._staged)
         while self.events:
             at_s, _, kind, payload = heapq.heappop(self.events)
             if at_s > end_s:
@@ -380,6 +445,7 @@ class ClusterSim:
         for w in self.workers:
             if w.job is not None and w.alive:  # count the part of the chunk run by the end
                 w.busy_s += max(self.now - w.run_start_s, 0.0)
+                w.load_s -= max(w.run_start_s - self.now, 0.0)  # a load under way at the end
         r.busy_s = sum(w.busy_s for w in self.workers)
         r.overhead_s = sum(w.overhead_s for w in self.workers)
         r.lost_s = self.lost_s
@@ -389,6 +455,14 @@ class ClusterSim:
         r.preemptions = sum(j.preemptions for j in self.jobs)
         r.first_estimates_s = [j.first_estimate_s for j in self.jobs]
         r.wall_s = wall_s
+        if self.res is not None:
+            r.residency = {
+                **self.counts, "load_s": sum(w.load_s for w in self.workers),
+                "evictions": sum(w.mem.evictions for w in self.workers if w.mem),
+                "peak_device_bytes": max(w.mem.peak_device_bytes for w in self.workers
+                                         if w.mem),
+                "device_budget_bytes": self.res.device_budget_bytes,
+            }
         return r
 
     # -- submission (JobService.submit) -----------------------------------------------------
@@ -404,7 +478,7 @@ class ClusterSim:
         elif decision.action is SubmitAction.SUSPEND:
             self._set_state(job, JobState.SUSPENDED)
         elif decision.action is SubmitAction.RELEASE:
-            self._release(job, decision.queue)
+            self._place(job, decision.queue)
         return decision
 
     # -- queues and workers -----------------------------------------------------------------
@@ -416,28 +490,87 @@ class ClusterSim:
     def _publish(self, job: _Job, queue: str) -> None:
         self.queues[queue].append((job, job.epoch))
         for w in self.idle.values():
-            if queue in w.queues:
+            if queue in w.consumes:
                 del self.idle[w.name]
                 self._wake(w)
                 return
 
-    def _release(self, job: _Job, queue: str, bump_epoch: bool = False) -> None:
-        """``tasks.dispatch.release``: QUEUED on ``queue``, flag cleared, chunk published."""
+    def _release(self, job: _Job, queue: str, bump_epoch: bool = False,
+                 parked_on: str | None = None) -> None:
+        """``tasks.dispatch.release``: QUEUED on ``queue`` (or on ``parked_on``'s own queue
+        for that class), flag cleared, chunk published."""
         job.epoch += 1 if bump_epoch else 0
         job.state, job.queue, job.preempt = JobState.QUEUED, queue, False
+        job.parked_on = parked_on
         job.waiting_since_s = self.now
         job.view = None
-        self._publish(job, queue)
+        self._publish(job, queue if parked_on is None else affinity_queue(parked_on, queue))
+
+    def _place(self, job: _Job, queue: str) -> None:
+        """A release: with residency, :func:`scheduler.placement.place` chooses the worker whose
+        own queue takes the chunk (None: the class queue), as the live release path does."""
+        model = job.arrival.model
+        if self.res is None or model is None or queue not in AFFINITY_CLASSES:
+            self._release(job, queue)
+            return
+        need = self._need(job)
+        workers = self._holdings(queue, need)
+        placement = place(need, workers, self.estimates, self.res.placement, self.demand)
+        if placement.worker is not None:
+            self.counts["placed_on_worker"] += 1
+        self._release(job, queue, parked_on=placement.worker)
+
+    def _need(self, job: _Job) -> ModelNeed:
+        model = job.arrival.model or ""
+        size = self.res.catalog.by_name[model].bytes if self.res is not None else 0
+        return ModelNeed(model, frozenset(job.arrival.adapters), size)
+
+    def _holdings(self, queue: str | None, need: ModelNeed | None = None
+                  ) -> tuple[Holding, ...]:
+        """The alive workers consuming their own queue for ``queue`` as placement sees them:
+        when each is free (its running job's estimated remaining work and load, and the work
+        parked on its own queues) and what it holds; models being staged count as in host
+        memory."""
+        out: list[Holding] = []
+        for w in self.workers:
+            mem = w.mem
+            if not w.alive or mem is None or (
+                    queue is not None and affinity_queue(w.name, queue) not in w.consumes):
+                continue
+            free_in_s = 0.0
+            if w.job is not None:
+                free_in_s += max(w.run_start_s - self.now, 0.0) + max(
+                    self._remaining_est_s(w.job) - max(self.now - w.run_start_s, 0.0), 0.0)
+            for cls in AFFINITY_CLASSES:
+                for job, epoch in self.queues.get(affinity_queue(w.name, cls), ()):
+                    if epoch == job.epoch and job.state is JobState.QUEUED \
+                            and job.parked_on == w.name:
+                        free_in_s += self._remaining_est_s(job)
+            staging = frozenset(m for name, m in self.staging if name == w.name)
+            out.append(Holding(w.name, free_in_s, frozenset(mem.device),
+                               frozenset(mem.host) | staging, frozenset(mem.adapters),
+                               free_bytes=mem.free_device_bytes()))
+        return tuple(out)
+
+    def _remaining_est_s(self, job: _Job) -> float:
+        """The job's remaining work as the cost model estimates it (what a live placement
+        reads from the job's record), plus a hop per chunk."""
+        key = job.arrival.shape.cost_key
+        chunks_left = job.arrival.shape.chunks - job.next_chunk
+        return (job.units_left * self.cost.seconds_per_unit(key, "cuda")
+                + chunks_left * self.config.dispatch_overhead_s)
 
     def _wake(self, w: _Worker) -> None:
         """The worker takes the first message its queues offer, in their order."""
         if not w.alive or w.job is not None:
             return
-        for q in w.queues:
+        for q in w.consumes:
             pending = self.queues[q]
             if pending:
                 job, epoch = pending.popleft()
-                if epoch == job.epoch and job.state is JobState.QUEUED and job.queue == q:
+                if epoch == job.epoch and job.state is JobState.QUEUED and q == (
+                        job.queue if job.parked_on is None
+                        else affinity_queue(job.parked_on, job.queue or "")):
                     self._claim(w, job)
                 else:  # a fenced (stale) message: one hop's overhead for nothing
                     w.overhead_s += self.config.dispatch_overhead_s
@@ -453,8 +586,10 @@ class ClusterSim:
             self._push(start_s, _WAKE, w)
             self._preempted(job, start_s)
             return
-        job.state, job.running_on = JobState.RUNNING, w.name
+        job.state, job.running_on, job.parked_on = JobState.RUNNING, w.name, None
         job.view = None
+        if w.mem is not None and job.arrival.model is not None:
+            start_s += self._load(w, job)
         w.job, w.run_start_s, w.start_groups = job, start_s, job.groups_done
         w.token += 1
         if job.atomic:
@@ -465,6 +600,36 @@ class ClusterSim:
             w.stop_groups = job.arrival.shape.block_groups
             end_s = start_s + self._group_s(job) * (w.stop_groups - job.groups_done)
         self._push(end_s, _END, (w, w.token))
+
+    def _load(self, w: _Worker, job: _Job) -> float:
+        """What ``w`` pays before ``job``'s chunk can run: its base model and adapters made
+        resident, each measured load taught to the placement's estimates."""
+        assert w.mem is not None and job.arrival.model is not None
+        model = job.arrival.model
+        load = w.mem.acquire(model, job.arrival.adapters, self.now)
+        if job.started_warm is None:
+            job.started_warm = load.base_tier is None
+            self.counts["first_starts"] += 1
+            self.counts["warm_starts"] += load.base_tier is None
+        if load.base_tier is not None:
+            self.counts["base_loads"] += 1
+            self.counts["host_loads"] += load.base_tier == "host"
+            self.estimates.observe(model, "host" if load.base_tier == "host" else "disk",
+                                   load.base_s)
+        if load.adapters:
+            self.counts["adapter_loads"] += load.adapters
+            self.estimates.observe(f"{model}/*", "adapter", load.adapter_s / load.adapters)
+        if job.load_s:
+            job.load_s = 0.0
+        w.load_s += load.seconds
+        return load.seconds
+
+    def _staged(self, payload: tuple[_Worker, str]) -> None:
+        """A model read into a worker's host memory ahead of its jobs."""
+        w, model = payload
+        self.staging.discard((w.name, model))
+        if w.alive and w.mem is not None and w.mem.stage(model, self.now):
+            self.counts["staged"] += 1
 
     def _group_s(self, job: _Job) -> float:
         shape = job.arrival.shape
@@ -482,7 +647,7 @@ class ClusterSim:
             job.service_s += ran_s
             job.running_on = None
             if w.stop_groups < 0:
-                self._chunks_done(job, job.arrival.shape.chunks - job.next_chunk)
+                self._chunks_done(job, job.arrival.shape.chunks - job.next_chunk, w)
             elif w.stop_groups < job.arrival.shape.block_groups:
                 job.groups_done = w.stop_groups
                 self._preempted(job, self.now)
@@ -491,10 +656,10 @@ class ClusterSim:
                     shape = job.arrival.shape
                     self.cost = self.cost.observe(shape.cost_key, "cuda",
                                                   shape.units_per_chunk, ran_s)
-                self._chunks_done(job, 1)
+                self._chunks_done(job, 1, w)
         self._wake(w)
 
-    def _chunks_done(self, job: _Job, count: int) -> None:
+    def _chunks_done(self, job: _Job, count: int, w: _Worker | None = None) -> None:
         shape = job.arrival.shape
         job.next_chunk += count
         job.groups_done = 0
@@ -507,7 +672,13 @@ class ClusterSim:
         else:  # hop: the next chunk goes to the back of the job's current queue
             job.state = JobState.QUEUED
             job.waiting_since_s = self.now
-            self._publish(job, job.queue or CLASS_QUEUE[shape.slo])
+            queue = job.queue or CLASS_QUEUE[shape.slo]
+            if w is not None and w.mem is not None and job.arrival.model is not None \
+                    and affinity_queue(w.name, queue) in w.consumes:
+                # with residency the next chunk stays where its model is: the worker's own queue
+                job.parked_on = w.name
+                queue = affinity_queue(w.name, queue)
+            self._publish(job, queue)
 
     def _preempted(self, job: _Job, at_s: float) -> None:
         job.state, job.preempt, job.running_on = JobState.PREEMPTED, False, None
@@ -561,6 +732,8 @@ class ClusterSim:
     def _tick(self, _: object) -> None:
         self.ticks += 1
         self._push(self.ticks * self.config.tick_s, _TICK, None)
+        if self.res is not None:
+            self._residency_tick(self.res)
         snapshot = ClusterSnapshot(tuple(j.job_view() for j in self.live.values()),
                                    self._worker_views(), self.cost, self.state)
         started = time.perf_counter()
@@ -570,6 +743,43 @@ class ClusterSim:
         if self.check_invariants:
             check_plan_invariants(plan, snapshot, self.policy)
         apply_plan(plan, self)
+
+    def _residency_tick(self, res: ResidencyConfig) -> None:
+        """Before the plan: the queued demand per model; each waiting job's expected load
+        (:func:`scheduler.placement.expected_load_s`, told to the planner as ``load_s``); and,
+        under staging, the models to read into host memory (in the background: a read from
+        disk into host memory does not hold the device)."""
+        demand: dict[str, int] = {}
+        waiting: list[_Job] = []
+        for job in self.live.values():
+            model = job.arrival.model
+            if model is None or job.state is JobState.RUNNING:
+                continue
+            demand[model] = demand.get(model, 0) + 1
+            waiting.append(job)
+        self.demand = demand
+        workers = self._holdings(None)
+        if res.loads_in_plan and not res.free_loads:
+            expected: dict[tuple[str, tuple[str, ...]], float] = {}
+            for job in waiting:
+                key = (job.arrival.model or "", job.arrival.adapters)
+                load_s = expected.get(key)
+                if load_s is None:
+                    load_s = expected[key] = expected_load_s(self._need(job), workers,
+                                                             self.estimates)
+                if load_s != job.load_s:
+                    job.load_s, job.view = load_s, None
+        if res.stage and res.host_budget_bytes > 0:
+            catalog = res.catalog
+            mean_bytes = sum(m.bytes for m in catalog.models) / len(catalog.models)
+            slots = {w.name: int(w.mem.free_host_bytes() // mean_bytes)
+                     for w in self.workers if w.alive and w.mem is not None}
+            for name, model in stage(demand, workers, self.estimates, res.stage_min_queued,
+                                     slots):
+                w = self.by_name[name]
+                assert w.mem is not None
+                self.staging.add((name, model))
+                self._push(self.now + w.mem.read_into_host_s(model), _STAGED, (w, model))
 
     def _worker_views(self) -> tuple[WorkerView, ...]:
         return tuple(WorkerView(w.name, True, w.job.id if w.job is not None else None,
@@ -591,6 +801,8 @@ class ClusterSim:
         if dead is not None and dead.job is job:
             dead.job = None
         job.running_on, job.lease_until_s = None, None
+        if job.parked_on is not None:
+            self.counts["parked_recovered"] += 1
         self._release(job, CLASS_QUEUE[job.arrival.shape.slo]
                       if job.queue is None else job.queue, bump_epoch=True)
         return True
@@ -651,6 +863,7 @@ class ClusterSim:
             w = self.by_name[name]
             if w.queues != queues:
                 w.queues = queues
+                w.consumes = queues if w.mem is None else with_affinity(name, queues)
                 if w.alive and w.job is None:
                     self.idle.pop(name, None)
                     self._wake(w)

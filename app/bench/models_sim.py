@@ -1,0 +1,198 @@
+"""The many-model workload in the simulator: its jobs as a simulated trace, the placement
+policies compared (model-oblivious, route-to-warm LRU, Stepline, and an oracle), the figures the
+issue asks for per policy, and the highest load each holds at a target attainment.
+
+Every policy runs the same Stepline planner on the same seeded trace on the same simulated
+hardware (device budget, host tier); they differ only in where a released chunk goes, what a
+worker evicts, whether the planner is told a job's expected load, and staging:
+
+- ``oblivious``: any worker takes a released chunk from its class queue (the placement before
+  residency); per-worker LRU eviction.
+- ``warm``: a released chunk goes to an idle worker holding its model, else to its class
+  queue; per-worker LRU (Ray Serve's model multiplexing: LRU per replica, routed to a replica
+  that holds the model).
+- ``stepline``: :func:`scheduler.placement.place` (the soonest expected start counting the
+  load, waiting for a warm worker soon free, a load charged the reloads it causes); cost-aware
+  eviction (expected reuse × reload cost, as ``workers.residency``); the planner counts a cold
+  job's expected load into its remaining time; models whose queue builds are staged into host
+  memory.
+- ``oracle``: every load takes no time (a cluster whose every worker holds every model), under
+  the same planner. Not a bound on every schedule: a bound on what cold starts cost this
+  planner.
+
+In every policy a job's next chunk stays on the worker that ran its last one (its own queue),
+as the live affinity queues do: a chunk never pays its model's load twice within one job unless
+it is preempted or parked too long.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from app.bench.models_workload import (
+    Catalog,
+    ModelJob,
+    ModelsWorkload,
+    generate_jobs,
+    model_catalog,
+)
+from app.bench.report import percentile, wilson_interval
+from app.bench.sim_residency import GB, ResidencyConfig
+from app.bench.simulate import ClusterSim, Shape, SimArrival, SimConfig, SimResult, sim_policy
+from scheduler import JobKind, PolicyConfig, Tier
+from scheduler.lifecycle import SloClass
+from scheduler.placement import PlacementPolicy
+
+COST_KEY = "image-1024"
+"""The cost key a simulated diffusion step is learned under."""
+PLACEMENTS = ("oblivious", "warm", "stepline", "oracle")
+CLASSES = (SloClass.INTERACTIVE, SloClass.BATCH)
+NOTE = ("simulated: the real plan_tick and scheduler.placement.place on a virtual clock; model "
+        "loads, sizes and job times are drawn from distributions shaped on the GenTD26 "
+        "production trace's figures (Lin et al., SoCC '25), not measured on this machine")
+
+
+def sim_trace(jobs: Sequence[ModelJob], seed: int = 1, jitter: float = 0.1) -> list[SimArrival]:
+    """The workload's jobs as simulated arrivals: one chunk per denoising step, each step's
+    true time the job's ``step_s`` with ``jitter``; the cost units a job declares are its step
+    time at the cost key's prior (what a recipe's shape tells the live cost model)."""
+    rng = random.Random(f"trace-{seed}")
+    s_per_unit = PolicyConfig().new_cost_model().prior_s_per_unit(COST_KEY)
+    trace: list[SimArrival] = []
+    for job in jobs:
+        shape = Shape(job.model, 0.0, job.slo, JobKind.IMAGE, COST_KEY, job.steps,
+                      job.step_s / s_per_unit, s_per_unit, 1, deadline_s=job.slo_s)
+        chunk_s = tuple(job.step_s * (1.0 + jitter * (2.0 * rng.random() - 1.0))
+                        for _ in range(job.steps))
+        trace.append(SimArrival(job.index, job.arrival_s, shape, Tier.STANDARD, chunk_s,
+                                job.deadline_s, job.model, job.adapters))
+    return trace
+
+
+def residency_for(placement: str, catalog: Catalog, device_budget_bytes: int,
+                  host_budget_bytes: int, park_max_wait_s: float) -> ResidencyConfig:
+    """The residency and placement of one compared policy (see the module docstring)."""
+    common: dict[str, Any] = {"catalog": catalog, "device_budget_bytes": device_budget_bytes,
+                              "host_budget_bytes": host_budget_bytes,
+                              "park_max_wait_s": park_max_wait_s}
+    if placement == "oblivious":
+        return ResidencyConfig(placement=PlacementPolicy.OBLIVIOUS, eviction="lru",
+                               loads_in_plan=False, **common)
+    if placement == "warm":
+        return ResidencyConfig(placement=PlacementPolicy.WARM, eviction="lru",
+                               loads_in_plan=False, **common)
+    if placement == "stepline":
+        return ResidencyConfig(placement=PlacementPolicy.STEPLINE, eviction="cost",
+                               stage=host_budget_bytes > 0, **common)
+    if placement == "oracle":
+        return ResidencyConfig(placement=PlacementPolicy.OBLIVIOUS, eviction="lru",
+                               free_loads=True, loads_in_plan=False, **common)
+    raise ValueError(f"unknown placement {placement!r}; use {', '.join(PLACEMENTS)}")
+
+
+def models_config(workload: ModelsWorkload, residency: ResidencyConfig, jobs: Sequence[ModelJob],
+                  tick_s: float) -> SimConfig:
+    """A simulated run long enough for every arrival and for the last job's batch deadline."""
+    last = max((j.arrival_s for j in jobs), default=0.0)
+    drain_s = max((j.deadline_s - last for j in jobs), default=0.0) + 1.0
+    return SimConfig(workers=workload.workers, rate_per_s=workload.rate_per_s(),
+                     duration_s=last + 1e-6, drain_s=drain_s, seed=workload.seed,
+                     tick_s=tick_s, residency=residency)
+
+
+def run_placement(workload: ModelsWorkload, placement: str, *, device_models: float = 3.0,
+                  host_models: float = 8.0, tick_s: float = 0.5,
+                  park_max_wait_s: float = 60.0, jobs: Sequence[ModelJob] | None = None,
+                  catalog: Catalog | None = None) -> dict[str, Any]:
+    """One policy on the workload's seeded trace: the figures of :func:`placement_figures`.
+    Budgets are in models of the catalog's median size (``host_models`` 0: no host tier);
+    ``park_max_wait_s`` and ``tick_s`` are on the workload's clock at ``time_scale`` 1."""
+    catalog = catalog or model_catalog(workload)
+    jobs = list(jobs) if jobs is not None else generate_jobs(workload, catalog)
+    median = sorted(m.bytes for m in catalog.models)[len(catalog.models) // 2]
+    largest = max(m.bytes for m in catalog.models)
+    device = max(int(device_models * median), largest)
+    residency = residency_for(placement, catalog, device, int(host_models * median),
+                              park_max_wait_s * workload.time_scale)
+    config = models_config(workload, residency, jobs, tick_s * workload.time_scale)
+    trace = sim_trace(jobs, workload.seed)
+    result = ClusterSim(config, trace, sim_policy(config, "stepline")).run()
+    return placement_figures(trace, result, config) | {
+        "device_budget_gb": device / GB * workload.byte_scale ** -1,
+        "host_budget_gb": int(host_models * median) / GB * workload.byte_scale ** -1}
+
+
+def placement_figures(trace: Sequence[SimArrival], result: SimResult,
+                      config: SimConfig) -> dict[str, Any]:
+    """Per class and overall: SLO attainment with its 95 % Wilson interval and p95 latency;
+    base and adapter loads per 100 jobs; the share of worker time spent loading (of capacity,
+    and of busy time counting the loads); the share of jobs whose first chunk started on a
+    worker holding their base."""
+    groups: dict[str, Any] = {}
+    for name, picked in (("all", list(trace)),
+                         *((c.value, [a for a in trace if a.shape.slo is c]) for c in CLASSES)):
+        met = sum(1 for a in picked if (f := result.finished_s[a.index]) is not None
+                  and f <= a.deadline_s + 1e-9)
+        lat = sorted(f - a.arrival_s for a in picked
+                     if (f := result.finished_s[a.index]) is not None)
+        ci = wilson_interval(met, len(picked))
+        groups[name] = {"jobs": len(picked), "met": met,
+                        "attainment": met / len(picked) if picked else None,
+                        "ci95": list(ci) if ci else None,
+                        "p95_latency_s": percentile(lat, 95),
+                        "unfinished": len(picked) - len(lat)}
+    res = result.residency or {}
+    n = max(len(trace), 1)
+    load_s = float(res.get("load_s", 0.0))
+    capacity_s = max(result.capacity_s, 1e-9)
+    return {
+        "groups": groups,
+        "base_loads_per_100": 100.0 * res.get("base_loads", 0) / n,
+        "host_loads_per_100": 100.0 * res.get("host_loads", 0) / n,
+        "adapter_loads_per_100": 100.0 * res.get("adapter_loads", 0) / n,
+        "load_share_of_capacity": load_s / capacity_s,
+        "load_share_of_busy": load_s / max(load_s + result.busy_s, 1e-9),
+        "utilisation": result.busy_s / capacity_s,
+        "warm_start_share": res.get("warm_starts", 0) / max(res.get("first_starts", 0), 1),
+        "staged": res.get("staged", 0),
+        "parked_recovered": res.get("parked_recovered", 0),
+        "preemptions": result.preemptions,
+        "peak_device_bytes": res.get("peak_device_bytes"),
+        "device_budget_bytes": res.get("device_budget_bytes"),
+        "wall_s": result.wall_s,
+    }
+
+
+def max_load_at(workload: ModelsWorkload, placement: str, target: float = 0.99,
+                lo: float = 0.1, hi: float = 1.3, steps: int = 5,
+                **run: Any) -> dict[str, Any]:
+    """The highest offered load (by bisection over ``[lo, hi]``, ``steps`` runs) at which
+    ``placement``'s overall attainment stays at ``target`` or above, each run a fresh trace of
+    the same seed at that load. 0 when even ``lo`` misses it."""
+    probes: list[dict[str, float]] = []
+
+    def holds(load: float) -> bool:
+        figures = run_placement(replace(workload, load=load), placement, **run)
+        attained = figures["groups"]["all"]["attainment"] or 0.0
+        probes.append({"load": load, "attainment": attained})
+        return bool(attained >= target)
+
+    if not holds(lo):
+        return {"max_load": 0.0, "probes": probes}
+    for _ in range(steps):
+        if hi - lo < 1e-3:
+            break
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if holds(mid) else (lo, mid)
+    return {"max_load": lo, "resolution": hi - lo, "probes": probes}
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """``a / b``, None when either is missing or ``b`` is 0."""
+    if a is None or b is None or b == 0:
+        return None if a is None or b is None or a else 0.0 if a == 0 else math.inf
+    return a / b

@@ -1,0 +1,77 @@
+"""The many-model workload has the production trace's shape (top-10 share, adapter share,
+execution and load quantiles) and scales its clock and bytes by one factor each."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from app.bench.models_workload import (
+    MAX_BYTES,
+    MIN_BYTES,
+    ModelsWorkload,
+    generate_jobs,
+    model_catalog,
+    top_share,
+)
+from scheduler.lifecycle import SloClass
+
+
+def _quantile(xs: list[float], p: float) -> float:
+    ordered = sorted(xs)
+    return ordered[int(p * (len(ordered) - 1))]
+
+
+def test_popularity_and_adapters_follow_the_trace() -> None:
+    w = ModelsWorkload(jobs=6000, seed=3)
+    jobs = generate_jobs(w)
+    assert 0.84 <= top_share(jobs, 10) <= 0.89  # the trace: 86.6 %
+    with_adapters = [j for j in jobs if j.adapters]
+    assert 0.15 <= len(with_adapters) / len(jobs) <= 0.19  # the trace: 16.7 %, here 17 %
+    assert {len(j.adapters) for j in with_adapters} <= {1, 2, 3}
+    assert sum(len(j.adapters) == 1 for j in with_adapters) / len(with_adapters) > 0.85
+    for j in with_adapters:
+        assert all(a.startswith(f"{j.model}/") for a in j.adapters)
+        assert len(set(j.adapters)) == len(j.adapters)
+    assert {j.steps for j in jobs} == {30}
+    interactive = sum(j.slo is SloClass.INTERACTIVE for j in jobs) / len(jobs)
+    assert 0.45 <= interactive <= 0.55
+
+
+def test_execution_and_load_times_are_trace_shaped() -> None:
+    w = ModelsWorkload(jobs=6000, seed=4)
+    catalog = model_catalog(w)
+    jobs = generate_jobs(w, catalog)
+    execs = [j.exec_s for j in jobs]
+    assert 19 <= _quantile(execs, 0.5) <= 27  # the trace: p50 23 s
+    assert 42 <= _quantile(execs, 0.9) <= 64  # p90 53 s
+    rng = random.Random(5)
+    loads = [catalog.draw_load_s(rng, rng.choice(catalog.models).name, "disk")
+             for _ in range(6000)]
+    assert 6.5 <= _quantile(loads, 0.5) <= 10.5  # the trace: p50 8.45 s
+    assert 18 <= _quantile(loads, 0.9) <= 34  # p90 26.8 s
+    adapters = [catalog.draw_adapter_s(rng) for _ in range(4000)]
+    assert 4.0 <= _quantile(adapters, 0.5) <= 4.8  # p50 4.4 s
+    assert all(MIN_BYTES <= m.bytes <= MAX_BYTES for m in catalog.models)
+    mean = sum(execs) / len(execs)
+    assert mean == pytest.approx(w.mean_exec_s(), rel=0.06)
+    rate = len(jobs) / jobs[-1].arrival_s
+    assert rate == pytest.approx(w.rate_per_s(), rel=0.06)
+
+
+def test_time_and_byte_scales_and_seeding() -> None:
+    base = ModelsWorkload(jobs=200, seed=7)
+    small = ModelsWorkload(jobs=200, seed=7, time_scale=0.1, byte_scale=0.001)
+    a, b = generate_jobs(base), generate_jobs(small)
+    assert generate_jobs(base) == a
+    for x, y in zip(a, b, strict=True):
+        assert (x.model, x.adapters, x.slo) == (y.model, y.adapters, y.slo)
+        assert y.exec_s == pytest.approx(0.1 * x.exec_s)
+        assert y.arrival_s == pytest.approx(0.1 * x.arrival_s)
+        assert y.slo_s == pytest.approx(0.1 * x.slo_s)
+    ca, cb = model_catalog(base), model_catalog(small)
+    for x, y in zip(ca.models, cb.models, strict=True):
+        assert y.disk_median_s == pytest.approx(0.1 * x.disk_median_s)
+        assert y.bytes == pytest.approx(0.001 * x.bytes, rel=1e-6)
+    assert generate_jobs(ModelsWorkload(jobs=200, seed=8)) != a
