@@ -179,7 +179,7 @@ def place(need: ModelNeed, workers: Sequence[Holding], estimates: LoadEstimates,
         load = estimates.load_s(need, w)
         start = w.free_in_s + load + _displacement_s(need, w, estimates, queued)
         # on a tie, a worker with room: a load there evicts nothing a later job may want
-        candidate = (start, load, _evicts(need, w), w.name)
+        candidate = (start, load, w.full_for(need), w.name)
         if best is None or candidate < best:
             best = candidate
     if best is None:
@@ -192,11 +192,6 @@ def place(need: ModelNeed, workers: Sequence[Holding], estimates: LoadEstimates,
 def _cold_s(need: ModelNeed, workers: Sequence[Holding], estimates: LoadEstimates) -> float:
     """The load a worker not holding the model pays (from disk, plus every adapter)."""
     return estimates.load_s(need, Holding("", device=frozenset(), host=frozenset()))
-
-
-def _evicts(need: ModelNeed, worker: Holding) -> bool:
-    """Whether loading ``need`` on ``worker`` must evict a model from its full device."""
-    return need.model not in worker.device and 0 < worker.capacity <= len(worker.device)
 
 
 def _displacement_s(need: ModelNeed, worker: Holding, estimates: LoadEstimates,

@@ -94,7 +94,8 @@ def model_need(kind: JobKind | str, params: Mapping[str, Any]) -> ModelNeed | No
         return None
     adapters = frozenset(f"{prefix}:{a['name']}" for a in params.get("adapters") or ()
                          if isinstance(a, Mapping) and "name" in a)
-    return ModelNeed(f"{prefix}:{model}", adapters)
+    size = params.get("model_bytes") if prefix == "simulated" else None
+    return ModelNeed(f"{prefix}:{model}", adapters, int(size) if isinstance(size, int) else 0)
 
 
 def keeps_model(settings: Settings, kind: JobKind | str, params: Mapping[str, Any]) -> bool:
@@ -115,8 +116,9 @@ def resident_model(key: str) -> str | None:
 
 def holding(name: str, beat: Heartbeat, free_in_s: float) -> Holding:
     """A worker as placement sees it, from its heartbeat's residency: models on its device and
-    in host memory, adapters loaded on them, how many models its budget holds (its device
-    budget over the mean bytes of the models it holds; 0 when either is unknown)."""
+    in host memory, adapters loaded on them, its device budget's free bytes (None: no budget)
+    and how many models it holds (the budget over the mean bytes of the models it holds; 0
+    when either is unknown)."""
     r = beat.residency
     device_bytes = _tier(r, "device")
     device = frozenset(m for k in device_bytes if (m := resident_model(k)) is not None)
@@ -128,10 +130,13 @@ def holding(name: str, beat: Heartbeat, free_in_s: float) -> Holding:
             adapters |= {f"{str(key).split(':')[0]}:{n}" for n in names}
     sizes = [int(b) for k, b in device_bytes.items() if resident_model(k) is not None]
     budget = r.get("budget_bytes")
-    capacity = 0
-    if isinstance(budget, int) and sizes and sum(sizes) > 0:
-        capacity = max(1, int(budget // (sum(sizes) / len(sizes))))
-    return Holding(name, free_in_s, device, host - device, frozenset(adapters), capacity)
+    capacity, free_bytes = 0, None
+    if isinstance(budget, int):
+        free_bytes = max(budget - sum(device_bytes.values()), 0)  # every model it holds
+        if sizes and sum(sizes) > 0:
+            capacity = max(1, int(budget // (sum(sizes) / len(sizes))))
+    return Holding(name, free_in_s, device, host - device, frozenset(adapters), capacity,
+                   free_bytes)
 
 
 def _tier(residency: Mapping[str, Any], tier: str) -> dict[str, int]:

@@ -74,6 +74,8 @@ def test_a_holding_is_built_from_a_heartbeats_residency() -> None:
     assert h.host == {"simulated:m2"}  # a model on the device is not counted in host memory
     assert h.adapters == {"simulated:style", "simulated:ink"}
     assert h.capacity == 2  # a budget of 2 MiB over models of 1 MiB each
+    assert h.free_bytes == 0  # the MoE model's bytes count against the budget too
+    assert holding("w2", _beat("w2", {_sim_key("m1"): MB}), 0.0).free_bytes == MB
     assert h.idle and h.holds(ModelNeed("simulated:m1", frozenset({"simulated:ink"})))
     assert not h.holds(ModelNeed("simulated:m1", frozenset({"simulated:other"})))
 
@@ -108,6 +110,8 @@ def test_what_a_job_needs_and_the_queued_demand_per_model() -> None:
     assert model_need("simulated", {"model": "m1", "adapters": [{"name": "a"}]}) == \
         ModelNeed("simulated:m1", frozenset({"simulated:a"}))
     assert model_need("image", {"model": "dit-tiny"}) == ModelNeed("diffusion:dit-tiny")
+    assert model_need("simulated", {"model": "m1", "model_bytes": MB}) == \
+        ModelNeed("simulated:m1", bytes=MB)
     assert model_need("simulated", {"steps": 2}) is None
     assert model_need("text", {"model": "qwen3-moe-tiny"}) is None
     jobs = [_sim("m1", "a"), _sim("m1", "b", JobState.QUEUED), _sim("m2", "c"),
