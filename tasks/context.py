@@ -91,6 +91,8 @@ class WorkerContext:
     _versions: VersionSync | None = None
     _beat: threading.Thread | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
+    _wake: threading.Event = field(default_factory=threading.Event)
+    """Set to beat now rather than at the period's end (the models held changed)."""
     _checkpoint_objects: CheckpointObjects | None = None
     _checkpoint_sweeper: CheckpointSweeper | None = None
 
@@ -186,7 +188,9 @@ class WorkerContext:
         """The worker runs chunks of ``job_ids`` (the first one the task's own): the heartbeat
         renews their leases, and the idle unload waits; after them, the expert residency the
         heartbeat advertises is re-read."""
-        with self._runner_lock, self.models().in_use():  # its models are never evicted meanwhile
+        models = self.models()
+        loads_before = _loads_and_evictions(models)
+        with self._runner_lock, models.in_use():  # its models are never evicted meanwhile
             self.busy_job, self.batch_jobs = job_ids[0], tuple(job_ids[1:])
             try:
                 yield
@@ -194,6 +198,8 @@ class WorkerContext:
                 self.busy_job, self.batch_jobs = None, ()
                 if self.runner_loaded("text"):
                     self.refresh_residency()
+        if _loads_and_evictions(models) != loads_before:
+            self._wake.set()  # placement reads what it holds from the heartbeat: beat now
 
     def unload_idle_experts(self, now_s: float) -> int:
         """Unload the experts no chunk used for ``moe.cache.idle_unload`` (``now_s`` on the
@@ -240,7 +246,11 @@ class WorkerContext:
 
     def _heartbeat_loop(self) -> None:
         period_s = self.settings.broker.chunk_lease / 3
-        while not self._stop.wait(period_s):
+        while True:
+            self._wake.wait(period_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.unload_idle_experts(time.monotonic())
             except Exception:  # the residency is advisory: never stop the heartbeat over it
@@ -252,6 +262,7 @@ class WorkerContext:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._versions is not None:
             self._versions.stop()
         try:
@@ -259,6 +270,12 @@ class WorkerContext:
             self.store.redis.zrem(keys.WORKERS_LIVE, self.name)
         except Exception:
             log.debug("could not remove worker key of %s", self.name, exc_info=True)
+
+
+def _loads_and_evictions(models: ModelResidency) -> tuple[int, ...]:
+    """What changes when the models a worker holds change: its load and eviction counts."""
+    c = models.counters
+    return (*c.loads.values(), *c.evictions.values(), c.adapter_loads)
 
 
 def runner_options(settings: Settings, kind: str) -> RunnerOptions:

@@ -1,0 +1,279 @@
+"""The many-model workload live: its jobs replayed on a running stack of the simulated device
+(real worker processes holding each job's model as real tensor bytes under a device budget,
+paying its declared load times; the real tick, the real release placement), and the same jobs
+through ``ClusterSim`` on the same terms, so the simulated and the live attainment of one trace
+can be compared.
+
+The two runs share the jobs (``app.bench.models_workload``, scaled by its ``time_scale`` and
+``byte_scale``), the budgets (models of the catalog's median size), the placement policy
+(``scheduler.placement``), the eviction policy (the residency's ``lru`` or ``cost``), the tick
+interval, and how long a chunk may stay parked on a busy worker (``affinity.max_wait``). What
+the live stack does not do yet the simulator is told not to do either: count a job's expected
+load into its plan, and stage models into host memory. Load times: each live job declares
+draws of its model's disk and host load times and of its adapters' (the simulator draws one per
+load from the same distributions); the live worker pays the draws of the job that loads it.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from app.bench.driver import Outcome, replay
+from app.bench.models_sim import models_config, residency_for
+from app.bench.models_workload import Catalog, ModelJob, ModelsWorkload
+from app.bench.report import percentile, wilson_interval
+from app.bench.sim_residency import Eviction
+from app.bench.simulate import ClusterSim, Shape, SimArrival, sim_policy
+from app.bench.workload import Arrival
+from scheduler import JobKind, PolicyConfig, Tier
+from scheduler.lifecycle import SloClass
+
+COST_KEY = "simulated"
+CLASSES = (SloClass.INTERACTIVE, SloClass.BATCH)
+EVICTION: dict[str, Eviction] = {"oblivious": "lru", "warm": "lru", "stepline": "cost"}
+"""The residency policy each placement runs with (as the simulator's comparison pairs them)."""
+NOTE = ("live: real worker processes of the simulated device (model bytes real, load and step "
+        "times declared and slept), the real tick and release placement; sim: ClusterSim on "
+        "the same jobs, budgets and policies")
+
+
+@dataclass(frozen=True, slots=True)
+class LiveSetup:
+    """One live-vs-sim comparison: the workload (already scaled), its models' budgets and the
+    stack's knobs, shared by both sides."""
+
+    workload: ModelsWorkload
+    device_models: float = 3.0
+    """Device budget per worker, in models of the catalog's median size."""
+    host_models: float = 0.0
+    """Host-memory budget per worker, likewise (0: no host tier)."""
+    park_max_wait_s: float = 2.0
+    """A chunk parked on a busy worker's own queue moves to its class queue after this (live
+    ``affinity.max_wait``), in seconds of the scaled clock."""
+    tick_s: float = 0.1
+    """The live tick interval (``scheduler.origin_detection_interval``), simulated alike."""
+    chunk_lease_s: float = 2.0
+    """The live chunk lease: a worker beats every third of it (and at once after a load), so
+    placement reads what it holds and whether it is busy at most that late."""
+
+    def budgets(self, catalog: Catalog) -> tuple[int, int]:
+        """(device, host) bytes per worker, as ``models_sim.run_placement`` sizes them."""
+        sizes = sorted(m.bytes for m in catalog.models)
+        median = sizes[len(sizes) // 2]
+        return max(int(self.device_models * median), sizes[-1]), int(self.host_models * median)
+
+
+def live_arrivals(jobs: Sequence[ModelJob], catalog: Catalog, seed: int = 1) -> list[Arrival]:
+    """The jobs as simulated-device submissions: one chunk per step of ``step_s``, the model's
+    bytes, and draws of its load times (disk, host) and of each adapter's."""
+    rng = random.Random(f"live-loads-{seed}")
+    arrivals = []
+    for job in jobs:
+        spec = catalog.by_name[job.model]
+        params: dict[str, Any] = {
+            "steps": job.steps, "step_ms": job.step_s * 1000.0, "model": job.model,
+            "model_bytes": spec.bytes,
+            "load_ms": catalog.draw_load_s(rng, job.model, "disk") * 1000.0,
+            "host_load_ms": catalog.draw_load_s(rng, job.model, "host") * 1000.0,
+            "adapters": [{"name": a.replace("/", "."), "load_ms": catalog.draw_adapter_s(rng)
+                          * 1000.0} for a in job.adapters],
+        }
+        arrivals.append(Arrival(arrival_s=job.arrival_s, name=job.model, kind="simulated",
+                                slo=job.slo, params=params, deadline_s=job.slo_s))
+    return arrivals
+
+
+def sim_trace(jobs: Sequence[ModelJob]) -> list[SimArrival]:
+    """The jobs in the simulator as the live stack sees them: simulated jobs under the
+    ``simulated`` cost key (a unit is a second), steps exactly ``step_s``."""
+    s_per_unit = PolicyConfig().new_cost_model().prior_s_per_unit(COST_KEY)
+    return [SimArrival(job.index, job.arrival_s,
+                       Shape(job.model, 0.0, job.slo, JobKind.SIMULATED, COST_KEY, job.steps,
+                             job.step_s / s_per_unit, s_per_unit, 1, deadline_s=job.slo_s),
+                       Tier.STANDARD, (job.step_s,) * job.steps, job.deadline_s, job.model,
+                       job.adapters)
+            for job in jobs]
+
+
+def run_sim(setup: LiveSetup, placement: str, jobs: Sequence[ModelJob],
+            catalog: Catalog) -> dict[str, Any]:
+    """The jobs through ``ClusterSim`` under ``placement``: the figures of :func:`figures`."""
+    device, host = setup.budgets(catalog)
+    residency = residency_for(placement, catalog, device, host, setup.park_max_wait_s)
+    residency = replace(residency, eviction=EVICTION[placement], loads_in_plan=False,
+                        stage=False)
+    config = models_config(setup.workload, residency, jobs, setup.tick_s)
+    trace = sim_trace(jobs)
+    result = ClusterSim(config, trace, sim_policy(config, "stepline")).run()
+    finished = {a.index: result.finished_s[a.index] for a in trace}
+    res = result.residency or {}
+    return figures(jobs, {j.index: (None if (f := finished[j.index]) is None
+                                    else f - j.arrival_s) for j in jobs}) | {
+        "base_loads_per_100": 100.0 * res.get("base_loads", 0) / max(len(jobs), 1),
+        "adapter_loads_per_100": 100.0 * res.get("adapter_loads", 0) / max(len(jobs), 1),
+        "load_share_of_capacity": float(res.get("load_s", 0.0)) / max(result.capacity_s, 1e-9),
+    }
+
+
+def run_live(setup: LiveSetup, placement: str, jobs: Sequence[ModelJob], catalog: Catalog,
+             run_dir: Path | None = None, drain_s: float = 60.0) -> dict[str, Any]:
+    """The jobs replayed on a fresh stack of ``setup.workload.workers`` simulated-device
+    workers under ``placement``: the figures of :func:`figures`, with the loads the workers'
+    heartbeats counted and the budgets they never exceeded."""
+    from app.celery import configure as configure_celery  # deferred: the stack's modules
+    from app.stack import Stack
+    from tasks.runtime import current_settings, store_client
+    from tasks.store import JobStore
+    from tasks.submit import JobService
+
+    device, host = setup.budgets(catalog)
+    env = {
+        "STEPLINE_RESIDENCY__MEMORY_BUDGET_BYTES": str(device),
+        "STEPLINE_RESIDENCY__HOST_MEMORY_BUDGET_BYTES": str(host),
+        "STEPLINE_RESIDENCY__POLICY": EVICTION[placement],
+        "STEPLINE_AFFINITY__PLACEMENT": placement,
+        "STEPLINE_AFFINITY__MAX_WAIT": str(setup.park_max_wait_s),
+        "STEPLINE_SCHEDULER__ORIGIN_DETECTION_INTERVAL": str(setup.tick_s),
+        "STEPLINE_BROKER__CHUNK_LEASE": str(setup.chunk_lease_s),
+        "STEPLINE_WARM_START": "false",
+    }
+    root = run_dir or Path(tempfile.mkdtemp(prefix="stepline-models-live-"))
+    saved = {k: os.environ.get(k) for k in (*env, "STEPLINE_RUN_DIR")}
+    os.environ.update(env)
+    os.environ["STEPLINE_RUN_DIR"] = str((root / placement).resolve())
+    current_settings.cache_clear()
+    try:
+        settings = current_settings()
+        configure_celery(settings)
+        with Stack(settings=settings, run_dir=root / placement,
+                   workers=setup.workload.workers, with_api=False, with_flower=False):
+            service = JobService(JobStore(store_client(settings)), settings)
+            _wait_for_workers(service, setup.workload.workers)
+            arrivals = live_arrivals(jobs, catalog, setup.workload.seed)
+            last_due = max((a.arrival_s + (a.deadline_s or 0.0) for a in arrivals), default=0)
+            started = time.monotonic()
+            outcomes = replay(service, arrivals, drain_timeout_s=max(
+                drain_s, last_due - max((a.arrival_s for a in arrivals), default=0) + 5))
+            wall_s = time.monotonic() - started
+            latencies = _latencies(service, jobs, outcomes)
+            moves = _moves(service, outcomes)
+            beats = service.store.heartbeats().values()
+            residency = [b.residency for b in beats if b.residency]
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        current_settings.cache_clear()
+    loads = sum(int(r.get("loads", {}).get(t, 0)) for r in residency for t in ("disk", "host"))
+    load_s = sum(float(r.get("load_s", {}).get(t, 0.0)) for r in residency
+                 for t in ("disk", "host")) + sum(float(r.get("adapter_load_s", 0.0))
+                                                  for r in residency)
+    return figures(jobs, latencies) | {
+        "base_loads_per_100": 100.0 * loads / max(len(jobs), 1),
+        "adapter_loads_per_100": 100.0 * sum(int(r.get("adapter_loads", 0)) for r in residency)
+        / max(len(jobs), 1),
+        "load_share_of_capacity": load_s / max(wall_s * setup.workload.workers, 1e-9),
+        "peak_device_bytes": max((int(r.get("peak_device_bytes", 0)) for r in residency),
+                                 default=0),
+        "device_budget_bytes": device,
+        "wall_s": wall_s,
+        "moves": moves,
+    }
+
+
+def _moves(service: Any, outcomes: Sequence[Outcome]) -> dict[str, int]:
+    """How the jobs' chunks moved, counted from their events: releases to a worker's own queue
+    or to a class queue, parked chunks moved back, preemptions."""
+    from tasks.routing import affinity_worker
+
+    counts: dict[str, int] = {}
+    for outcome in outcomes:
+        if outcome.job_id is None:
+            continue
+        for event in service.store.events(outcome.job_id):
+            reason = str(event.get("reason", ""))
+            if event.get("kind") != "state" or event.get("to") in ("RUNNING", "DONE", "PENDING"):
+                continue
+            if reason.startswith("next chunk "):
+                queue = reason.rsplit(" ", 1)[-1]
+                key = "hop to its worker" if affinity_worker(queue) else f"hop to {queue}"
+            elif reason.startswith(("admitted to ", "released to ")):
+                queue = reason.rsplit(" ", 1)[-1]
+                what = "to a worker" if affinity_worker(queue) else "to its class queue"
+                key = f"{reason.split(' ')[0]} {what}"
+            elif reason.startswith("affinity:"):
+                key = "parked, moved back"
+            else:
+                key = f"{event.get('to')}: {reason.split(';')[0].split(' on ')[0][:40]}"
+            counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def _wait_for_workers(service: Any, count: int, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if sum(1 for n in service.store.heartbeats() if n.startswith("w")) >= count:
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"{count} workers did not start in {timeout_s}s; see the run dir's logs")
+
+
+def _latencies(service: Any, jobs: Sequence[ModelJob],
+               outcomes: Sequence[Outcome]) -> dict[int, float | None]:
+    """Per job, submit to finish as the store recorded it (None: not done)."""
+    from scheduler.lifecycle import JobState
+
+    out: dict[int, float | None] = {}
+    for job, outcome in zip(jobs, outcomes, strict=True):
+        out[job.index] = None
+        if outcome.job_id is None:
+            continue
+        record = service.store.record(outcome.job_id)
+        if record.state is JobState.DONE and record.finished_at_s is not None:
+            out[job.index] = record.finished_at_s - record.submitted_at_s
+    return out
+
+
+def figures(jobs: Sequence[ModelJob], latency_s: dict[int, float | None]) -> dict[str, Any]:
+    """Per class and overall: jobs done by their deadline (attainment, 95 % Wilson interval),
+    p95 latency of the finished ones."""
+    groups: dict[str, Any] = {}
+    for name, picked in (("all", list(jobs)),
+                         *((c.value, [j for j in jobs if j.slo is c]) for c in CLASSES)):
+        met = sum(1 for j in picked if (done := latency_s.get(j.index)) is not None
+                  and done <= j.slo_s + 1e-9)
+        lat = sorted(v for j in picked if (v := latency_s.get(j.index)) is not None)
+        ci = wilson_interval(met, len(picked))
+        groups[name] = {"jobs": len(picked), "met": met,
+                        "attainment": met / len(picked) if picked else None,
+                        "ci95": list(ci) if ci else None,
+                        "p95_latency_s": percentile(lat, 95),
+                        "unfinished": len(picked) - len(lat)}
+    return {"groups": groups}
+
+
+def compare(setup: LiveSetup, placements: Sequence[str] = ("stepline",),
+            run_dir: Path | None = None) -> dict[str, Any]:
+    """Each placement live and simulated on the same jobs: both sides' figures and the
+    difference of their overall attainment, in points."""
+    from app.bench.models_workload import generate_jobs, model_catalog
+
+    catalog = model_catalog(setup.workload)
+    jobs = generate_jobs(setup.workload, catalog)
+    rows: dict[str, Any] = {}
+    for placement in placements:
+        sim = run_sim(setup, placement, jobs, catalog)
+        live = run_live(setup, placement, jobs, catalog, run_dir)
+        a_live, a_sim = (f["groups"]["all"]["attainment"] or 0.0 for f in (live, sim))
+        rows[placement] = {"live": live, "sim": sim,
+                           "attainment_gap_points": 100.0 * (a_live - a_sim)}
+    return {"note": NOTE, "jobs": len(jobs), "rows": rows}
