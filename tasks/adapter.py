@@ -299,6 +299,7 @@ class LiveTarget:
         return self.store.request_preempt(job_id, state=job.state, epoch=job.epoch)
 
     def requeue(self, job_id: str, to_queue: str, reason: str) -> bool:
+        to_queue = self._placed(self.seen[job_id], to_queue)
         if self.buffered:
             return self._release_queued(self.seen[job_id], to_queue, reason=reason,
                                         bump_epoch=True)
@@ -327,12 +328,7 @@ class LiveTarget:
     def release(self, job_id: str, queue: str, atomic: bool,
                 estimate_s: float | None = None) -> bool:
         job = self.seen[job_id]
-        if self._directory is None and needs_directory(self.settings, job):
-            busy = self._busy_free_in_s() if self._busy_free_in_s is not None else None
-            self._directory = WorkerDirectory.read(
-                self.store, busy_free_in_s=busy,
-                demand=lambda: queued_demand(self.seen.values()))
-        queue = release_queue(self.settings, job, queue, self._directory)
+        queue = self._placed(job, queue)
         if self.buffered:
             return self._release_queued(job, queue, reason=f"released to {queue}",
                                         bump_epoch=False, atomic=True if atomic else None,
@@ -340,6 +336,17 @@ class LiveTarget:
         return release(self.store, job, queue=queue, by="scheduler",
                        reason=f"released to {queue}", atomic=True if atomic else None,
                        estimate_s=estimate_s)
+
+    def _placed(self, job: JobRecord, queue: str) -> str:
+        """The queue a release or requeue of ``job`` to ``queue`` goes to
+        (:func:`~tasks.affinity.release_queue`: a worker's own queue where placement puts it);
+        the workers' heartbeats are read once per tick, when first needed."""
+        if self._directory is None and needs_directory(self.settings, job):
+            busy = self._busy_free_in_s() if self._busy_free_in_s is not None else None
+            self._directory = WorkerDirectory.read(
+                self.store, busy_free_in_s=busy,
+                demand=lambda: queued_demand(self.seen.values()))
+        return release_queue(self.settings, job, queue, self._directory)
 
     def release_batch(self, batch_id: str, releases: Sequence[Release], join: bool) -> None:
         self.flush()

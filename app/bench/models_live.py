@@ -140,6 +140,8 @@ def run_live(setup: LiveSetup, placement: str, jobs: Sequence[ModelJob], catalog
         "STEPLINE_RESIDENCY__POLICY": EVICTION[placement],
         "STEPLINE_AFFINITY__PLACEMENT": placement,
         "STEPLINE_AFFINITY__MAX_WAIT": str(setup.park_max_wait_s),
+        # every placement keeps a job's chunks on its worker, as the simulator's do
+        "STEPLINE_AFFINITY__KINDS": '["text", "simulated"]',
         "STEPLINE_SCHEDULER__ORIGIN_DETECTION_INTERVAL": str(setup.tick_s),
         "STEPLINE_BROKER__CHUNK_LEASE": str(setup.chunk_lease_s),
         "STEPLINE_WARM_START": "false",
