@@ -345,7 +345,8 @@ class LiveTarget:
             busy = self._busy_free_in_s() if self._busy_free_in_s is not None else None
             self._directory = WorkerDirectory.read(
                 self.store, busy_free_in_s=busy,
-                demand=lambda: queued_demand(self.seen.values()))
+                demand=lambda: queued_demand(self.seen.values()),
+                mark_ttl_s=self.settings.broker.chunk_lease)
         return release_queue(self.settings, job, queue, self._directory)
 
     def release_batch(self, batch_id: str, releases: Sequence[Release], join: bool) -> None:

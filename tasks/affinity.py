@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,7 @@ from scheduler.placement import (
     assign,
     place,
 )
+from tasks import keys
 from tasks.heartbeat import Heartbeat
 from tasks.record import JobRecord
 from tasks.routing import (
@@ -191,16 +193,38 @@ class WorkerDirectory:
     demand: Callable[[], Mapping[str, int]] | None = None
     """The queued jobs per model (:func:`model_need`'s names), read when first needed."""
     estimates: LoadEstimates = field(default_factory=load_estimates)
+    placed_at_s: Mapping[str, float] = field(default_factory=dict)
+    """When placement last gave each worker a chunk (:func:`tasks.keys.placed`): a worker
+    whose heartbeat is older than that counts busy, free at an unknown time."""
+    store: JobStore | None = None
+    """Where a placement on a worker is marked for the next directory (None: not marked)."""
+    mark_ttl_s: float = 10.0
     _holdings: dict[str, Holding] | None = None
     _demand: Mapping[str, int] | None = None
 
     @classmethod
     def read(cls, store: JobStore, busy_free_in_s: Mapping[str, float] | None = None,
-             demand: Callable[[], Mapping[str, int]] | None = None) -> WorkerDirectory:
-        directory = cls(store.heartbeats(), busy_free_in_s=busy_free_in_s or {}, demand=demand)
+             demand: Callable[[], Mapping[str, int]] | None = None,
+             mark_ttl_s: float = 10.0) -> WorkerDirectory:
+        bodies = store.heartbeats()
+        names = sorted(bodies)
+        marks = store.redis.mget([keys.placed(n) for n in names]) if names else []
+        placed = {n: float(m) for n, m in zip(names, marks, strict=True) if m is not None}
+        directory = cls(bodies, busy_free_in_s=busy_free_in_s or {}, demand=demand,
+                        placed_at_s=placed, store=store, mark_ttl_s=mark_ttl_s)
         with _ESTIMATES_LOCK:
             observe_loads(directory.estimates, directory.bodies.values())
         return directory
+
+    def _free_in_s(self, name: str, beat: Heartbeat) -> float:
+        """0 for an idle worker; a busy one's expected remaining chunk time, or inf. A worker
+        given a chunk after its heartbeat was written counts busy."""
+        placed = self.placed_at_s.get(name)
+        if placed is not None and (beat.ts is None or beat.ts < placed):
+            return math.inf
+        if beat.busy_job is None:
+            return 0.0
+        return self.busy_free_in_s.get(name, math.inf)
 
     def place(self, need: ModelNeed, class_queue: str,
               policy: PlacementPolicy) -> Placement:
@@ -208,10 +232,8 @@ class WorkerDirectory:
         ``class_queue`` (:func:`scheduler.placement.place`); the chosen worker is then counted
         busy for the rest of this directory's releases."""
         if self._holdings is None:
-            self._holdings = {
-                name: holding(name, beat, 0.0 if beat.busy_job is None
-                              else self.busy_free_in_s.get(name, math.inf))
-                for name, beat in self.bodies.items()}
+            self._holdings = {name: holding(name, beat, self._free_in_s(name, beat))
+                              for name, beat in self.bodies.items()}
         if self._demand is None and policy is PlacementPolicy.STEPLINE:
             self._demand = self.demand() if self.demand is not None else {}
         workers = [h for name, h in self._holdings.items()
@@ -221,6 +243,9 @@ class WorkerDirectory:
             chosen = place(need, workers, self.estimates, policy, self._demand)
         if chosen.worker is not None:
             self.picked.add(chosen.worker)
+            if self.store is not None:
+                self.store.redis.set(keys.placed(chosen.worker), repr(time.time()),
+                                     px=max(1, int(self.mark_ttl_s * 1000)))
             after = assign(workers, chosen, need, math.inf)  # its chunk's length: not known
             self._holdings.update((h.name, h) for h in after)
         return chosen

@@ -138,6 +138,15 @@ def worker(name: str) -> str:
     return WORKER_PREFIX + name
 
 
+PLACED_PREFIX = PREFIX + "placed:"
+"""Per worker, when placement last gave it a chunk (Unix seconds; expires): until a heartbeat
+written after that says otherwise, the next placement counts it busy."""
+
+
+def placed(worker_name: str) -> str:
+    return PLACED_PREFIX + worker_name
+
+
 def expert_record(model: str) -> str:
     return EXPERTS_PREFIX + model
 

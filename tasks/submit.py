@@ -159,7 +159,8 @@ class JobService:
 
         job = self.store.record(job_id)
         if job.state is JobState.PENDING:
-            directory = (WorkerDirectory.read(self.store) if needs_directory(self.settings, job)
-                         else None)
+            directory = (WorkerDirectory.read(self.store,
+                                              mark_ttl_s=self.settings.broker.chunk_lease)
+                         if needs_directory(self.settings, job) else None)
             queue = release_queue(self.settings, job, job.queue, directory)
             release(self.store, job, queue=queue, by="submit", reason=f"admitted to {queue}")

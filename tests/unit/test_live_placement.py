@@ -248,3 +248,15 @@ def test_a_busy_workers_free_time_is_its_running_chunks_estimate_less_its_run_ti
     ])
     free = busy_free_in_s(snapshot, NOW_S)
     assert free == {"w1": pytest.approx(1.5), "w2": 0.0}  # overdue: free any moment
+
+
+def test_a_worker_given_a_chunk_after_its_heartbeat_counts_busy() -> None:
+    settings, job = _placing("stepline"), _sim("m1")
+    warm = _beat("w1", {_sim_key("m1"): MB})  # written at ts 0.0
+    cold = _beat("w2", {})
+    marked = WorkerDirectory({"w1": warm, "w2": cold}, placed_at_s={"w1": 5.0},
+                             estimates=LoadEstimates())
+    assert release_queue(settings, job, "interactive", marked) == "w2.interactive"
+    stale_mark = WorkerDirectory({"w1": warm, "w2": cold}, placed_at_s={"w1": -1.0},
+                                 estimates=LoadEstimates())
+    assert release_queue(settings, job, "interactive", stale_mark) == "w1.interactive"
