@@ -12,7 +12,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from scheduler.lifecycle import JobState
@@ -226,17 +226,20 @@ class WorkerDirectory:
             return 0.0
         return self.busy_free_in_s.get(name, math.inf)
 
-    def place(self, need: ModelNeed, class_queue: str,
-              policy: PlacementPolicy) -> Placement:
+    def place(self, need: ModelNeed, class_queue: str, policy: PlacementPolicy,
+              max_wait_s: float = math.inf) -> Placement:
         """Where ``need``'s chunk goes among the alive workers consuming their own queue for
-        ``class_queue`` (:func:`scheduler.placement.place`); the chosen worker is then counted
-        busy for the rest of this directory's releases."""
+        ``class_queue`` (:func:`scheduler.placement.place`); a busy worker not expected free
+        within ``max_wait_s`` (how long a parked chunk waits before the tick moves it to its
+        class queue) is not waited for. The chosen worker is then counted busy for the rest of
+        this directory's releases."""
         if self._holdings is None:
             self._holdings = {name: holding(name, beat, self._free_in_s(name, beat))
                               for name, beat in self.bodies.items()}
         if self._demand is None and policy is PlacementPolicy.STEPLINE:
             self._demand = self.demand() if self.demand is not None else {}
-        workers = [h for name, h in self._holdings.items()
+        workers = [h if h.free_in_s <= max_wait_s else replace(h, free_in_s=math.inf)
+                   for name, h in self._holdings.items()
                    if name not in self.picked
                    and affinity_queue(name, class_queue) in self.bodies[name].queues]
         with _ESTIMATES_LOCK:
@@ -326,7 +329,7 @@ def release_queue(settings: Settings, job: JobRecord, class_queue: str,
     elif keeps_model(settings, job.kind, job.params):
         need = model_need(job.kind, job.params)
         assert need is not None
-        chosen = directory.place(need, class_queue, placement_policy(settings))
+        chosen = directory.place(need, class_queue, placement_policy(settings), a.max_wait)
         worker = chosen.worker
         if worker is not None:
             log.debug("job %s: %s on %s (%s, start in %.2fs)", job.job_id, need.model, worker,

@@ -59,6 +59,8 @@ class LiveSetup:
     ``affinity.max_wait``), in seconds of the scaled clock."""
     tick_s: float = 0.1
     """The live tick interval (``scheduler.origin_detection_interval``), simulated alike."""
+    warmup: float = 0.0
+    """Share of the first jobs run but not measured (memories start empty on both sides)."""
     chunk_lease_s: float = 2.0
     """The live chunk lease: a worker beats every third of it (and at once after a load), so
     placement reads what it holds and whether it is busy at most that late."""
@@ -114,8 +116,9 @@ def run_sim(setup: LiveSetup, placement: str, jobs: Sequence[ModelJob],
     result = ClusterSim(config, trace, sim_policy(config, "stepline")).run()
     finished = {a.index: result.finished_s[a.index] for a in trace}
     res = result.residency or {}
-    return figures(jobs, {j.index: (None if (f := finished[j.index]) is None
-                                    else f - j.arrival_s) for j in jobs}) | {
+    return figures(measured(jobs, setup.warmup),
+                   {j.index: (None if (f := finished[j.index]) is None
+                              else f - j.arrival_s) for j in jobs}) | {
         "base_loads_per_100": 100.0 * res.get("base_loads", 0) / max(len(jobs), 1),
         "adapter_loads_per_100": 100.0 * res.get("adapter_loads", 0) / max(len(jobs), 1),
         "load_share_of_capacity": float(res.get("load_s", 0.0)) / max(result.capacity_s, 1e-9),
@@ -179,7 +182,7 @@ def run_live(setup: LiveSetup, placement: str, jobs: Sequence[ModelJob], catalog
     load_s = sum(float(r.get("load_s", {}).get(t, 0.0)) for r in residency
                  for t in ("disk", "host")) + sum(float(r.get("adapter_load_s", 0.0))
                                                   for r in residency)
-    return figures(jobs, latencies) | {
+    return figures(measured(jobs, setup.warmup), latencies) | {
         "base_loads_per_100": 100.0 * loads / max(len(jobs), 1),
         "adapter_loads_per_100": 100.0 * sum(int(r.get("adapter_loads", 0)) for r in residency)
         / max(len(jobs), 1),
@@ -243,6 +246,11 @@ def _latencies(service: Any, jobs: Sequence[ModelJob],
         if record.state is JobState.DONE and record.finished_at_s is not None:
             out[job.index] = record.finished_at_s - record.submitted_at_s
     return out
+
+
+def measured(jobs: Sequence[ModelJob], warmup: float) -> list[ModelJob]:
+    """The jobs after the first ``warmup`` share (by arrival)."""
+    return list(jobs)[int(warmup * len(jobs)):]
 
 
 def figures(jobs: Sequence[ModelJob], latency_s: dict[int, float | None]) -> dict[str, Any]:

@@ -156,12 +156,16 @@ def test_stepline_placement_waits_for_a_warm_worker_soon_free_not_for_an_unknown
     settings, job = _placing("stepline"), _sim("m1")
     warm_busy = _beat("w1", {_sim_key("m1"): MB}, busy="other")
     cold_idle = _beat("w2", {})
-    soon = _directory({"w1": 0.1}, w1=warm_busy, w2=cold_idle)
+    soon = _directory({"w1": 0.2}, w1=warm_busy, w2=cold_idle)
     assert release_queue(settings, job, "interactive", soon) == "w1.interactive"
     late = _directory({"w1": 3.0}, w1=warm_busy, w2=cold_idle)  # the load (0.5 s) is sooner
     assert release_queue(settings, job, "interactive", late) == "w2.interactive"
     unknown = _directory({}, w1=warm_busy, w2=cold_idle)
     assert release_queue(settings, job, "interactive", unknown) == "w2.interactive"
+    # free sooner than the load, but later than a parked chunk waits before it moves back
+    beyond = _directory({"w1": 0.4}, w1=warm_busy, w2=cold_idle)
+    assert settings.affinity.max_wait < 0.4
+    assert release_queue(settings, job, "interactive", beyond) == "w2.interactive"
 
 
 def test_stepline_placement_evicts_the_model_no_queued_job_needs() -> None:
