@@ -199,6 +199,8 @@ class WorkerDirectory:
     store: JobStore | None = None
     """Where a placement on a worker is marked for the next directory (None: not marked)."""
     mark_ttl_s: float = 10.0
+    now_s: float | None = None
+    """The clock busy workers' heartbeats are read against (None: the wall clock)."""
     _holdings: dict[str, Holding] | None = None
     _demand: Mapping[str, int] | None = None
 
@@ -217,14 +219,18 @@ class WorkerDirectory:
         return directory
 
     def _free_in_s(self, name: str, beat: Heartbeat) -> float:
-        """0 for an idle worker; a busy one's expected remaining chunk time, or inf. A worker
-        given a chunk after its heartbeat was written counts busy."""
+        """0 for an idle worker; a busy one's expected remaining chunk time (the tick's
+        estimate, else its heartbeat's: when its chunk began and how long its chunks take),
+        or inf. A worker given a chunk after its heartbeat was written counts busy."""
         placed = self.placed_at_s.get(name)
         if placed is not None and (beat.ts is None or beat.ts < placed):
             return math.inf
         if beat.busy_job is None:
             return 0.0
-        return self.busy_free_in_s.get(name, math.inf)
+        if name in self.busy_free_in_s:
+            return self.busy_free_in_s[name]
+        told = beat.free_in_s(self.now_s if self.now_s is not None else time.time())
+        return math.inf if told is None else told
 
     def place(self, need: ModelNeed, class_queue: str, policy: PlacementPolicy,
               max_wait_s: float = math.inf) -> Placement:

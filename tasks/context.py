@@ -72,6 +72,10 @@ class WorkerContext:
     batch_jobs: tuple[str, ...] = ()
     """The other jobs of the batch the worker runs now (``busy_job`` is its first)."""
     chunks_run: int = 0
+    chunk_since: float | None = None
+    """When the chunk (or batch) it runs now began (Unix seconds); None while idle."""
+    chunk_s: float | None = None
+    """Its chunks' run time, an exponentially weighted mean (None before its first)."""
     consumer: Any = None
     """Celery's consumer of this worker (set once ready): what it consumes right now."""
     experts: dict[str, dict[str, object]] = field(default_factory=dict)
@@ -192,10 +196,14 @@ class WorkerContext:
         loads_before = _loads_and_evictions(models)
         with self._runner_lock, models.in_use():  # its models are never evicted meanwhile
             self.busy_job, self.batch_jobs = job_ids[0], tuple(job_ids[1:])
+            self.chunk_since = began = time.time()
             try:
                 yield
             finally:
-                self.busy_job, self.batch_jobs = None, ()
+                self.busy_job, self.batch_jobs, self.chunk_since = None, (), None
+                took = time.time() - began
+                self.chunk_s = took if self.chunk_s is None else \
+                    self.chunk_s + 0.3 * (took - self.chunk_s)
                 if self.runner_loaded("text"):
                     self.refresh_residency()
         if _loads_and_evictions(models) != loads_before:
@@ -234,6 +242,7 @@ class WorkerContext:
             experts=self.experts, hop_profile=self.profile.as_dict(),
             expert_cache=self.expert_cache, warm=self.warm, warmed=tuple(self.warmed),
             residency=self.models().summary() if self._models_set else {},
+            chunk_since=self.chunk_since, chunk_s=self.chunk_s,
         )
         pipe = self.store.redis.pipeline(transaction=False)
         write_heartbeat(pipe, beat, lease_s)

@@ -49,6 +49,18 @@ class Heartbeat:
     ``host`` tiers, its budgets, ``loads`` and ``load_s`` per source tier, evictions and the
     ``recent`` loads (absent from the wire until the worker builds a runner)."""
 
+    chunk_since: float | None = None
+    """When the chunk it runs now began (its clock, Unix seconds); None while idle."""
+    chunk_s: float | None = None
+    """Its chunks' mean run time, recent ones weighted most (None before its first)."""
+
+    def free_in_s(self, now_s: float) -> float | None:
+        """Seconds until the chunk it runs now is expected to end (0: overdue, any moment;
+        None: idle, or not known)."""
+        if self.busy_job is None or self.chunk_since is None or self.chunk_s is None:
+            return None
+        return max(0.0, self.chunk_since + self.chunk_s - now_s)
+
     def resident_bytes(self, tier: str = "device") -> int:
         """Bytes of the models it holds in ``tier`` (``device`` or ``host``)."""
         held = self.residency.get(tier, {})
@@ -79,6 +91,10 @@ class Heartbeat:
             body["expert_cache"] = dict(self.expert_cache)
         if self.residency:
             body["residency"] = dict(self.residency)
+        if self.chunk_since is not None:
+            body["chunk_since"] = self.chunk_since
+        if self.chunk_s is not None:
+            body["chunk_s"] = round(self.chunk_s, 6)
         return json.dumps(body)
 
     @classmethod
@@ -104,6 +120,7 @@ class Heartbeat:
             expert_cache=fields.get("expert_cache", dict, {}),
             warm=fields.get("warm", bool, True), warmed=tuple(fields.strings("warmed")),
             residency=fields.get("residency", dict, {}),
+            chunk_since=fields.number("chunk_since"), chunk_s=fields.number("chunk_s"),
         )
 
 

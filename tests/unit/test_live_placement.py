@@ -5,6 +5,7 @@ policy; a job on a model keeping its worker between chunks."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -264,3 +265,19 @@ def test_a_worker_given_a_chunk_after_its_heartbeat_counts_busy() -> None:
     stale_mark = WorkerDirectory({"w1": warm, "w2": cold}, placed_at_s={"w1": -1.0},
                                  estimates=LoadEstimates())
     assert release_queue(settings, job, "interactive", stale_mark) == "w1.interactive"
+
+
+def test_without_the_ticks_estimate_a_busy_workers_heartbeat_tells_when_its_chunk_ends() -> None:
+    settings, job = _placing("stepline"), _sim("m1")
+    began = Heartbeat(name="w1", busy_job="other", ts=10.0, chunk_since=10.0, chunk_s=0.2,
+                      queues=_beat("w1", {}).queues,
+                      residency={"device": {_sim_key("m1"): MB}, "budget_bytes": 2 * MB})
+    assert began.free_in_s(10.05) == pytest.approx(0.15)
+    assert Heartbeat.decode(began.encode()) == began
+    cold = _beat("w2", {})
+    soon = WorkerDirectory({"w1": began, "w2": cold}, estimates=LoadEstimates(), now_s=10.05)
+    assert release_queue(settings, job, "interactive", soon) == "w1.interactive"
+    unknown = replace(began, chunk_s=None)
+    assert unknown.free_in_s(10.05) is None
+    late = WorkerDirectory({"w1": unknown, "w2": cold}, estimates=LoadEstimates(), now_s=10.05)
+    assert release_queue(settings, job, "interactive", late) == "w2.interactive"
