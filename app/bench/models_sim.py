@@ -106,7 +106,8 @@ def models_config(workload: ModelsWorkload, residency: ResidencyConfig, jobs: Se
 
 def run_placement(workload: ModelsWorkload, placement: str, *, device_models: float = 3.0,
                   host_models: float = 8.0, tick_s: float = 0.5,
-                  park_max_wait_s: float = 60.0, jobs: Sequence[ModelJob] | None = None,
+                  park_max_wait_s: float = 60.0, slots_per_worker: int = 1,
+                  jobs: Sequence[ModelJob] | None = None,
                   catalog: Catalog | None = None) -> dict[str, Any]:
     """One policy on the workload's seeded trace: the figures of :func:`placement_figures`.
     Budgets are in models of the catalog's median size (``host_models`` 0: no host tier);
@@ -120,7 +121,8 @@ def run_placement(workload: ModelsWorkload, placement: str, *, device_models: fl
                               park_max_wait_s * workload.time_scale)
     config = models_config(workload, residency, jobs, tick_s * workload.time_scale)
     trace = sim_trace(jobs, workload.seed)
-    result = ClusterSim(config, trace, sim_policy(config, "stepline")).run()
+    policy = replace(sim_policy(config, "stepline"), slots_per_worker=slots_per_worker)
+    result = ClusterSim(config, trace, policy).run()
     return placement_figures(trace, result, config) | {
         "device_budget_gb": device / GB * workload.byte_scale ** -1,
         "host_budget_gb": int(host_models * median) / GB * workload.byte_scale ** -1}
@@ -158,6 +160,7 @@ def placement_figures(trace: Sequence[SimArrival], result: SimResult,
         "load_share_of_busy": load_s / max(load_s + result.busy_s, 1e-9),
         "utilisation": result.busy_s / capacity_s,
         "warm_start_share": res.get("warm_starts", 0) / max(res.get("first_starts", 0), 1),
+        "resume_loads_per_100": 100.0 * res.get("resume_loads", 0) / n,
         "staged": res.get("staged", 0),
         "parked_recovered": res.get("parked_recovered", 0),
         "preemptions": result.preemptions,

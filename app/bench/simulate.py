@@ -59,7 +59,7 @@ from scheduler.plan import Release
 from scheduler.queues import CLASS_QUEUE, NORMAL_WORKER_QUEUES, STANDBY_QUEUE
 from scheduler.recovery import Failure, Recovery
 from tasks.apply import apply_plan
-from tasks.routing import AFFINITY_CLASSES, affinity_queue, with_affinity
+from tasks.routing import AFFINITY_CLASSES, affinity_queue
 
 NOTE = ("simulated: a discrete-event model of the adapter, the workers and the Celery queues "
         "driving the real plan_tick on a virtual clock; chunk times are published H100 step "
@@ -71,6 +71,21 @@ GROUPS = ("urgent", "realtime", "interactive", "batch", "all")
 """Report rows: ``urgent`` is the realtime jobs with an SLO under 100 ms (stress test only)."""
 
 CLASS_TARGET_S = {SloClass.REALTIME: 1.0, SloClass.INTERACTIVE: 5.0, SloClass.BATCH: 60.0}
+OWN_QUEUE_CLASSES = (*AFFINITY_CLASSES, STANDBY_QUEUE)
+"""With residency, the queues a worker has its own queue in front of: the affinity classes,
+and standby too (a job moved to standby still has a worker holding its model: its next chunk
+waits there, behind everything else that worker has, rather than paying a load elsewhere)."""
+
+
+def own_queues(worker: str, queues: tuple[str, ...]) -> tuple[str, ...]:
+    """``queues`` with ``worker``'s own queue right before each of :data:`OWN_QUEUE_CLASSES`:
+    ``realtime, w.interactive, interactive, w.batch, batch, w.standby, standby``."""
+    out: list[str] = []
+    for queue in queues:
+        if queue in OWN_QUEUE_CLASSES:
+            out.append(affinity_queue(worker, queue))
+        out.append(queue)
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,7 +410,7 @@ class ClusterSim:
         self.staging: set[tuple[str, str]] = set()
         self.counts = {"base_loads": 0, "host_loads": 0, "adapter_loads": 0, "staged": 0,
                        "first_starts": 0, "warm_starts": 0, "placed_on_worker": 0,
-                       "parked_recovered": 0}
+                       "parked_recovered": 0, "resume_loads": 0}
         if self.res is not None:
             self._model_residency(self.res)
 
@@ -412,7 +427,7 @@ class ClusterSim:
             self.policy.recovery, affinity_max_wait_s=res.park_max_wait_s))
         for k, w in enumerate(self.workers):
             w.mem = WorkerMemory(res, random.Random(f"{res.seed}-{k}"))
-            w.consumes = with_affinity(w.name, w.queues)
+            w.consumes = own_queues(w.name, w.queues)
             for q in w.consumes:
                 self.queues.setdefault(q, deque())
 
@@ -528,21 +543,33 @@ class ClusterSim:
     def _holdings(self, queue: str | None, need: ModelNeed | None = None
                   ) -> tuple[Holding, ...]:
         """The alive workers consuming their own queue for ``queue`` as placement sees them:
-        when each is free (its running job's estimated remaining work and load, and the work
-        parked on its own queues) and what it holds; models being staged count as in host
-        memory."""
+        when each is free for a chunk on that queue (the work its queue order puts first: the
+        running job's estimated remaining work and load when its next chunk comes before
+        ``queue``, else only its current chunk; the work parked on its own queues up to
+        ``queue``'s) and what it holds; models being staged count as in host memory."""
         out: list[Holding] = []
         for w in self.workers:
             mem = w.mem
-            if not w.alive or mem is None or (
-                    queue is not None and affinity_queue(w.name, queue) not in w.consumes):
+            if not w.alive or mem is None:
                 continue
+            order = w.consumes
+            mine = affinity_queue(w.name, queue) if queue is not None else None
+            if mine is not None and mine not in order:
+                continue
+            rank = order.index(mine) if mine is not None else len(order)
             free_in_s = 0.0
-            if w.job is not None:
+            running = w.job
+            if running is not None:
+                ahead = running.queue is None or affinity_queue(w.name, running.queue) not in \
+                    order or order.index(affinity_queue(w.name, running.queue)) <= rank
+                left_s = self._remaining_est_s(running) if ahead else self._chunk_est_s(running)
                 free_in_s += max(w.run_start_s - self.now, 0.0) + max(
-                    self._remaining_est_s(w.job) - max(self.now - w.run_start_s, 0.0), 0.0)
-            for cls in AFFINITY_CLASSES:
-                for job, epoch in self.queues.get(affinity_queue(w.name, cls), ()):
+                    left_s - max(self.now - w.run_start_s, 0.0), 0.0)
+            for cls in OWN_QUEUE_CLASSES:
+                own = affinity_queue(w.name, cls)
+                if own not in order or order.index(own) > rank:
+                    continue
+                for job, epoch in self.queues.get(own, ()):
                     if epoch == job.epoch and job.state is JobState.QUEUED \
                             and job.parked_on == w.name:
                         free_in_s += self._remaining_est_s(job)
@@ -551,6 +578,10 @@ class ClusterSim:
                                frozenset(mem.host) | staging, frozenset(mem.adapters),
                                free_bytes=mem.free_device_bytes()))
         return tuple(out)
+
+    def _chunk_est_s(self, job: _Job) -> float:
+        shape = job.arrival.shape
+        return shape.units_per_chunk * self.cost.seconds_per_unit(shape.cost_key, "cuda")
 
     def _remaining_est_s(self, job: _Job) -> float:
         """The job's remaining work as the cost model estimates it (what a live placement
@@ -606,13 +637,14 @@ class ClusterSim:
         resident, each measured load taught to the placement's estimates."""
         assert w.mem is not None and job.arrival.model is not None
         model = job.arrival.model
-        load = w.mem.acquire(model, job.arrival.adapters, self.now)
+        load = w.mem.acquire(model, job.arrival.adapters, self.now, self._parked_models(w))
         if job.started_warm is None:
             job.started_warm = load.base_tier is None
             self.counts["first_starts"] += 1
             self.counts["warm_starts"] += load.base_tier is None
         if load.base_tier is not None:
             self.counts["base_loads"] += 1
+            self.counts["resume_loads"] += job.started_warm is not None and job.service_s > 0
             self.counts["host_loads"] += load.base_tier == "host"
             self.estimates.observe(model, "host" if load.base_tier == "host" else "disk",
                                    load.base_s)
@@ -623,6 +655,16 @@ class ClusterSim:
             job.load_s = 0.0
         w.load_s += load.seconds
         return load.seconds
+
+    def _parked_models(self, w: _Worker) -> frozenset[str]:
+        """Models of the jobs in progress whose next chunk waits on ``w``'s own queues."""
+        held: set[str] = set()
+        for cls in OWN_QUEUE_CLASSES:
+            for job, epoch in self.queues.get(affinity_queue(w.name, cls), ()):
+                if epoch == job.epoch and job.parked_on == w.name and job.service_s > 0 \
+                        and job.arrival.model is not None:
+                    held.add(job.arrival.model)
+        return frozenset(held)
 
     def _staged(self, payload: tuple[_Worker, str]) -> None:
         """A model read into a worker's host memory ahead of its jobs."""
@@ -824,8 +866,17 @@ class ClusterSim:
         return True
 
     def requeue(self, job_id: str, to_queue: str, reason: str) -> bool:
-        self._release(self.live[job_id], to_queue, bump_epoch=True)
+        job = self.live[job_id]
+        self._release(job, to_queue, bump_epoch=True, parked_on=self._keeps(job, to_queue))
         return True
+
+    def _keeps(self, job: _Job, to_queue: str) -> str | None:
+        """With residency, the worker a queued chunk moved to ``to_queue`` stays parked on: the
+        one it is parked on, when that worker has its own queue for ``to_queue``."""
+        w = self.by_name.get(job.parked_on or "")
+        if w is None or w.mem is None or affinity_queue(w.name, to_queue) not in w.consumes:
+            return None
+        return w.name
 
     def retarget(self, job_id: str, to_queue: str) -> bool:
         job = self.live[job_id]
@@ -835,7 +886,8 @@ class ClusterSim:
     def standby(self, job_id: str) -> bool:
         job = self.live[job_id]
         if job.state is JobState.QUEUED:
-            self._release(job, STANDBY_QUEUE, bump_epoch=True)
+            self._release(job, STANDBY_QUEUE, bump_epoch=True,
+                          parked_on=self._keeps(job, STANDBY_QUEUE))
         else:
             job.queue, job.view = STANDBY_QUEUE, None
         return True
@@ -863,7 +915,7 @@ class ClusterSim:
             w = self.by_name[name]
             if w.queues != queues:
                 w.queues = queues
-                w.consumes = queues if w.mem is None else with_affinity(name, queues)
+                w.consumes = queues if w.mem is None else own_queues(name, queues)
                 if w.alive and w.job is None:
                     self.idle.pop(name, None)
                     self._wake(w)
