@@ -411,6 +411,9 @@ class ClusterSim:
         self.counts = {"base_loads": 0, "host_loads": 0, "adapter_loads": 0, "staged": 0,
                        "first_starts": 0, "warm_starts": 0, "placed_on_worker": 0,
                        "parked_recovered": 0, "resume_loads": 0}
+        self.per_job: dict[str, list[float]] = {
+            key: [0.0] * len(trace)
+            for key in ("base_loads", "host_loads", "adapter_loads", "resume_loads", "load_s")}
         if self.res is not None:
             self._model_residency(self.res)
 
@@ -477,6 +480,7 @@ class ClusterSim:
                 "peak_device_bytes": max(w.mem.peak_device_bytes for w in self.workers
                                          if w.mem),
                 "device_budget_bytes": self.res.device_budget_bytes,
+                "per_job": {**self.per_job, "started_warm": [j.started_warm for j in self.jobs]},
             }
         return r
 
@@ -642,14 +646,21 @@ class ClusterSim:
             job.started_warm = load.base_tier is None
             self.counts["first_starts"] += 1
             self.counts["warm_starts"] += load.base_tier is None
+        k = job.arrival.index
+        per_job = self.per_job
+        per_job["load_s"][k] += load.seconds
         if load.base_tier is not None:
             self.counts["base_loads"] += 1
-            self.counts["resume_loads"] += job.started_warm is not None and job.service_s > 0
+            self.counts["resume_loads"] += job.service_s > 0
             self.counts["host_loads"] += load.base_tier == "host"
+            per_job["base_loads"][k] += 1
+            per_job["resume_loads"][k] += job.service_s > 0
+            per_job["host_loads"][k] += load.base_tier == "host"
             self.estimates.observe(model, "host" if load.base_tier == "host" else "disk",
                                    load.base_s)
         if load.adapters:
             self.counts["adapter_loads"] += load.adapters
+            per_job["adapter_loads"][k] += load.adapters
             self.estimates.observe(f"{model}/*", "adapter", load.adapter_s / load.adapters)
         if job.load_s:
             job.load_s = 0.0
