@@ -172,12 +172,13 @@ def place(need: ModelNeed, workers: Sequence[Holding], estimates: LoadEstimates,
             return Placement(min(w.name for w in warm_idle), 0.0, 0.0, "idle and warm")
         return Placement(None, 0.0, cold, "class queue: no idle worker holds it")
     queued = demand or {}
+    holders = _holders(workers) if queued else {}
     best: tuple[float, float, str] | None = None  # (start, load, name)
     for w in workers:
         if not math.isfinite(w.free_in_s):
             continue
         load = estimates.load_s(need, w)
-        start = w.free_in_s + load + _displacement_s(need, w, estimates, queued)
+        start = w.free_in_s + load + _displacement_s(need, w, estimates, queued, holders)
         if best is None or (start, load, w.name) < best:
             best = (start, load, w.name)
     if best is None:
@@ -193,13 +194,25 @@ def _cold_s(need: ModelNeed, workers: Sequence[Holding], estimates: LoadEstimate
 
 
 def _displacement_s(need: ModelNeed, worker: Holding, estimates: LoadEstimates,
-                    demand: Mapping[str, int]) -> float:
+                    demand: Mapping[str, int], holders: Mapping[str, int]) -> float:
     """What loading ``need`` on a full ``worker`` costs other jobs: the cheapest model it could
-    evict, weighted by that model's queued jobs that no other worker holds it for."""
+    evict, charged one reload when queued jobs need it and no other worker holds it on its
+    device (with another holder, its jobs lose nothing; a reload serves all its queued jobs,
+    so it is charged once, not per job)."""
     if not worker.full_for(need):
         return 0.0
-    return min((demand.get(m, 0) * estimates.estimate(m, "disk")
+    return min((estimates.estimate(m, "disk")
+                if demand.get(m, 0) > 0 and holders.get(m, 0) <= 1 else 0.0
                 for m in worker.device), default=0.0)
+
+
+def _holders(workers: Iterable[Holding]) -> dict[str, int]:
+    """How many workers hold each base model on their device."""
+    count: dict[str, int] = {}
+    for w in workers:
+        for m in w.device:
+            count[m] = count.get(m, 0) + 1
+    return count
 
 
 def expected_load_s(need: ModelNeed, workers: Sequence[Holding],

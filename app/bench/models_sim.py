@@ -106,7 +106,7 @@ def models_config(workload: ModelsWorkload, residency: ResidencyConfig, jobs: Se
 
 def run_placement(workload: ModelsWorkload, placement: str, *, device_models: float = 3.0,
                   host_models: float = 8.0, tick_s: float = 0.5,
-                  park_max_wait_s: float = 60.0, slots_per_worker: int = 1,
+                  park_max_wait_s: float = 10.0, slots_per_worker: int = 1,
                   warmup: float = 0.0,
                   jobs: Sequence[ModelJob] | None = None,
                   catalog: Catalog | None = None) -> dict[str, Any]:

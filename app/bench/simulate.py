@@ -77,13 +77,24 @@ and standby too (a job moved to standby still has a worker holding its model: it
 waits there, behind everything else that worker has, rather than paying a load elsewhere)."""
 
 
+def placed_queue(worker: str, class_queue: str) -> str:
+    """``<worker>.<class>.placed``: where placement parks a job's chunk for ``worker``, taken
+    after the worker's own queue for the class (the next chunks of the jobs it runs) and before
+    the class queue: a job placed on a busy worker waits for the job there to finish rather
+    than sharing the worker with it chunk by chunk."""
+    return f"{affinity_queue(worker, class_queue)}.placed"
+
+
 def own_queues(worker: str, queues: tuple[str, ...]) -> tuple[str, ...]:
-    """``queues`` with ``worker``'s own queue right before each of :data:`OWN_QUEUE_CLASSES`:
-    ``realtime, w.interactive, interactive, w.batch, batch, w.standby, standby``."""
+    """``queues`` with ``worker``'s own queues right before each of
+    :data:`OWN_QUEUE_CLASSES`: ``realtime, w.interactive, w.interactive.placed, interactive,
+    w.batch, w.batch.placed, batch, w.standby, standby``."""
     out: list[str] = []
     for queue in queues:
         if queue in OWN_QUEUE_CLASSES:
             out.append(affinity_queue(worker, queue))
+            if queue in AFFINITY_CLASSES:
+                out.append(placed_queue(worker, queue))
         out.append(queue)
     return tuple(out)
 
@@ -247,6 +258,7 @@ class _Job:
         "load_s",
         "next_chunk",
         "parked_on",
+        "parked_q",
         "preempt",
         "preemptions",
         "queue",
@@ -283,6 +295,8 @@ class _Job:
         self.units_left = arrival.shape.chunks * arrival.shape.units_per_chunk
         self.parked_on: str | None = None
         """The worker whose own queue holds its next chunk (a hop, or a placement)."""
+        self.parked_q: str | None = None
+        """That queue (None: its class queue, or whichever queue ``queue`` names)."""
         self.load_s = 0.0
         """The load the planner is told to expect before its next chunk (``JobView.load_s``)."""
         self.started_warm: bool | None = None
@@ -515,15 +529,17 @@ class ClusterSim:
                 return
 
     def _release(self, job: _Job, queue: str, bump_epoch: bool = False,
-                 parked_on: str | None = None) -> None:
+                 parked_on: str | None = None, placed: bool = False) -> None:
         """``tasks.dispatch.release``: QUEUED on ``queue`` (or on ``parked_on``'s own queue
-        for that class), flag cleared, chunk published."""
+        for that class; ``placed``: its placement queue), flag cleared, chunk published."""
         job.epoch += 1 if bump_epoch else 0
         job.state, job.queue, job.preempt = JobState.QUEUED, queue, False
         job.parked_on = parked_on
+        job.parked_q = None if parked_on is None else placed_queue(parked_on, queue) \
+            if placed else affinity_queue(parked_on, queue)
         job.waiting_since_s = self.now
         job.view = None
-        self._publish(job, queue if parked_on is None else affinity_queue(parked_on, queue))
+        self._publish(job, job.parked_q or queue)
 
     def _place(self, job: _Job, queue: str) -> None:
         """A release: with residency, :func:`scheduler.placement.place` chooses the worker whose
@@ -537,7 +553,7 @@ class ClusterSim:
         placement = place(need, workers, self.estimates, self.res.placement, self.demand)
         if placement.worker is not None:
             self.counts["placed_on_worker"] += 1
-        self._release(job, queue, parked_on=placement.worker)
+        self._release(job, queue, parked_on=placement.worker, placed=True)
 
     def _need(self, job: _Job) -> ModelNeed:
         model = job.arrival.model or ""
@@ -557,7 +573,7 @@ class ClusterSim:
             if not w.alive or mem is None:
                 continue
             order = w.consumes
-            mine = affinity_queue(w.name, queue) if queue is not None else None
+            mine = placed_queue(w.name, queue) if queue is not None else None
             if mine is not None and mine not in order:
                 continue
             rank = order.index(mine) if mine is not None else len(order)
@@ -569,13 +585,13 @@ class ClusterSim:
                 left_s = self._remaining_est_s(running) if ahead else self._chunk_est_s(running)
                 free_in_s += max(w.run_start_s - self.now, 0.0) + max(
                     left_s - max(self.now - w.run_start_s, 0.0), 0.0)
-            for cls in OWN_QUEUE_CLASSES:
-                own = affinity_queue(w.name, cls)
-                if own not in order or order.index(own) > rank:
+            prefix = f"{w.name}."
+            for own in order[:rank + 1]:
+                if not own.startswith(prefix):
                     continue
-                for job, epoch in self.queues.get(own, ()):
+                for job, epoch in self.queues[own]:
                     if epoch == job.epoch and job.state is JobState.QUEUED \
-                            and job.parked_on == w.name:
+                            and job.parked_q == own:
                         free_in_s += self._remaining_est_s(job)
             staging = frozenset(m for name, m in self.staging if name == w.name)
             out.append(Holding(w.name, free_in_s, frozenset(mem.device),
@@ -603,9 +619,8 @@ class ClusterSim:
             pending = self.queues[q]
             if pending:
                 job, epoch = pending.popleft()
-                if epoch == job.epoch and job.state is JobState.QUEUED and q == (
-                        job.queue if job.parked_on is None
-                        else affinity_queue(job.parked_on, job.queue or "")):
+                if epoch == job.epoch and job.state is JobState.QUEUED \
+                        and q == (job.parked_q or job.queue):
                     self._claim(w, job)
                 else:  # a fenced (stale) message: one hop's overhead for nothing
                     w.overhead_s += self.config.dispatch_overhead_s
@@ -622,6 +637,7 @@ class ClusterSim:
             self._preempted(job, start_s)
             return
         job.state, job.running_on, job.parked_on = JobState.RUNNING, w.name, None
+        job.parked_q = None
         job.view = None
         if w.mem is not None and job.arrival.model is not None:
             start_s += self._load(w, job)
@@ -670,9 +686,12 @@ class ClusterSim:
     def _parked_models(self, w: _Worker) -> frozenset[str]:
         """Models of the jobs in progress whose next chunk waits on ``w``'s own queues."""
         held: set[str] = set()
-        for cls in OWN_QUEUE_CLASSES:
-            for job, epoch in self.queues.get(affinity_queue(w.name, cls), ()):
-                if epoch == job.epoch and job.parked_on == w.name and job.service_s > 0 \
+        prefix = f"{w.name}."
+        for own in w.consumes:
+            if not own.startswith(prefix):
+                continue
+            for job, epoch in self.queues[own]:
+                if epoch == job.epoch and job.parked_q == own and job.service_s > 0 \
                         and job.arrival.model is not None:
                     held.add(job.arrival.model)
         return frozenset(held)
@@ -730,7 +749,7 @@ class ClusterSim:
                     and affinity_queue(w.name, queue) in w.consumes:
                 # with residency the next chunk stays where its model is: the worker's own queue
                 job.parked_on = w.name
-                queue = affinity_queue(w.name, queue)
+                queue = job.parked_q = affinity_queue(w.name, queue)
             self._publish(job, queue)
 
     def _preempted(self, job: _Job, at_s: float) -> None:
@@ -878,7 +897,8 @@ class ClusterSim:
 
     def requeue(self, job_id: str, to_queue: str, reason: str) -> bool:
         job = self.live[job_id]
-        self._release(job, to_queue, bump_epoch=True, parked_on=self._keeps(job, to_queue))
+        self._release(job, to_queue, bump_epoch=True, parked_on=self._keeps(job, to_queue),
+                      placed=job.service_s == 0 and to_queue in AFFINITY_CLASSES)
         return True
 
     def _keeps(self, job: _Job, to_queue: str) -> str | None:
