@@ -5,8 +5,9 @@ A worker that does not hold a job's base model on its device pays a load first: 
 host memory, more from disk, plus each missing LoRA adapter (the production figures in the
 reference: a LoRA load p50 4.4 s, a whole pipeline switch p50 8.5 s, p99 54 s). The policy here
 puts a job where its start comes soonest counting that load, keeps same-model work together (a
-load that evicts a model other queued jobs need is charged their reload), and names models whose
-queue builds so a worker can stage them into host memory ahead of their jobs.
+load that evicts a model other queued jobs need and no other worker holds is charged its
+reload), and names models whose queue builds so a worker can stage them into host memory ahead
+of their jobs.
 
 Pure policy: the live release path (``tasks.affinity``) and the simulator (``app.bench.simulate``)
 call the same :func:`place`. Times are seconds; a worker's ``free_in_s`` is 0 when it is idle.
@@ -162,7 +163,8 @@ def place(need: ModelNeed, workers: Sequence[Holding], estimates: LoadEstimates,
           demand: Mapping[str, int] | None = None) -> Placement:
     """Where ``need``'s chunk should go among ``workers`` (the alive ones, minus any already
     given a chunk this round). ``demand`` counts the queued jobs per base model; the Stepline
-    policy charges a load that must evict a model the reloads its queued jobs will pay."""
+    policy charges a load that must evict a model the reload its queued jobs will pay when no
+    other worker holds it (once: one reload serves them all)."""
     cold = _cold_s(need, workers, estimates)
     if policy is PlacementPolicy.OBLIVIOUS or not workers:
         return Placement(None, 0.0, cold, "class queue")

@@ -20,9 +20,14 @@ worker evicts, whether the planner is told a job's expected load, and staging:
   the same planner. Not a bound on every schedule: a bound on what cold starts cost this
   planner.
 
-In every policy a job's next chunk stays on the worker that ran its last one (its own queue),
-as the live affinity queues do: a chunk never pays its model's load twice within one job unless
-it is preempted or parked too long.
+The queue mechanics are common to all four (``app.bench.simulate``, with residency): a job's
+next chunk stays on the worker that ran its last one (its own queue ``<w>.<class>``, as the
+live affinity queues), and so does a chunk the plan moves to standby (``<w>.standby``, before
+the shared standby queue); a chunk placed on a busy worker waits in ``<w>.<class>.placed``,
+after that worker's own queue, so the job there finishes first instead of sharing the worker
+chunk by chunk; a parked chunk moves to its class queue after ``park_max_wait_s`` (20 s at
+scale 1, about a p75 load). A job pays its model's load again only when it is preempted or
+parked too long and resumes elsewhere, or its model was evicted meanwhile.
 """
 
 from __future__ import annotations
@@ -106,7 +111,7 @@ def models_config(workload: ModelsWorkload, residency: ResidencyConfig, jobs: Se
 
 def run_placement(workload: ModelsWorkload, placement: str, *, device_models: float = 3.0,
                   host_models: float = 8.0, tick_s: float = 0.5,
-                  park_max_wait_s: float = 10.0, slots_per_worker: int = 1,
+                  park_max_wait_s: float = 20.0, slots_per_worker: int = 1,
                   warmup: float = 0.0,
                   jobs: Sequence[ModelJob] | None = None,
                   catalog: Catalog | None = None) -> dict[str, Any]:
