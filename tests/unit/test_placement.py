@@ -125,3 +125,24 @@ def test_staging_names_unheld_models_within_host_room(workers: tuple[Holding, ..
     for w in workers:
         assert sum(1 for name, _ in pairs if name == w.name) <= slots[w.name]
     assert stage(demand, workers, LoadEstimates(), min_queued) == ()
+
+
+def test_a_cold_jobs_expected_load_counts_into_its_remaining_time() -> None:
+    from dataclasses import replace
+
+    from scheduler import PolicyConfig, plan_tick
+    from scheduler.incremental import IncrementalPlanner
+    from scheduler.survey import survey_jobs
+    from tests.unit.test_scheduler_incremental import exact
+    from tests.unit.test_scheduler_support import NOW_S, make_job, make_snapshot
+
+    policy = PolicyConfig()
+    warm = [make_job(f"j{k}", work_s=2.0) for k in range(3)]
+    cold = [replace(j, load_s=8.454 if k == 1 else 0.0) for k, j in enumerate(warm)]
+    before = survey_jobs(make_snapshot(warm), make_snapshot(warm).workers, policy, NOW_S)
+    after = survey_jobs(make_snapshot(cold), make_snapshot(cold).workers, policy, NOW_S)
+    assert after.remaining_s[1] == before.remaining_s[1] + 8.454
+    assert after.remaining_s[0] == before.remaining_s[0]  # warm jobs: the same float
+    snapshot = make_snapshot(cold)
+    assert exact(IncrementalPlanner().plan(snapshot, policy, NOW_S)) == exact(
+        plan_tick(snapshot, policy, NOW_S))
