@@ -223,6 +223,8 @@ def expected_load_s(need: ModelNeed, workers: Sequence[Holding],
     cheapest load on any worker (counted into its deadline, admission and batching)."""
     if not workers:
         return _cold_s(need, workers, estimates)
+    if any(w.holds(need) for w in workers):  # the common case, without an estimate per worker
+        return 0.0
     return min(estimates.load_s(need, w) for w in workers)
 
 

@@ -425,6 +425,7 @@ class ClusterSim:
         self.counts = {"base_loads": 0, "host_loads": 0, "adapter_loads": 0, "staged": 0,
                        "first_starts": 0, "warm_starts": 0, "placed_on_worker": 0,
                        "parked_recovered": 0, "resume_loads": 0}
+        self.ended = 0
         self.per_job: dict[str, list[float]] = {
             key: [0.0] * len(trace)
             for key in ("base_loads", "host_loads", "adapter_loads", "resume_loads", "load_s")}
@@ -469,6 +470,11 @@ class ClusterSim:
                 break
             self.now = at_s
             handlers[kind](payload)
+            if self.res is not None and self.ended == len(self.jobs):
+                # with residency (a models trace) the run ends with its last job: the drain
+                # is set by the longest deadline, and ticks of an empty cluster change nothing
+                end_s = self.now
+                break
         self.now = end_s
         return self._finish(time.perf_counter() - started)
 
@@ -761,7 +767,8 @@ class ClusterSim:
     def _end_job(self, job: _Job, state: JobState, status: str) -> None:
         job.state, job.finished_s = state, self.now
         job.view = None
-        self.live.pop(job.id, None)
+        if self.live.pop(job.id, None) is not None:
+            self.ended += 1
         self.status[job.arrival.index] = status
         if state is JobState.DONE:
             self.result.finished_s[job.arrival.index] = self.now
