@@ -568,31 +568,24 @@ class ClusterSim:
 
     def _holdings(self, queue: str | None, need: ModelNeed | None = None
                   ) -> tuple[Holding, ...]:
-        """The alive workers consuming their own queue for ``queue`` as placement sees them:
-        when each is free for a chunk on that queue (the work its queue order puts first: the
-        running job's estimated remaining work and load when its next chunk comes before
-        ``queue``, else only its current chunk; the work parked on its own queues up to
-        ``queue``'s) and what it holds; models being staged count as in host memory."""
+        """The alive workers with a placement queue for ``queue`` as placement sees them: when
+        each is free (the estimated remaining work and load of its running job and of every
+        job parked on its own queues: those jobs stay on it, and as the planner moves them
+        between levels they share it chunk by chunk with whatever it takes next) and what it
+        holds; models being staged count as in host memory."""
         out: list[Holding] = []
         for w in self.workers:
             mem = w.mem
-            if not w.alive or mem is None:
+            if not w.alive or mem is None or (
+                    queue is not None and placed_queue(w.name, queue) not in w.consumes):
                 continue
-            order = w.consumes
-            mine = placed_queue(w.name, queue) if queue is not None else None
-            if mine is not None and mine not in order:
-                continue
-            rank = order.index(mine) if mine is not None else len(order)
             free_in_s = 0.0
             running = w.job
             if running is not None:
-                ahead = running.queue is None or affinity_queue(w.name, running.queue) not in \
-                    order or order.index(affinity_queue(w.name, running.queue)) <= rank
-                left_s = self._remaining_est_s(running) if ahead else self._chunk_est_s(running)
                 free_in_s += max(w.run_start_s - self.now, 0.0) + max(
-                    left_s - max(self.now - w.run_start_s, 0.0), 0.0)
+                    self._remaining_est_s(running) - max(self.now - w.run_start_s, 0.0), 0.0)
             prefix = f"{w.name}."
-            for own in order[:rank + 1]:
+            for own in w.consumes:
                 if not own.startswith(prefix):
                     continue
                 for job, epoch in self.queues[own]:
@@ -604,10 +597,6 @@ class ClusterSim:
                                frozenset(mem.host) | staging, frozenset(mem.adapters),
                                free_bytes=mem.free_device_bytes()))
         return tuple(out)
-
-    def _chunk_est_s(self, job: _Job) -> float:
-        shape = job.arrival.shape
-        return shape.units_per_chunk * self.cost.seconds_per_unit(shape.cost_key, "cuda")
 
     def _remaining_est_s(self, job: _Job) -> float:
         """The job's remaining work as the cost model estimates it (what a live placement
