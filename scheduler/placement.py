@@ -5,8 +5,9 @@ A worker that does not hold a job's base model on its device pays a load first: 
 host memory, more from disk, plus each missing LoRA adapter (the production figures in the
 reference: a LoRA load p50 4.4 s, a whole pipeline switch p50 8.5 s, p99 54 s). The policy here
 puts a job where its start comes soonest counting that load, keeps same-model work together (a
-load that evicts a model other queued jobs need is charged their reload), and names models whose
-queue builds so a worker can stage them into host memory ahead of their jobs.
+load that evicts a model other queued jobs need and no other worker holds is charged its
+reload), and names models whose queue builds so a worker can stage them into host memory ahead
+of their jobs.
 
 Pure policy: the live release path (``tasks.affinity``) and the simulator (``app.bench.simulate``)
 call the same :func:`place`. Times are seconds; a worker's ``free_in_s`` is 0 when it is idle.
@@ -162,7 +163,8 @@ def place(need: ModelNeed, workers: Sequence[Holding], estimates: LoadEstimates,
           demand: Mapping[str, int] | None = None) -> Placement:
     """Where ``need``'s chunk should go among ``workers`` (the alive ones, minus any already
     given a chunk this round). ``demand`` counts the queued jobs per base model; the Stepline
-    policy charges a load that must evict a model the reloads its queued jobs will pay."""
+    policy charges a load that must evict a model the reload its queued jobs will pay when no
+    other worker holds it (once: one reload serves them all)."""
     cold = _cold_s(need, workers, estimates)
     if policy is PlacementPolicy.OBLIVIOUS or not workers:
         return Placement(None, 0.0, cold, "class queue")
@@ -172,12 +174,13 @@ def place(need: ModelNeed, workers: Sequence[Holding], estimates: LoadEstimates,
             return Placement(min(w.name for w in warm_idle), 0.0, 0.0, "idle and warm")
         return Placement(None, 0.0, cold, "class queue: no idle worker holds it")
     queued = demand or {}
+    holders = _holders(workers) if queued else {}
     best: tuple[float, float, bool, str] | None = None  # (start, load, evicts, name)
     for w in workers:
         if not math.isfinite(w.free_in_s):
             continue
         load = estimates.load_s(need, w)
-        start = w.free_in_s + load + _displacement_s(need, w, estimates, queued)
+        start = w.free_in_s + load + _displacement_s(need, w, estimates, queued, holders)
         # on a tie, a worker with room: a load there evicts nothing a later job may want
         candidate = (start, load, w.full_for(need), w.name)
         if best is None or candidate < best:
@@ -195,13 +198,25 @@ def _cold_s(need: ModelNeed, workers: Sequence[Holding], estimates: LoadEstimate
 
 
 def _displacement_s(need: ModelNeed, worker: Holding, estimates: LoadEstimates,
-                    demand: Mapping[str, int]) -> float:
+                    demand: Mapping[str, int], holders: Mapping[str, int]) -> float:
     """What loading ``need`` on a full ``worker`` costs other jobs: the cheapest model it could
-    evict, weighted by that model's queued jobs that no other worker holds it for."""
+    evict, charged one reload when queued jobs need it and no other worker holds it on its
+    device (with another holder, its jobs lose nothing; a reload serves all its queued jobs,
+    so it is charged once, not per job)."""
     if not worker.full_for(need):
         return 0.0
-    return min((demand.get(m, 0) * estimates.estimate(m, "disk")
+    return min((estimates.estimate(m, "disk")
+                if demand.get(m, 0) > 0 and holders.get(m, 0) <= 1 else 0.0
                 for m in worker.device), default=0.0)
+
+
+def _holders(workers: Iterable[Holding]) -> dict[str, int]:
+    """How many workers hold each base model on their device."""
+    count: dict[str, int] = {}
+    for w in workers:
+        for m in w.device:
+            count[m] = count.get(m, 0) + 1
+    return count
 
 
 def expected_load_s(need: ModelNeed, workers: Sequence[Holding],
@@ -210,6 +225,8 @@ def expected_load_s(need: ModelNeed, workers: Sequence[Holding],
     cheapest load on any worker (counted into its deadline, admission and batching)."""
     if not workers:
         return _cold_s(need, workers, estimates)
+    if any(w.holds(need) for w in workers):  # the common case, without an estimate per worker
+        return 0.0
     return min(estimates.load_s(need, w) for w in workers)
 
 

@@ -20,9 +20,14 @@ worker evicts, whether the planner is told a job's expected load, and staging:
   the same planner. Not a bound on every schedule: a bound on what cold starts cost this
   planner.
 
-In every policy a job's next chunk stays on the worker that ran its last one (its own queue),
-as the live affinity queues do: a chunk never pays its model's load twice within one job unless
-it is preempted or parked too long.
+The queue mechanics are common to all four (``app.bench.simulate``, with residency): a job's
+next chunk stays on the worker that ran its last one (its own queue ``<w>.<class>``, as the
+live affinity queues), and so does a chunk the plan moves to standby (``<w>.standby``, before
+the shared standby queue); a chunk placed on a busy worker waits in ``<w>.<class>.placed``,
+after that worker's own queue, so the job there finishes first instead of sharing the worker
+chunk by chunk; a parked chunk moves to its class queue after ``park_max_wait_s`` (20 s at
+scale 1, about a p75 load). A job pays its model's load again only when it is preempted or
+parked too long and resumes elsewhere, or its model was evicted meanwhile.
 """
 
 from __future__ import annotations
@@ -106,10 +111,13 @@ def models_config(workload: ModelsWorkload, residency: ResidencyConfig, jobs: Se
 
 def run_placement(workload: ModelsWorkload, placement: str, *, device_models: float = 3.0,
                   host_models: float = 8.0, tick_s: float = 0.5,
-                  park_max_wait_s: float = 60.0, jobs: Sequence[ModelJob] | None = None,
+                  park_max_wait_s: float = 20.0, slots_per_worker: int = 1,
+                  warmup: float = 0.0,
+                  jobs: Sequence[ModelJob] | None = None,
                   catalog: Catalog | None = None) -> dict[str, Any]:
     """One policy on the workload's seeded trace: the figures of :func:`placement_figures`.
     Budgets are in models of the catalog's median size (``host_models`` 0: no host tier);
+    ``warmup``: the share of the first jobs run but not measured;
     ``park_max_wait_s`` and ``tick_s`` are on the workload's clock at ``time_scale`` 1."""
     catalog = catalog or model_catalog(workload)
     jobs = list(jobs) if jobs is not None else generate_jobs(workload, catalog)
@@ -120,21 +128,26 @@ def run_placement(workload: ModelsWorkload, placement: str, *, device_models: fl
                               park_max_wait_s * workload.time_scale)
     config = models_config(workload, residency, jobs, tick_s * workload.time_scale)
     trace = sim_trace(jobs, workload.seed)
-    result = ClusterSim(config, trace, sim_policy(config, "stepline")).run()
-    return placement_figures(trace, result, config) | {
+    policy = replace(sim_policy(config, "stepline"), slots_per_worker=slots_per_worker)
+    result = ClusterSim(config, trace, policy).run()
+    return placement_figures(trace, result, config, int(warmup * len(jobs))) | {
         "device_budget_gb": device / GB * workload.byte_scale ** -1,
         "host_budget_gb": int(host_models * median) / GB * workload.byte_scale ** -1}
 
 
-def placement_figures(trace: Sequence[SimArrival], result: SimResult,
-                      config: SimConfig) -> dict[str, Any]:
-    """Per class and overall: SLO attainment with its 95 % Wilson interval and p95 latency;
-    base and adapter loads per 100 jobs; the share of worker time spent loading (of capacity,
-    and of busy time counting the loads); the share of jobs whose first chunk started on a
-    worker holding their base."""
+def placement_figures(trace: Sequence[SimArrival], result: SimResult, config: SimConfig,
+                      warmup: int = 0) -> dict[str, Any]:
+    """Over the jobs after the first ``warmup`` (a pool starts with empty memories; the
+    production pool the figures describe is warm): per class and overall, SLO attainment with
+    its 95 % Wilson interval and p95 latency; base and adapter loads per 100 jobs (each load
+    counted against the job whose chunk paid it); the share of the time those jobs held a
+    worker that went to loading; the share whose first chunk started on a worker holding their
+    base. ``load_share_of_capacity`` is over the whole run."""
+    measured = [a for a in trace if a.index >= warmup]
     groups: dict[str, Any] = {}
-    for name, picked in (("all", list(trace)),
-                         *((c.value, [a for a in trace if a.shape.slo is c]) for c in CLASSES)):
+    for name, picked in (("all", measured),
+                         *((c.value, [a for a in measured if a.shape.slo is c])
+                           for c in CLASSES)):
         met = sum(1 for a in picked if (f := result.finished_s[a.index]) is not None
                   and f <= a.deadline_s + 1e-9)
         lat = sorted(f - a.arrival_s for a in picked
@@ -146,18 +159,29 @@ def placement_figures(trace: Sequence[SimArrival], result: SimResult,
                         "p95_latency_s": percentile(lat, 95),
                         "unfinished": len(picked) - len(lat)}
     res = result.residency or {}
-    n = max(len(trace), 1)
-    load_s = float(res.get("load_s", 0.0))
+    per_job = res.get("per_job", {})
+    n = max(len(measured), 1)
+
+    def total(key: str) -> float:
+        values = per_job.get(key)
+        return float(sum(values[a.index] for a in measured)) if values else 0.0
+
+    load_s = total("load_s")
+    exec_s = sum(sum(a.chunk_s) for a in measured)
+    warm = per_job.get("started_warm") or []
+    started = [warm[a.index] for a in measured if warm and warm[a.index] is not None]
     capacity_s = max(result.capacity_s, 1e-9)
     return {
         "groups": groups,
-        "base_loads_per_100": 100.0 * res.get("base_loads", 0) / n,
-        "host_loads_per_100": 100.0 * res.get("host_loads", 0) / n,
-        "adapter_loads_per_100": 100.0 * res.get("adapter_loads", 0) / n,
-        "load_share_of_capacity": load_s / capacity_s,
-        "load_share_of_busy": load_s / max(load_s + result.busy_s, 1e-9),
+        "measured_jobs": len(measured), "warmup_jobs": warmup,
+        "base_loads_per_100": 100.0 * total("base_loads") / n,
+        "host_loads_per_100": 100.0 * total("host_loads") / n,
+        "resume_loads_per_100": 100.0 * total("resume_loads") / n,
+        "adapter_loads_per_100": 100.0 * total("adapter_loads") / n,
+        "load_share_of_busy": load_s / max(load_s + exec_s, 1e-9),
+        "load_share_of_capacity": float(res.get("load_s", 0.0)) / capacity_s,
         "utilisation": result.busy_s / capacity_s,
-        "warm_start_share": res.get("warm_starts", 0) / max(res.get("first_starts", 0), 1),
+        "warm_start_share": sum(started) / len(started) if started else None,
         "staged": res.get("staged", 0),
         "parked_recovered": res.get("parked_recovered", 0),
         "preemptions": result.preemptions,

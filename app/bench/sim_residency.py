@@ -98,15 +98,19 @@ class WorkerMemory:
     def free_host_bytes(self) -> int:
         return self.config.host_budget_bytes - self.host_bytes()
 
-    def acquire(self, model: str, adapters: tuple[str, ...], now_s: float) -> Load:
-        """Make ``model`` and ``adapters`` resident for a chunk starting now: the loads it pays."""
+    def acquire(self, model: str, adapters: tuple[str, ...], now_s: float,
+                spare: frozenset[str] = frozenset()) -> Load:
+        """Make ``model`` and ``adapters`` resident for a chunk starting now: the loads it pays.
+        ``spare``: models of jobs in progress whose next chunks wait on this worker, evicted
+        only when nothing else can go (a job in flight keeps its model, as a running chunk's
+        is pinned)."""
         self._count_use(model, now_s)
         tier: str | None = None
         base_s = 0.0
         if model not in self.device:
             tier = "host" if model in self.host else "disk"
             self.host.pop(model, None)
-            self._make_room(self.bytes_of(model), keep=model, now_s=now_s)
+            self._make_room(self.bytes_of(model), keep=model, now_s=now_s, spare=spare)
             base_s = self._draw(model, tier)
             self.cost_s[(model, tier)] = base_s
         self.device[model] = now_s
@@ -116,10 +120,10 @@ class WorkerMemory:
         for a in adapters:
             self.adapters[a] = now_s
         while len(self.adapters) > self.config.adapter_slots:
-            spare = [a for a in self.adapters if a not in adapters]
-            if not spare:
+            unused = [a for a in self.adapters if a not in adapters]
+            if not unused:
                 break
-            del self.adapters[min(spare, key=lambda a: self.adapters[a])]
+            del self.adapters[min(unused, key=lambda a: self.adapters[a])]
         return Load(tier, base_s, len(missing), adapter_s)
 
     def stage(self, model: str, now_s: float) -> bool:
@@ -145,19 +149,21 @@ class WorkerMemory:
         self.reuse[model] = (decayed + 1.0, now_s)
 
     def _victim(self, tier: dict[str, float], keep: str, fallback: str,
-                now_s: float) -> str | None:
-        candidates = [m for m in tier if m != keep]
+                now_s: float, spare: frozenset[str] = frozenset()) -> str | None:
+        candidates = [m for m in tier if m != keep and m not in spare] or [
+            m for m in tier if m != keep]
         if not candidates:
             return None
         if self.config.eviction == "lru":
             return min(candidates, key=lambda m: (tier[m], m))
         return min(candidates, key=lambda m: (self.score(m, fallback, now_s), tier[m], m))
 
-    def _make_room(self, incoming: int, keep: str, now_s: float) -> None:
+    def _make_room(self, incoming: int, keep: str, now_s: float,
+                   spare: frozenset[str] = frozenset()) -> None:
         host_tier = self.config.host_budget_bytes > 0
         fallback = "host" if host_tier else "disk"
         while self.device_bytes() + incoming > self.config.device_budget_bytes:
-            victim = self._victim(self.device, keep, fallback, now_s)
+            victim = self._victim(self.device, keep, fallback, now_s, spare)
             if victim is None:
                 raise ValueError(f"model {keep} ({incoming} bytes) exceeds the device budget "
                                  f"of {self.config.device_budget_bytes} bytes")

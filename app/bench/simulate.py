@@ -59,7 +59,7 @@ from scheduler.plan import Release
 from scheduler.queues import CLASS_QUEUE, NORMAL_WORKER_QUEUES, STANDBY_QUEUE
 from scheduler.recovery import Failure, Recovery
 from tasks.apply import apply_plan
-from tasks.routing import AFFINITY_CLASSES, affinity_queue, with_affinity
+from tasks.routing import AFFINITY_CLASSES, affinity_queue
 
 NOTE = ("simulated: a discrete-event model of the adapter, the workers and the Celery queues "
         "driving the real plan_tick on a virtual clock; chunk times are published H100 step "
@@ -71,6 +71,32 @@ GROUPS = ("urgent", "realtime", "interactive", "batch", "all")
 """Report rows: ``urgent`` is the realtime jobs with an SLO under 100 ms (stress test only)."""
 
 CLASS_TARGET_S = {SloClass.REALTIME: 1.0, SloClass.INTERACTIVE: 5.0, SloClass.BATCH: 60.0}
+OWN_QUEUE_CLASSES = (*AFFINITY_CLASSES, STANDBY_QUEUE)
+"""With residency, the queues a worker has its own queue in front of: the affinity classes,
+and standby too (a job moved to standby still has a worker holding its model: its next chunk
+waits there, behind everything else that worker has, rather than paying a load elsewhere)."""
+
+
+def placed_queue(worker: str, class_queue: str) -> str:
+    """``<worker>.<class>.placed``: where placement parks a job's chunk for ``worker``, taken
+    after the worker's own queue for the class (the next chunks of the jobs it runs) and before
+    the class queue: a job placed on a busy worker waits for the job there to finish rather
+    than sharing the worker with it chunk by chunk."""
+    return f"{affinity_queue(worker, class_queue)}.placed"
+
+
+def own_queues(worker: str, queues: tuple[str, ...]) -> tuple[str, ...]:
+    """``queues`` with ``worker``'s own queues right before each of
+    :data:`OWN_QUEUE_CLASSES`: ``realtime, w.interactive, w.interactive.placed, interactive,
+    w.batch, w.batch.placed, batch, w.standby, standby``."""
+    out: list[str] = []
+    for queue in queues:
+        if queue in OWN_QUEUE_CLASSES:
+            out.append(affinity_queue(worker, queue))
+            if queue in AFFINITY_CLASSES:
+                out.append(placed_queue(worker, queue))
+        out.append(queue)
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +258,7 @@ class _Job:
         "load_s",
         "next_chunk",
         "parked_on",
+        "parked_q",
         "preempt",
         "preemptions",
         "queue",
@@ -268,6 +295,8 @@ class _Job:
         self.units_left = arrival.shape.chunks * arrival.shape.units_per_chunk
         self.parked_on: str | None = None
         """The worker whose own queue holds its next chunk (a hop, or a placement)."""
+        self.parked_q: str | None = None
+        """That queue (None: its class queue, or whichever queue ``queue`` names)."""
         self.load_s = 0.0
         """The load the planner is told to expect before its next chunk (``JobView.load_s``)."""
         self.started_warm: bool | None = None
@@ -395,7 +424,11 @@ class ClusterSim:
         self.staging: set[tuple[str, str]] = set()
         self.counts = {"base_loads": 0, "host_loads": 0, "adapter_loads": 0, "staged": 0,
                        "first_starts": 0, "warm_starts": 0, "placed_on_worker": 0,
-                       "parked_recovered": 0}
+                       "parked_recovered": 0, "resume_loads": 0}
+        self.ended = 0
+        self.per_job: dict[str, list[float]] = {
+            key: [0.0] * len(trace)
+            for key in ("base_loads", "host_loads", "adapter_loads", "resume_loads", "load_s")}
         if self.res is not None:
             self._model_residency(self.res)
 
@@ -412,7 +445,7 @@ class ClusterSim:
             self.policy.recovery, affinity_max_wait_s=res.park_max_wait_s))
         for k, w in enumerate(self.workers):
             w.mem = WorkerMemory(res, random.Random(f"{res.seed}-{k}"))
-            w.consumes = with_affinity(w.name, w.queues)
+            w.consumes = own_queues(w.name, w.queues)
             for q in w.consumes:
                 self.queues.setdefault(q, deque())
 
@@ -437,6 +470,11 @@ class ClusterSim:
                 break
             self.now = at_s
             handlers[kind](payload)
+            if self.res is not None and self.ended == len(self.jobs):
+                # with residency (a models trace) the run ends with its last job: the drain
+                # is set by the longest deadline, and ticks of an empty cluster change nothing
+                end_s = self.now
+                break
         self.now = end_s
         return self._finish(time.perf_counter() - started)
 
@@ -462,6 +500,7 @@ class ClusterSim:
                 "peak_device_bytes": max(w.mem.peak_device_bytes for w in self.workers
                                          if w.mem),
                 "device_budget_bytes": self.res.device_budget_bytes,
+                "per_job": {**self.per_job, "started_warm": [j.started_warm for j in self.jobs]},
             }
         return r
 
@@ -496,15 +535,17 @@ class ClusterSim:
                 return
 
     def _release(self, job: _Job, queue: str, bump_epoch: bool = False,
-                 parked_on: str | None = None) -> None:
+                 parked_on: str | None = None, placed: bool = False) -> None:
         """``tasks.dispatch.release``: QUEUED on ``queue`` (or on ``parked_on``'s own queue
-        for that class), flag cleared, chunk published."""
+        for that class; ``placed``: its placement queue), flag cleared, chunk published."""
         job.epoch += 1 if bump_epoch else 0
         job.state, job.queue, job.preempt = JobState.QUEUED, queue, False
         job.parked_on = parked_on
+        job.parked_q = None if parked_on is None else placed_queue(parked_on, queue) \
+            if placed else affinity_queue(parked_on, queue)
         job.waiting_since_s = self.now
         job.view = None
-        self._publish(job, queue if parked_on is None else affinity_queue(parked_on, queue))
+        self._publish(job, job.parked_q or queue)
 
     def _place(self, job: _Job, queue: str) -> None:
         """A release: with residency, :func:`scheduler.placement.place` chooses the worker whose
@@ -518,7 +559,7 @@ class ClusterSim:
         placement = place(need, workers, self.estimates, self.res.placement, self.demand)
         if placement.worker is not None:
             self.counts["placed_on_worker"] += 1
-        self._release(job, queue, parked_on=placement.worker)
+        self._release(job, queue, parked_on=placement.worker, placed=True)
 
     def _need(self, job: _Job) -> ModelNeed:
         model = job.arrival.model or ""
@@ -527,24 +568,29 @@ class ClusterSim:
 
     def _holdings(self, queue: str | None, need: ModelNeed | None = None
                   ) -> tuple[Holding, ...]:
-        """The alive workers consuming their own queue for ``queue`` as placement sees them:
-        when each is free (its running job's estimated remaining work and load, and the work
-        parked on its own queues) and what it holds; models being staged count as in host
-        memory."""
+        """The alive workers with a placement queue for ``queue`` as placement sees them: when
+        each is free (the estimated remaining work and load of its running job and of every
+        job parked on its own queues: those jobs stay on it, and as the planner moves them
+        between levels they share it chunk by chunk with whatever it takes next) and what it
+        holds; models being staged count as in host memory."""
         out: list[Holding] = []
         for w in self.workers:
             mem = w.mem
             if not w.alive or mem is None or (
-                    queue is not None and affinity_queue(w.name, queue) not in w.consumes):
+                    queue is not None and placed_queue(w.name, queue) not in w.consumes):
                 continue
             free_in_s = 0.0
-            if w.job is not None:
+            running = w.job
+            if running is not None:
                 free_in_s += max(w.run_start_s - self.now, 0.0) + max(
-                    self._remaining_est_s(w.job) - max(self.now - w.run_start_s, 0.0), 0.0)
-            for cls in AFFINITY_CLASSES:
-                for job, epoch in self.queues.get(affinity_queue(w.name, cls), ()):
+                    self._remaining_est_s(running) - max(self.now - w.run_start_s, 0.0), 0.0)
+            prefix = f"{w.name}."
+            for own in w.consumes:
+                if not own.startswith(prefix):
+                    continue
+                for job, epoch in self.queues[own]:
                     if epoch == job.epoch and job.state is JobState.QUEUED \
-                            and job.parked_on == w.name:
+                            and job.parked_q == own:
                         free_in_s += self._remaining_est_s(job)
             staging = frozenset(m for name, m in self.staging if name == w.name)
             out.append(Holding(w.name, free_in_s, frozenset(mem.device),
@@ -568,9 +614,8 @@ class ClusterSim:
             pending = self.queues[q]
             if pending:
                 job, epoch = pending.popleft()
-                if epoch == job.epoch and job.state is JobState.QUEUED and q == (
-                        job.queue if job.parked_on is None
-                        else affinity_queue(job.parked_on, job.queue or "")):
+                if epoch == job.epoch and job.state is JobState.QUEUED \
+                        and q == (job.parked_q or job.queue):
                     self._claim(w, job)
                 else:  # a fenced (stale) message: one hop's overhead for nothing
                     w.overhead_s += self.config.dispatch_overhead_s
@@ -587,6 +632,7 @@ class ClusterSim:
             self._preempted(job, start_s)
             return
         job.state, job.running_on, job.parked_on = JobState.RUNNING, w.name, None
+        job.parked_q = None
         job.view = None
         if w.mem is not None and job.arrival.model is not None:
             start_s += self._load(w, job)
@@ -606,23 +652,44 @@ class ClusterSim:
         resident, each measured load taught to the placement's estimates."""
         assert w.mem is not None and job.arrival.model is not None
         model = job.arrival.model
-        load = w.mem.acquire(model, job.arrival.adapters, self.now)
+        load = w.mem.acquire(model, job.arrival.adapters, self.now, self._parked_models(w))
         if job.started_warm is None:
             job.started_warm = load.base_tier is None
             self.counts["first_starts"] += 1
             self.counts["warm_starts"] += load.base_tier is None
+        k = job.arrival.index
+        per_job = self.per_job
+        per_job["load_s"][k] += load.seconds
         if load.base_tier is not None:
             self.counts["base_loads"] += 1
+            self.counts["resume_loads"] += job.service_s > 0
             self.counts["host_loads"] += load.base_tier == "host"
+            per_job["base_loads"][k] += 1
+            per_job["resume_loads"][k] += job.service_s > 0
+            per_job["host_loads"][k] += load.base_tier == "host"
             self.estimates.observe(model, "host" if load.base_tier == "host" else "disk",
                                    load.base_s)
         if load.adapters:
             self.counts["adapter_loads"] += load.adapters
+            per_job["adapter_loads"][k] += load.adapters
             self.estimates.observe(f"{model}/*", "adapter", load.adapter_s / load.adapters)
         if job.load_s:
             job.load_s = 0.0
         w.load_s += load.seconds
         return load.seconds
+
+    def _parked_models(self, w: _Worker) -> frozenset[str]:
+        """Models of the jobs in progress whose next chunk waits on ``w``'s own queues."""
+        held: set[str] = set()
+        prefix = f"{w.name}."
+        for own in w.consumes:
+            if not own.startswith(prefix):
+                continue
+            for job, epoch in self.queues[own]:
+                if epoch == job.epoch and job.parked_q == own and job.service_s > 0 \
+                        and job.arrival.model is not None:
+                    held.add(job.arrival.model)
+        return frozenset(held)
 
     def _staged(self, payload: tuple[_Worker, str]) -> None:
         """A model read into a worker's host memory ahead of its jobs."""
@@ -677,7 +744,7 @@ class ClusterSim:
                     and affinity_queue(w.name, queue) in w.consumes:
                 # with residency the next chunk stays where its model is: the worker's own queue
                 job.parked_on = w.name
-                queue = affinity_queue(w.name, queue)
+                queue = job.parked_q = affinity_queue(w.name, queue)
             self._publish(job, queue)
 
     def _preempted(self, job: _Job, at_s: float) -> None:
@@ -689,7 +756,8 @@ class ClusterSim:
     def _end_job(self, job: _Job, state: JobState, status: str) -> None:
         job.state, job.finished_s = state, self.now
         job.view = None
-        self.live.pop(job.id, None)
+        if self.live.pop(job.id, None) is not None:
+            self.ended += 1
         self.status[job.arrival.index] = status
         if state is JobState.DONE:
             self.result.finished_s[job.arrival.index] = self.now
@@ -824,8 +892,18 @@ class ClusterSim:
         return True
 
     def requeue(self, job_id: str, to_queue: str, reason: str) -> bool:
-        self._release(self.live[job_id], to_queue, bump_epoch=True)
+        job = self.live[job_id]
+        self._release(job, to_queue, bump_epoch=True, parked_on=self._keeps(job, to_queue),
+                      placed=job.service_s == 0 and to_queue in AFFINITY_CLASSES)
         return True
+
+    def _keeps(self, job: _Job, to_queue: str) -> str | None:
+        """With residency, the worker a queued chunk moved to ``to_queue`` stays parked on: the
+        one it is parked on, when that worker has its own queue for ``to_queue``."""
+        w = self.by_name.get(job.parked_on or "")
+        if w is None or w.mem is None or affinity_queue(w.name, to_queue) not in w.consumes:
+            return None
+        return w.name
 
     def retarget(self, job_id: str, to_queue: str) -> bool:
         job = self.live[job_id]
@@ -835,7 +913,8 @@ class ClusterSim:
     def standby(self, job_id: str) -> bool:
         job = self.live[job_id]
         if job.state is JobState.QUEUED:
-            self._release(job, STANDBY_QUEUE, bump_epoch=True)
+            self._release(job, STANDBY_QUEUE, bump_epoch=True,
+                          parked_on=self._keeps(job, STANDBY_QUEUE))
         else:
             job.queue, job.view = STANDBY_QUEUE, None
         return True
@@ -863,7 +942,7 @@ class ClusterSim:
             w = self.by_name[name]
             if w.queues != queues:
                 w.queues = queues
-                w.consumes = queues if w.mem is None else with_affinity(name, queues)
+                w.consumes = queues if w.mem is None else own_queues(name, queues)
                 if w.alive and w.job is None:
                     self.idle.pop(name, None)
                     self._wake(w)

@@ -124,7 +124,8 @@ class History(RuleBasedStateMachine):
             preempt_requested=state is JobState.RUNNING and data.draw(st.booleans()),
             preemptions=job.preemptions + data.draw(st.integers(0, 1)),
             estimated=data.draw(st.booleans()), shed_if_late=data.draw(st.booleans()),
-            batch_id=job.batch_id if in_flight else None)
+            batch_id=job.batch_id if in_flight else None,
+            load_s=data.draw(st.sampled_from((0.0, job.load_s, 8.454))))
 
     @rule(data=st.data())
     def reread(self, data: st.DataObject) -> None:

@@ -1,0 +1,148 @@
+"""Properties of the placement decision (``scheduler.placement``) over random pools."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler.placement import (
+    Holding,
+    LoadEstimates,
+    ModelNeed,
+    PlacementPolicy,
+    assign,
+    expected_load_s,
+    place,
+    stage,
+)
+
+MODELS = [f"m{k}" for k in range(6)]
+ADAPTERS = [f"m{k}/a{j}" for k in range(3) for j in range(2)]
+models = st.frozensets(st.sampled_from(MODELS), max_size=4)
+free_in = st.one_of(st.just(0.0), st.floats(0.0, 120.0), st.just(math.inf))
+
+
+@st.composite
+def pools(draw: st.DrawFn) -> tuple[Holding, ...]:
+    count = draw(st.integers(1, 6))
+    out = []
+    for k in range(count):
+        device = draw(models)
+        out.append(Holding(
+            f"w{k}", draw(free_in), device, draw(models) - device,
+            draw(st.frozensets(st.sampled_from(ADAPTERS), max_size=3)),
+            capacity=draw(st.integers(0, 4)),
+            free_bytes=draw(st.one_of(st.none(), st.integers(0, 30)))))
+    return tuple(out)
+
+
+needs = st.builds(ModelNeed, st.sampled_from(MODELS),
+                  st.frozensets(st.sampled_from(ADAPTERS), max_size=2), st.integers(0, 20))
+demands = st.dictionaries(st.sampled_from(MODELS), st.integers(0, 5))
+
+
+@settings(max_examples=60, deadline=None)
+@given(pools(), needs, demands)
+def test_oblivious_never_names_a_worker(workers: tuple[Holding, ...], need: ModelNeed,
+                                        demand: dict[str, int]) -> None:
+    assert place(need, workers, LoadEstimates(), PlacementPolicy.OBLIVIOUS, demand).worker is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(pools(), needs, demands, st.sampled_from([PlacementPolicy.WARM, PlacementPolicy.STEPLINE]))
+def test_an_idle_warm_worker_is_chosen_when_one_exists(workers: tuple[Holding, ...],
+                                                       need: ModelNeed, demand: dict[str, int],
+                                                       policy: PlacementPolicy) -> None:
+    warm_idle = {w.name for w in workers if w.idle and w.holds(need)}
+    placement = place(need, workers, LoadEstimates(), policy, demand)
+    if warm_idle:
+        assert placement.worker in warm_idle
+        assert placement.load_s == 0.0 and placement.start_in_s == 0.0
+    elif policy is PlacementPolicy.WARM:
+        assert placement.worker is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(pools(), needs)
+def test_stepline_starts_no_later_than_any_worker_counting_its_load(
+        workers: tuple[Holding, ...], need: ModelNeed) -> None:
+    estimates = LoadEstimates()
+    placement = place(need, workers, estimates, PlacementPolicy.STEPLINE)
+    options = [w.free_in_s + estimates.load_s(need, w) for w in workers
+               if math.isfinite(w.free_in_s)]
+    if not options:
+        assert placement.worker is None
+        return
+    assert placement.worker is not None
+    assert placement.start_in_s <= min(options) + 1e-9
+    chosen = next(w for w in workers if w.name == placement.worker)
+    assert placement.load_s == estimates.load_s(need, chosen)
+    idle_cold = [estimates.load_s(need, w) for w in workers if w.idle and not w.holds(need)]
+    if idle_cold:
+        assert placement.start_in_s <= min(idle_cold) + 1e-9
+
+
+@settings(max_examples=60, deadline=None)
+@given(pools(), needs, st.floats(0.0, 50.0))
+def test_assign_keeps_the_pool_and_marks_the_model_held(workers: tuple[Holding, ...],
+                                                        need: ModelNeed, busy_s: float) -> None:
+    placement = place(need, workers, LoadEstimates(), PlacementPolicy.STEPLINE)
+    after = assign(workers, placement, need, busy_s)
+    assert [w.name for w in after] == [w.name for w in workers]
+    for before, now in zip(workers, after, strict=True):
+        if before.name == placement.worker:
+            assert now.holds(need) and need.model not in now.host
+            assert now.free_in_s == placement.start_in_s + busy_s
+        else:
+            assert now == before
+
+
+@settings(max_examples=60, deadline=None)
+@given(pools(), needs)
+def test_no_load_is_expected_when_a_worker_holds_the_model(workers: tuple[Holding, ...],
+                                                           need: ModelNeed) -> None:
+    expected = expected_load_s(need, workers, LoadEstimates())
+    if any(w.holds(need) for w in workers):
+        assert expected == 0.0
+    else:
+        assert expected > 0.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(pools(), demands, st.integers(1, 3), st.data())
+def test_staging_names_unheld_models_within_host_room(workers: tuple[Holding, ...],
+                                                      demand: dict[str, int], min_queued: int,
+                                                      data: st.DataObject) -> None:
+    slots = {w.name: data.draw(st.integers(0, 2)) for w in workers}
+    pairs = stage(demand, workers, LoadEstimates(), min_queued, slots)
+    held = {m for w in workers for m in w.device | w.host}
+    staged = [m for _, m in pairs]
+    assert len(staged) == len(set(staged))
+    assert not set(staged) & held
+    assert all(demand[m] >= min_queued for m in staged)
+    for w in workers:
+        assert sum(1 for name, _ in pairs if name == w.name) <= slots[w.name]
+    assert stage(demand, workers, LoadEstimates(), min_queued) == ()
+
+
+def test_a_cold_jobs_expected_load_counts_into_its_remaining_time() -> None:
+    from dataclasses import replace
+
+    from scheduler import PolicyConfig, plan_tick
+    from scheduler.incremental import IncrementalPlanner
+    from scheduler.survey import survey_jobs
+    from tests.unit.test_scheduler_incremental import exact
+    from tests.unit.test_scheduler_support import NOW_S, make_job, make_snapshot
+
+    policy = PolicyConfig()
+    warm = [make_job(f"j{k}", work_s=2.0) for k in range(3)]
+    cold = [replace(j, load_s=8.454 if k == 1 else 0.0) for k, j in enumerate(warm)]
+    before = survey_jobs(make_snapshot(warm), make_snapshot(warm).workers, policy, NOW_S)
+    after = survey_jobs(make_snapshot(cold), make_snapshot(cold).workers, policy, NOW_S)
+    assert after.remaining_s[1] == before.remaining_s[1] + 8.454
+    assert after.remaining_s[0] == before.remaining_s[0]  # warm jobs: the same float
+    snapshot = make_snapshot(cold)
+    assert exact(IncrementalPlanner().plan(snapshot, policy, NOW_S)) == exact(
+        plan_tick(snapshot, policy, NOW_S))

@@ -1,0 +1,91 @@
+"""Residency in the simulator: a worker's device never holds more bytes than its budget, a
+chunk on a worker holding its model pays no load, and a trace without models runs exactly as
+before residency existed."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.bench.models_sim import residency_for, run_placement
+from app.bench.models_workload import ModelsWorkload, model_catalog
+from app.bench.sim_residency import GB, WorkerMemory
+from app.bench.simulate import ClusterSim, SimConfig, generate_trace, sim_policy
+
+WORKLOAD = ModelsWorkload(models=12, jobs=40, workers=3, load=0.7, steps=4, seed=5,
+                          batch_slo_x=4.0)
+CATALOG = model_catalog(WORKLOAD)
+NAMES = [m.name for m in CATALOG.models]
+
+
+def _memory(eviction: str, host_gb: int = 0) -> WorkerMemory:
+    config = replace(residency_for("stepline", CATALOG, 20 * GB, host_gb * GB, 60.0),
+                     eviction=eviction)  # type: ignore[arg-type]
+    return WorkerMemory(config, random.Random(1))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(["lru", "cost"]), st.sampled_from([0, 30]),
+       st.lists(st.tuples(st.sampled_from(NAMES), st.booleans()), min_size=1, max_size=40))
+def test_a_worker_never_holds_more_than_its_budgets(eviction: str, host_gb: int,
+                                                    uses: list[tuple[str, bool]]) -> None:
+    mem = _memory(eviction, host_gb)
+    for t, (model, with_adapter) in enumerate(uses):
+        adapters = CATALOG.by_name[model].adapters[:1] if with_adapter else ()
+        load = mem.acquire(model, adapters, float(t))
+        assert model in mem.device and set(adapters) <= set(mem.adapters)
+        assert mem.device_bytes() <= mem.config.device_budget_bytes
+        assert mem.host_bytes() <= mem.config.host_budget_bytes
+        assert not set(mem.device) & set(mem.host)
+        assert len(mem.adapters) <= mem.config.adapter_slots
+        assert all(a.split("/")[0] in mem.device for a in mem.adapters)
+        assert load.base_s >= 0.0 and load.adapter_s >= 0.0
+    assert mem.peak_device_bytes <= mem.config.device_budget_bytes
+
+
+def test_a_warm_start_pays_no_load_and_a_host_copy_loads_faster() -> None:
+    mem = _memory("lru", host_gb=40)
+    first = mem.acquire(NAMES[0], (), 0.0)
+    assert first.base_tier == "disk" and first.base_s > 0.0
+    again = mem.acquire(NAMES[0], (), 1.0)
+    assert again.base_tier is None and again.seconds == 0.0
+    for t, model in enumerate(NAMES[1:], start=2):  # push it off the device into host memory
+        mem.acquire(model, (), float(t))
+        if NAMES[0] not in mem.device:
+            break
+    assert NAMES[0] in mem.host
+    back = mem.acquire(NAMES[0], (), 99.0)
+    assert back.base_tier == "host"
+    assert back.base_s < CATALOG.by_name[NAMES[0]].disk_median_s * 2
+
+
+def test_the_simulated_cluster_stays_in_budget_and_only_cold_starts_load() -> None:
+    figures = run_placement(WORKLOAD, "stepline", device_models=2.0, host_models=4.0,
+                            tick_s=2.0)
+    assert figures["peak_device_bytes"] <= figures["device_budget_bytes"]
+    assert figures["groups"]["all"]["jobs"] == WORKLOAD.jobs
+    assert figures["groups"]["all"]["unfinished"] == 0
+    assert figures["base_loads_per_100"] > 0.0
+    assert 0.0 < figures["load_share_of_capacity"] < 1.0
+    one_model = replace(WORKLOAD, models=1, adapter_share=0.0)
+    warm = run_placement(one_model, "oblivious", tick_s=2.0)
+    # one model, no adapters: each worker loads it once, every later chunk starts warm
+    assert warm["base_loads_per_100"] * one_model.jobs / 100 <= one_model.workers
+    assert warm["adapter_loads_per_100"] == 0.0
+    free = run_placement(WORKLOAD, "oracle", tick_s=2.0)
+    assert free["load_share_of_capacity"] == 0.0
+
+
+def test_a_trace_without_models_runs_as_before() -> None:
+    config = SimConfig(workers=4, rate_per_s=40.0, duration_s=2.0, drain_s=2.0, seed=2)
+    trace = generate_trace(config)
+    with_residency = replace(config, residency=residency_for("stepline", CATALOG, 20 * GB,
+                                                             40 * GB, 60.0))
+    a = ClusterSim(config, trace, sim_policy(config, "stepline")).run()
+    b = ClusterSim(with_residency, trace, sim_policy(with_residency, "stepline")).run()
+    assert a.finished_s == b.finished_s and a.status == b.status
+    assert a.busy_s == b.busy_s and a.preemptions == b.preemptions
+    assert b.residency is None
