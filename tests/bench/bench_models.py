@@ -65,7 +65,28 @@ def main() -> None:
     parser.add_argument("--search-jobs", type=int, default=800)
     parser.add_argument("--search-steps", type=int, default=5)
     parser.add_argument("--out", type=Path, default=Path("bench-out/models.json"))
+    live = parser.add_argument_group(
+        "live", "--live: the workload scaled down on a live stack of simulated-device workers "
+        "and the same jobs in the simulator on the same terms (app.bench.models_live); "
+        "writes <out>_live.json")
+    live.add_argument("--live", action="store_true")
+    live.add_argument("--live-workers", type=int, default=3)
+    live.add_argument("--live-jobs", type=int, default=160)
+    live.add_argument("--live-load", type=float, default=0.5)
+    live.add_argument("--live-time-scale", type=float, default=0.05,
+                      help="jobs of ~0.5-3 s, loads of ~0.1-1 s")
+    live.add_argument("--live-byte-scale", type=float, default=1e-3,
+                      help="models of 1-20 MB (real tensors on the workers)")
+    live.add_argument("--live-steps", type=int, default=10)
+    live.add_argument("--live-host-models", type=float, default=0.0)
+    live.add_argument("--live-park-s", type=float, default=2.0,
+                      help="affinity.max_wait of the live stack, simulated alike")
+    live.add_argument("--live-warmup", type=float, default=0.1)
+    live.add_argument("--live-policies", default="stepline,oblivious")
     args = parser.parse_args()
+    if args.live:
+        run_live(args)
+        return
     policies = _csv(args.policies, str)
     run_kw = {"device_models": args.device_models, "host_models": args.host_models,
               "tick_s": args.tick_s, "warmup": args.warmup}
@@ -201,6 +222,44 @@ def _print_goal_summary(rows: list[dict[str, Any]], searches: list[dict[str, Any
     for s in searches:
         print(f"  max load at 99 % ({s['workers']} workers): stepline / oblivious = "
               f"{s['stepline_over_oblivious']}, goal >= 1.5: {s['goal_1_5x']}")
+
+
+def run_live(args: argparse.Namespace) -> None:
+    """``--live``: the workload scaled down (jobs of ~0.5-3 s, loads of ~0.1-1 s) on a live
+    stack of simulated-device workers, and the same jobs through the simulator on the same
+    terms (``app.bench.models_live``); prints both sides' attainment and their difference."""
+    from app.bench.models_live import LiveSetup, compare
+
+    workload = ModelsWorkload(models=args.models, jobs=args.live_jobs, workers=args.live_workers,
+                              load=args.live_load, seed=args.seed,
+                              time_scale=args.live_time_scale, byte_scale=args.live_byte_scale,
+                              steps=args.live_steps)
+    setup = LiveSetup(workload, device_models=args.device_models,
+                      host_models=args.live_host_models, park_max_wait_s=args.live_park_s,
+                      warmup=args.live_warmup)
+    started = time.perf_counter()
+    result = compare(setup, _csv(args.live_policies, str))
+    for placement, row in result["rows"].items():
+        for side in ("live", "sim"):
+            f = row[side]
+            g = f["groups"]
+            print(f"{side.upper():4} {placement:9} " + "  ".join(
+                f"{name} {g[name]['met']}/{g[name]['jobs']} {_pct(g[name]['attainment'])} %"
+                f" [{_pct(g[name]['ci95'][0])}, {_pct(g[name]['ci95'][1])}]"
+                for name in ("all", "interactive", "batch") if g[name]["jobs"])
+                + f"  p95 {g['all']['p95_latency_s']:.2f} s"
+                f"  base loads/100 {f['base_loads_per_100']:.1f}"
+                f"  adapter loads/100 {f['adapter_loads_per_100']:.1f}"
+                f"  loading {_pct(f['load_share_of_capacity'])} % of capacity")
+        print(f"     {placement:9} live - sim attainment: {row['attainment_gap_points']:+.1f} "
+              f"points (goal: within 5)")
+    out = {"live_vs_sim": result, "settings": {k: (str(v) if isinstance(v, Path) else v)
+                                               for k, v in vars(args).items()},
+           "wall_s": time.perf_counter() - started}
+    path = args.out.with_name(args.out.stem + "_live.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1, default=str))
+    print(f"wrote {path} ({time.perf_counter() - started:.0f} s)")
 
 
 if __name__ == "__main__":
