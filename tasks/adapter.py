@@ -132,16 +132,18 @@ def run_tick(ctx: WorkerContext, now_s: float, cache: SnapshotCache | None = Non
 
 
 def busy_free_in_s(snapshot: ClusterSnapshot, now_s: float) -> dict[str, float]:
-    """Per busy worker, the seconds its running chunk is expected to take still: the cost
-    model's estimate of the chunk less the time it has run (the longest of a batch's)."""
+    """Per worker with work of its own, the seconds until it is expected free: the remaining
+    work (the cost model's estimate) of the job it runs, less what its running chunk has run,
+    plus that of every job parked on its own queues (their next chunks stay on it too)."""
     free: dict[str, float] = {}
     for job in snapshot.jobs:
-        if job.state is not JobState.RUNNING or job.running_on is None \
-                or job.chunk_running_since_s is None:
-            continue
-        chunk_s = snapshot.cost.estimate_step_s(job.cost_key, None, job.next_chunk_cost_units)
-        left = max(0.0, chunk_s - (now_s - job.chunk_running_since_s))
-        free[job.running_on] = max(free.get(job.running_on, 0.0), left)
+        rate = snapshot.cost.seconds_per_unit(job.cost_key)
+        if job.state is JobState.RUNNING and job.running_on is not None:
+            ran = 0.0 if job.chunk_running_since_s is None else now_s - job.chunk_running_since_s
+            left = max(0.0, job.remaining_cost_units * rate - ran)
+            free[job.running_on] = free.get(job.running_on, 0.0) + left
+        elif job.state is JobState.QUEUED and job.parked_on is not None:
+            free[job.parked_on] = free.get(job.parked_on, 0.0) + job.remaining_cost_units * rate
     return free
 
 

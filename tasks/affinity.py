@@ -12,7 +12,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler.lifecycle import JobState
@@ -219,33 +219,30 @@ class WorkerDirectory:
         return directory
 
     def _free_in_s(self, name: str, beat: Heartbeat) -> float:
-        """0 for an idle worker; a busy one's expected remaining chunk time (the tick's
-        estimate, else its heartbeat's: when its chunk began and how long its chunks take),
-        or inf. A worker given a chunk after its heartbeat was written counts busy."""
+        """When a worker is expected free of the work that stays on it: the tick's estimate
+        where it has one (the running job's remaining work and the jobs parked on it), else
+        0 for an idle worker, its heartbeat's for a busy one (when its running job's work
+        ends), or inf. A worker given a chunk after its heartbeat was written counts busy."""
         placed = self.placed_at_s.get(name)
         if placed is not None and (beat.ts is None or beat.ts < placed):
             return math.inf
+        if name in self.busy_free_in_s:  # the tick's: parked work counted, busy or idle
+            return self.busy_free_in_s[name]
         if beat.busy_job is None:
             return 0.0
-        if name in self.busy_free_in_s:
-            return self.busy_free_in_s[name]
         told = beat.free_in_s(self.now_s if self.now_s is not None else time.time())
         return math.inf if told is None else told
 
-    def place(self, need: ModelNeed, class_queue: str, policy: PlacementPolicy,
-              max_wait_s: float = math.inf) -> Placement:
+    def place(self, need: ModelNeed, class_queue: str, policy: PlacementPolicy) -> Placement:
         """Where ``need``'s chunk goes among the alive workers consuming their own queue for
-        ``class_queue`` (:func:`scheduler.placement.place`); a busy worker not expected free
-        within ``max_wait_s`` (how long a parked chunk waits before the tick moves it to its
-        class queue) is not waited for. The chosen worker is then counted busy for the rest of
-        this directory's releases."""
+        ``class_queue`` (:func:`scheduler.placement.place`); the chosen worker is then counted
+        busy for the rest of this directory's releases."""
         if self._holdings is None:
             self._holdings = {name: holding(name, beat, self._free_in_s(name, beat))
                               for name, beat in self.bodies.items()}
         if self._demand is None and policy is PlacementPolicy.STEPLINE:
             self._demand = self.demand() if self.demand is not None else {}
-        workers = [h if h.free_in_s <= max_wait_s else replace(h, free_in_s=math.inf)
-                   for name, h in self._holdings.items()
+        workers = [h for name, h in self._holdings.items()
                    if name not in self.picked
                    and affinity_queue(name, class_queue) in self.bodies[name].queues]
         with _ESTIMATES_LOCK:
@@ -335,7 +332,7 @@ def release_queue(settings: Settings, job: JobRecord, class_queue: str,
     elif keeps_model(settings, job.kind, job.params):
         need = model_need(job.kind, job.params)
         assert need is not None
-        chosen = directory.place(need, class_queue, placement_policy(settings), a.max_wait)
+        chosen = directory.place(need, class_queue, placement_policy(settings))
         worker = chosen.worker
         if worker is not None:
             log.debug("job %s: %s on %s (%s, start in %.2fs)", job.job_id, need.model, worker,

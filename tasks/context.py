@@ -74,8 +74,12 @@ class WorkerContext:
     chunks_run: int = 0
     chunk_since: float | None = None
     """When the chunk (or batch) it runs now began (Unix seconds); None while idle."""
-    chunk_s: float | None = None
-    """Its chunks' run time, an exponentially weighted mean (None before its first)."""
+    left_s: float | None = None
+    """The expected seconds of its running job's remaining work from ``chunk_since`` (its
+    remaining cost units at this worker's measured seconds per unit); None while idle or
+    before it measured any."""
+    s_per_unit: float | None = None
+    """Its chunks' seconds per cost unit, an exponentially weighted mean."""
     consumer: Any = None
     """Celery's consumer of this worker (set once ready): what it consumes right now."""
     experts: dict[str, dict[str, object]] = field(default_factory=dict)
@@ -188,7 +192,8 @@ class WorkerContext:
                  time.perf_counter() - started_s)
 
     @contextmanager
-    def running(self, job_ids: Sequence[str]) -> Iterator[None]:
+    def running(self, job_ids: Sequence[str], units_left: float = 0.0,
+                chunk_units: float = 0.0) -> Iterator[None]:
         """The worker runs chunks of ``job_ids`` (the first one the task's own): the heartbeat
         renews their leases, and the idle unload waits; after them, the expert residency the
         heartbeat advertises is re-read."""
@@ -197,13 +202,16 @@ class WorkerContext:
         with self._runner_lock, models.in_use():  # its models are never evicted meanwhile
             self.busy_job, self.batch_jobs = job_ids[0], tuple(job_ids[1:])
             self.chunk_since = began = time.time()
+            rate = self.s_per_unit
+            self.left_s = None if rate is None else units_left * rate
             try:
                 yield
             finally:
-                self.busy_job, self.batch_jobs, self.chunk_since = None, (), None
-                took = time.time() - began
-                self.chunk_s = took if self.chunk_s is None else \
-                    self.chunk_s + 0.3 * (took - self.chunk_s)
+                self.busy_job, self.batch_jobs = None, ()
+                self.chunk_since = self.left_s = None
+                if chunk_units > 0:
+                    took = (time.time() - began) / chunk_units
+                    self.s_per_unit = took if rate is None else rate + 0.3 * (took - rate)
                 if self.runner_loaded("text"):
                     self.refresh_residency()
         if _loads_and_evictions(models) != loads_before:
@@ -242,7 +250,7 @@ class WorkerContext:
             experts=self.experts, hop_profile=self.profile.as_dict(),
             expert_cache=self.expert_cache, warm=self.warm, warmed=tuple(self.warmed),
             residency=self.models().summary() if self._models_set else {},
-            chunk_since=self.chunk_since, chunk_s=self.chunk_s,
+            chunk_since=self.chunk_since, left_s=self.left_s,
         )
         pipe = self.store.redis.pipeline(transaction=False)
         write_heartbeat(pipe, beat, lease_s)

@@ -51,15 +51,17 @@ class Heartbeat:
 
     chunk_since: float | None = None
     """When the chunk it runs now began (its clock, Unix seconds); None while idle."""
-    chunk_s: float | None = None
-    """Its chunks' mean run time, recent ones weighted most (None before its first)."""
+    left_s: float | None = None
+    """Expected seconds of its running job's remaining work from ``chunk_since`` (None: not
+    known)."""
 
     def free_in_s(self, now_s: float) -> float | None:
-        """Seconds until the chunk it runs now is expected to end (0: overdue, any moment;
-        None: idle, or not known)."""
-        if self.busy_job is None or self.chunk_since is None or self.chunk_s is None:
+        """Seconds until the job it runs now is expected to end (0: overdue, any moment;
+        None: idle, or not known). Its next chunks stay on it: it is not free for another
+        job's work before then, except by interleaving with it."""
+        if self.busy_job is None or self.chunk_since is None or self.left_s is None:
             return None
-        return max(0.0, self.chunk_since + self.chunk_s - now_s)
+        return max(0.0, self.chunk_since + self.left_s - now_s)
 
     def resident_bytes(self, tier: str = "device") -> int:
         """Bytes of the models it holds in ``tier`` (``device`` or ``host``)."""
@@ -93,8 +95,8 @@ class Heartbeat:
             body["residency"] = dict(self.residency)
         if self.chunk_since is not None:
             body["chunk_since"] = self.chunk_since
-        if self.chunk_s is not None:
-            body["chunk_s"] = round(self.chunk_s, 6)
+        if self.left_s is not None:
+            body["left_s"] = round(self.left_s, 6)
         return json.dumps(body)
 
     @classmethod
@@ -120,7 +122,7 @@ class Heartbeat:
             expert_cache=fields.get("expert_cache", dict, {}),
             warm=fields.get("warm", bool, True), warmed=tuple(fields.strings("warmed")),
             residency=fields.get("residency", dict, {}),
-            chunk_since=fields.number("chunk_since"), chunk_s=fields.number("chunk_s"),
+            chunk_since=fields.number("chunk_since"), left_s=fields.number("left_s"),
         )
 
 

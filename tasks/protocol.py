@@ -98,7 +98,9 @@ def run_delivery(ctx: WorkerContext, delivery: Delivery) -> str:
     # One canonical order: a batched step's numbers depend only on which jobs ran in it, so a
     # batch schedule (who ran with whom, step by step) replays to the same outputs anywhere.
     jobs.sort(key=lambda job: job.job_id)
-    with ctx.running([job.job_id for job in jobs]):
+    with ctx.running([job.job_id for job in jobs],
+                     units_left=max(job.remaining_cost_units for job in jobs),
+                     chunk_units=max(job.cost_units[job.next_chunk] for job in jobs)):
         outcomes += _run_attempts(ctx, delivery, jobs, blobs)
     return ",".join(outcomes)
 

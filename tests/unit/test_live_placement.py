@@ -163,10 +163,6 @@ def test_stepline_placement_waits_for_a_warm_worker_soon_free_not_for_an_unknown
     assert release_queue(settings, job, "interactive", late) == "w2.interactive"
     unknown = _directory({}, w1=warm_busy, w2=cold_idle)
     assert release_queue(settings, job, "interactive", unknown) == "w2.interactive"
-    # free sooner than the load, but later than a parked chunk waits before it moves back
-    beyond = _directory({"w1": 0.4}, w1=warm_busy, w2=cold_idle)
-    assert settings.affinity.max_wait < 0.4
-    assert release_queue(settings, job, "interactive", beyond) == "w2.interactive"
 
 
 def test_stepline_placement_evicts_the_model_no_queued_job_needs() -> None:
@@ -241,18 +237,25 @@ def test_simulated_model_params_are_validated_and_stored_only_with_a_model() -> 
 
 
 # when a busy worker frees up, as the tick's snapshot tells ------------------------------------
-def test_a_busy_workers_free_time_is_its_running_chunks_estimate_less_its_run_time() -> None:
+def test_a_workers_free_time_is_the_work_that_stays_on_it() -> None:
     from tasks.adapter import busy_free_in_s
-    from tests.unit.test_scheduler_support import NOW_S, SIM_RATE_S_PER_UNIT, make_snapshot, running
+    from tests.unit.test_scheduler_support import (
+        NOW_S,
+        make_job,
+        make_snapshot,
+        running,
+    )
 
-    units = 2.0 / SIM_RATE_S_PER_UNIT  # a chunk of two seconds
     snapshot = make_snapshot([
-        running("a", "w1", next_chunk_cost_units=units, chunk_running_since_s=NOW_S - 0.5),
-        running("b", "w2", next_chunk_cost_units=units, chunk_running_since_s=NOW_S - 5.0),
-        running("c", "w3", next_chunk_cost_units=units),  # not known when it began
+        running("a", "w1", work_s=2.0, chunk_running_since_s=NOW_S - 0.5),
+        running("b", "w2", work_s=2.0, chunk_running_since_s=NOW_S - 5.0),
+        running("c", "w3", work_s=2.0),  # not known when its chunk began
+        make_job("d", state=JobState.QUEUED, work_s=1.0, queue="w3.batch", parked_on="w3"),
+        make_job("e", state=JobState.QUEUED, work_s=1.0, queue="batch"),
     ])
     free = busy_free_in_s(snapshot, NOW_S)
-    assert free == {"w1": pytest.approx(1.5), "w2": 0.0}  # overdue: free any moment
+    # w1: 2 s of work less the 0.5 s its chunk ran; w2 overdue; w3: its job and the parked one
+    assert free == {"w1": pytest.approx(1.5), "w2": 0.0, "w3": pytest.approx(3.0)}
 
 
 def test_a_worker_given_a_chunk_after_its_heartbeat_counts_busy() -> None:
@@ -267,9 +270,9 @@ def test_a_worker_given_a_chunk_after_its_heartbeat_counts_busy() -> None:
     assert release_queue(settings, job, "interactive", stale_mark) == "w1.interactive"
 
 
-def test_without_the_ticks_estimate_a_busy_workers_heartbeat_tells_when_its_chunk_ends() -> None:
+def test_without_the_ticks_estimate_a_busy_workers_heartbeat_tells_when_its_job_ends() -> None:
     settings, job = _placing("stepline"), _sim("m1")
-    began = Heartbeat(name="w1", busy_job="other", ts=10.0, chunk_since=10.0, chunk_s=0.2,
+    began = Heartbeat(name="w1", busy_job="other", ts=10.0, chunk_since=10.0, left_s=0.2,
                       queues=_beat("w1", {}).queues,
                       residency={"device": {_sim_key("m1"): MB}, "budget_bytes": 2 * MB})
     assert began.free_in_s(10.05) == pytest.approx(0.15)
@@ -277,7 +280,7 @@ def test_without_the_ticks_estimate_a_busy_workers_heartbeat_tells_when_its_chun
     cold = _beat("w2", {})
     soon = WorkerDirectory({"w1": began, "w2": cold}, estimates=LoadEstimates(), now_s=10.05)
     assert release_queue(settings, job, "interactive", soon) == "w1.interactive"
-    unknown = replace(began, chunk_s=None)
+    unknown = replace(began, left_s=None)
     assert unknown.free_in_s(10.05) is None
     late = WorkerDirectory({"w1": unknown, "w2": cold}, estimates=LoadEstimates(), now_s=10.05)
     assert release_queue(settings, job, "interactive", late) == "w2.interactive"
