@@ -27,13 +27,25 @@ from typing import Any
 
 from app.bench.driver import Outcome, replay
 from app.bench.models_sim import models_config, residency_for
-from app.bench.models_workload import Catalog, ModelJob, ModelsWorkload
+from app.bench.models_workload import (
+    Catalog,
+    ModelJob,
+    ModelsWorkload,
+    generate_jobs,
+    model_catalog,
+)
 from app.bench.report import percentile, wilson_interval
 from app.bench.sim_residency import Eviction
 from app.bench.simulate import ClusterSim, Shape, SimArrival, sim_policy
 from app.bench.workload import Arrival
+from app.celery import configure as configure_celery
+from app.stack import Stack
 from scheduler import JobKind, PolicyConfig, Tier
-from scheduler.lifecycle import SloClass
+from scheduler.lifecycle import JobState, SloClass
+from tasks.routing import affinity_worker
+from tasks.runtime import current_settings, store_client
+from tasks.store import JobStore
+from tasks.submit import JobService
 
 COST_KEY = "simulated"
 CLASSES = (SloClass.INTERACTIVE, SloClass.BATCH)
@@ -130,12 +142,6 @@ def run_live(setup: LiveSetup, placement: str, jobs: Sequence[ModelJob], catalog
     """The jobs replayed on a fresh stack of ``setup.workload.workers`` simulated-device
     workers under ``placement``: the figures of :func:`figures`, with the loads the workers'
     heartbeats counted and the budgets they never exceeded."""
-    from app.celery import configure as configure_celery  # deferred: the stack's modules
-    from app.stack import Stack
-    from tasks.runtime import current_settings, store_client
-    from tasks.store import JobStore
-    from tasks.submit import JobService
-
     device, host = setup.budgets(catalog)
     env = {
         "STEPLINE_RESIDENCY__MEMORY_BUDGET_BYTES": str(device),
@@ -198,8 +204,6 @@ def run_live(setup: LiveSetup, placement: str, jobs: Sequence[ModelJob], catalog
 def _moves(service: Any, outcomes: Sequence[Outcome]) -> dict[str, int]:
     """How the jobs' chunks moved, counted from their events: releases to a worker's own queue
     or to a class queue, parked chunks moved back, preemptions."""
-    from tasks.routing import affinity_worker
-
     counts: dict[str, int] = {}
     for outcome in outcomes:
         if outcome.job_id is None:
@@ -235,8 +239,6 @@ def _wait_for_workers(service: Any, count: int, timeout_s: float = 120.0) -> Non
 def _latencies(service: Any, jobs: Sequence[ModelJob],
                outcomes: Sequence[Outcome]) -> dict[int, float | None]:
     """Per job, submit to finish as the store recorded it (None: not done)."""
-    from scheduler.lifecycle import JobState
-
     out: dict[int, float | None] = {}
     for job, outcome in zip(jobs, outcomes, strict=True):
         out[job.index] = None
@@ -275,8 +277,6 @@ def compare(setup: LiveSetup, placements: Sequence[str] = ("stepline",),
             run_dir: Path | None = None) -> dict[str, Any]:
     """Each placement live and simulated on the same jobs: both sides' figures and the
     difference of their overall attainment, in points."""
-    from app.bench.models_workload import generate_jobs, model_catalog
-
     catalog = model_catalog(setup.workload)
     jobs = generate_jobs(setup.workload, catalog)
     rows: dict[str, Any] = {}
