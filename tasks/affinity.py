@@ -12,7 +12,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from scheduler.lifecycle import JobState
@@ -235,14 +235,19 @@ class WorkerDirectory:
 
     def place(self, need: ModelNeed, class_queue: str, policy: PlacementPolicy) -> Placement:
         """Where ``need``'s chunk goes among the alive workers consuming their own queue for
-        ``class_queue`` (:func:`scheduler.placement.place`); the chosen worker is then counted
-        busy for the rest of this directory's releases."""
+        ``class_queue`` (:func:`scheduler.placement.place`): idle ones, and busy ones that
+        hold its model; the chosen worker is then counted busy for the rest of this
+        directory's releases."""
         if self._holdings is None:
             self._holdings = {name: holding(name, beat, self._free_in_s(name, beat))
                               for name, beat in self.bodies.items()}
         if self._demand is None and policy is PlacementPolicy.STEPLINE:
             self._demand = self.demand() if self.demand is not None else {}
-        workers = [h for name, h in self._holdings.items()
+        # A chunk parked on a busy worker shares it chunk by chunk with the job there (both
+        # jobs' next chunks stay on it): only where it holds the model, or the two jobs'
+        # models would evict each other at every chunk.
+        workers = [h if h.idle or h.holds(need) else replace(h, free_in_s=math.inf)
+                   for name, h in self._holdings.items()
                    if name not in self.picked
                    and affinity_queue(name, class_queue) in self.bodies[name].queues]
         with _ESTIMATES_LOCK:

@@ -163,6 +163,10 @@ def test_stepline_placement_waits_for_a_warm_worker_soon_free_not_for_an_unknown
     assert release_queue(settings, job, "interactive", late) == "w2.interactive"
     unknown = _directory({}, w1=warm_busy, w2=cold_idle)
     assert release_queue(settings, job, "interactive", unknown) == "w2.interactive"
+    # a busy worker not holding the model: its job and this one would evict each other
+    cold_busy = _beat("w1", {_sim_key("m2"): MB}, busy="other")
+    swap = _directory({"w1": 0.01}, w1=cold_busy, w2=_beat("w2", {_sim_key("m3"): MB}))
+    assert release_queue(settings, job, "interactive", swap) == "w2.interactive"
 
 
 def test_stepline_placement_evicts_the_model_no_queued_job_needs() -> None:
