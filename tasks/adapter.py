@@ -60,6 +60,11 @@ log = logging.getLogger(__name__)
 def policy_config(settings: Settings, store: JobStore) -> PolicyConfig:
     """The settings' policy, with the run-time policy switch applied and the recovery knobs of
     the broker and affinity settings."""
+    return configured_policy(settings, store.active_policy(settings.scheduler.policy))
+
+
+def configured_policy(settings: Settings, active: str) -> PolicyConfig:
+    """:func:`policy_config` with the policy in force, ``active``, read already."""
     config = settings.scheduler.to_policy()
     broker, affinity = settings.broker, settings.affinity
     recovery = RecoveryConfig(
@@ -67,7 +72,6 @@ def policy_config(settings: Settings, store: JobStore) -> PolicyConfig:
         unpublished_after_s=broker.chunk_lease,
         affinity_max_wait_s=affinity.max_wait if affinity.enabled else None,
     )
-    active = store.active_policy(settings.scheduler.policy)
     return replace(config, policy=PolicyKind(active), recovery=recovery)
 
 

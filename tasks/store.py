@@ -241,6 +241,53 @@ class CommitRequest:
         return replace(self, checkpoint=checkpoint)
 
 
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """A job to store as PENDING (:meth:`JobStore.create_many`): its spec, what its plan and
+    the submit decision made of it, and the submit time."""
+
+    spec: JobSpec
+    tenant: str
+    tier: str
+    num_chunks: int
+    cost_key: str
+    cost_units: tuple[float, ...]
+    deadline_s: float
+    """Seconds from ``now_s`` to its deadline."""
+    now_s: float
+    queue: str
+    atomic: bool = False
+    chunk_names: tuple[str, ...] = ()
+    resource_profile: ResourceProfile = ResourceProfile.COMPUTE
+    events_ttl_s: float | None = None
+    batch_group: str | None = None
+    batch_growth: float | None = None
+
+    def fields(self, job_id: str) -> dict[str, str]:
+        """The record this job is stored as under ``job_id``."""
+        spec, now_s = self.spec, self.now_s
+        return encode(
+            job_id=job_id, kind=spec.kind, state=JobState.PENDING, slo=spec.slo,
+            tenant=self.tenant, tier=self.tier, params=spec.params, depends_on=spec.depends_on,
+            submitted_at_s=now_s, deadline_at_s=now_s + self.deadline_s,
+            num_chunks=self.num_chunks, next_chunk=0, seq=0, epoch=0, queue=self.queue,
+            preempt=False, cancel=False, preemptions=0, service_s=0.0, cost_key=self.cost_key,
+            cost_units=tuple(self.cost_units), updated_at_s=now_s, atomic=self.atomic,
+            chunk_names=tuple(self.chunk_names), resource_profile=self.resource_profile,
+            shed_if_late=spec.shed_if_late, events_ttl_s=self.events_ttl_s,
+            batch_group=self.batch_group, batch_growth=self.batch_growth,
+        )
+
+    def create_call(self, job_id: str, fields: Mapping[str, str]) -> tuple[list[str], list[Any]]:
+        """The ``create`` script's keys and arguments for this job under ``job_id``."""
+        spec = self.spec
+        idem = (keys.idempotency(self.tenant, spec.idempotency_key)
+                if spec.idempotency_key else "")
+        keys_ = [keys.job(job_id), keys.job_events(job_id), keys.ACTIVE, keys.INDEX, idem,
+                 keys.CHANGES]
+        return keys_, [job_id, repr(self.now_s), _flat_json(fields)]
+
+
 class _ScriptPipeline:
     """A pipeline of script calls (and plain commands) in one round trip. redis-py sends a
     ``SCRIPT EXISTS`` for a pipeline's scripts before the pipeline itself — one more round trip
@@ -377,54 +424,39 @@ class JobStore:
         self._batch_take = scripts.register(client, "batch_take")
 
     # create -----------------------------------------------------------------------------------
-    def create(
-        self,
-        spec: JobSpec,
-        *,
-        tenant: str,
-        tier: str,
-        num_chunks: int,
-        cost_key: str,
-        cost_units: Iterable[float],
-        deadline_s: float,
-        now_s: float,
-        queue: str,
-        atomic: bool = False,
-        chunk_names: Iterable[str] = (),
-        resource_profile: ResourceProfile = ResourceProfile.COMPUTE,
-        events_ttl_s: float | None = None,
-        batch_group: str | None = None,
-        batch_growth: float | None = None,
-    ) -> tuple[str, bool]:
-        """Store a new PENDING job; returns (job id, created). An idempotency key seen before
-        for this tenant returns the first job's id and ``created=False``."""
-        job_id = uuid.uuid4().hex[:16]
-        fields = encode(
-            job_id=job_id, kind=spec.kind, state=JobState.PENDING, slo=spec.slo, tenant=tenant,
-            tier=tier, params=spec.params, depends_on=spec.depends_on, submitted_at_s=now_s,
-            deadline_at_s=now_s + deadline_s, num_chunks=num_chunks, next_chunk=0, seq=0,
-            epoch=0, queue=queue, preempt=False, cancel=False, preemptions=0, service_s=0.0,
-            cost_key=cost_key, cost_units=tuple(cost_units), updated_at_s=now_s, atomic=atomic,
-            chunk_names=tuple(chunk_names), resource_profile=resource_profile,
-            shed_if_late=spec.shed_if_late, events_ttl_s=events_ttl_s, batch_group=batch_group,
-            batch_growth=batch_growth,
-        )
-        idem = keys.idempotency(tenant, spec.idempotency_key) if spec.idempotency_key else ""
-        keys_ = [keys.job(job_id), keys.job_events(job_id), keys.ACTIVE, keys.INDEX, idem,
-                 keys.CHANGES]
-        args: list[Any] = [job_id, repr(now_s), _flat_json(fields)]
-        if not self.commit_replicas:
-            status, value = self._create(keys=keys_, args=args)
-            return _text(value), _text(status) == "ok"
+    def create(self, spec: JobSpec, **fields: Any) -> tuple[str, bool]:
+        """Store a new PENDING job (``fields``: those of :class:`NewJob`); returns (job id,
+        created). An idempotency key seen before for this tenant returns the first job's id
+        and ``created=False``."""
+        job_id, created, _ = self.create_many([NewJob(spec, **fields)])[0]
+        return job_id, created
+
+    def create_many(self, jobs: Sequence[NewJob]) -> list[tuple[str, bool, JobRecord | None]]:
+        """Store each new PENDING job in one round trip (all of them then wait for
+        ``commit_replicas``): (job id, created, the record as stored; None for an
+        idempotency-key replay, whose id is the first job's) per job, in order."""
+        if not jobs:
+            return []
         pipe = _ScriptPipeline(self.redis)
-        pipe.script(self._create, keys_, args)
-        self._wait_for_replicas(pipe)
-        (status, value), replicas = pipe.execute()
-        if int(replicas) < self.commit_replicas:  # a failover could drop it: never accept it
+        written: list[dict[str, str]] = []
+        for job in jobs:
+            written.append(job.fields(uuid.uuid4().hex[:16]))
+            keys_, args = job.create_call(written[-1]["id"], written[-1])
+            pipe.script(self._create, keys_, args)
+        if self.commit_replicas:
+            self._wait_for_replicas(pipe)
+        replies = pipe.execute()
+        if self.commit_replicas and int(replies[-1]) < self.commit_replicas:
+            # a failover could drop them: never accept them
             raise RedisUnavailable(
-                f"job {_text(value)} reached {replicas} of {self.commit_replicas} replicas; "
-                "submit again (with the same idempotency key, to get this job if it survived)")
-        return _text(value), _text(status) == "ok"
+                f"{len(jobs)} new job(s) reached {replies[-1]} of {self.commit_replicas} "
+                "replicas; submit again (with the same idempotency keys, to get the jobs "
+                "that survived)")
+        out: list[tuple[str, bool, JobRecord | None]] = []
+        for (status, value), fields in zip(replies, written, strict=False):
+            job_id, created = _text(value), _text(status) == "ok"
+            out.append((job_id, created, JobRecord.from_hash(fields) if created else None))
+        return out
 
     # read -------------------------------------------------------------------------------------
     def fields(self, job_id: str) -> dict[str, str]:

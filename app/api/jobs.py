@@ -19,6 +19,9 @@ from app.api.context import ApiContext, api_context, current_tenant
 from app.api.errors import JobUnfinished, ResultNotReady, TooManyRequests
 from app.api.stats import readable_records
 from app.schemas import (
+    BatchEntry,
+    BatchSubmit,
+    BatchSubmitted,
     ErrorBody,
     InferenceMetrics,
     InferenceRequest,
@@ -31,7 +34,7 @@ from app.tenants import Tenant
 from scheduler.lifecycle import JobState, SloClass
 from tasks.errors import InvalidJob, JobNotFound
 from tasks.record import JobRecord, UnreadableRecord
-from workers.errors import WorkerError
+from tasks.submit import Submitted
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1", tags=["jobs"])
@@ -80,24 +83,50 @@ def job_detail(record: JobRecord, origin_id: str | None) -> JobDetail:
 # submit ---------------------------------------------------------------------------------------
 def submit_for(ctx: ApiContext, tenant: Tenant, spec: JobSpec) -> tuple[str, bool]:
     """The one submit path of the API: replay, rate limit, quota, dependencies, submit."""
-    if spec.idempotency_key and (
-            existing := ctx.reads.replayed_job(tenant.name, spec.idempotency_key)):
-        return existing, False
-    wait_s, unfinished = ctx.limits.take_token_and_count(tenant)  # one round trip, O(1)
+    (outcome,) = submit_many_for(ctx, tenant, [spec])
+    if outcome.shed is not None:
+        raise outcome.shed
+    assert outcome.job_id is not None
+    return outcome.job_id, outcome.created
+
+
+def submit_many_for(ctx: ApiContext, tenant: Tenant, specs: list[JobSpec]) -> list[Submitted]:
+    """:func:`submit_for` of several jobs as one decision: replays answered first, then one
+    take of the rate limit's tokens and one quota check for the rest (all pass, or none is
+    stored), their dependencies, and one :meth:`JobService.submit_many`."""
+    replays: dict[int, str] = {}
+    for index, spec in enumerate(specs):
+        if spec.idempotency_key and (
+                existing := ctx.reads.replayed_job(tenant.name, spec.idempotency_key)):
+            replays[index] = existing
+    fresh = [spec for index, spec in enumerate(specs) if index not in replays]
+    if fresh:
+        _admit(ctx, tenant, len(fresh))
+    for spec in fresh:
+        for dep in spec.depends_on:
+            _check_dependency(ctx, tenant, dep)
+    stored = iter(ctx.service.submit_many(fresh, tenant=tenant.name, tier=tenant.tier)
+                  if fresh else [])
+    return [Submitted(replays[index]) if index in replays else next(stored)
+            for index in range(len(specs))]
+
+
+def _admit(ctx: ApiContext, tenant: Tenant, count: int) -> None:
+    """Take ``count`` rate-limit tokens and check the queue quota, in one round trip; raises
+    :class:`TooManyRequests` (or :class:`InvalidJob` for a batch no wait would let in)."""
+    if count > tenant.burst:
+        raise InvalidJob(f"a batch of {count} jobs is more than tenant {tenant.name!r}'s burst "
+                         f"of {tenant.burst} submissions; send at most {tenant.burst} at once")
+    wait_s, unfinished = ctx.limits.take_token_and_count(tenant, count)  # O(1)
     if wait_s > 0:
         raise TooManyRequests(
             f"tenant {tenant.name!r} is over its rate limit of {tenant.rate_limit_per_s:g} "
             f"submissions/s (burst {tenant.burst}); retry after {wait_s:.2f}s", wait_s)
-    if unfinished >= tenant.max_queued:
+    if unfinished + count > tenant.max_queued:
+        what = "" if count == 1 else f" and this batch has {count}"
         raise TooManyRequests(
-            f"tenant {tenant.name!r} has {unfinished} unfinished jobs, its quota is "
+            f"tenant {tenant.name!r} has {unfinished} unfinished jobs{what}, its quota is "
             f"{tenant.max_queued}; wait for some to finish or cancel them", 1.0)
-    for dep in spec.depends_on:
-        _check_dependency(ctx, tenant, dep)
-    try:
-        return ctx.service.submit(spec, tenant=tenant.name, tier=tenant.tier)
-    except WorkerError as exc:
-        raise InvalidJob(f"invalid {spec.kind} job: {exc}") from exc
 
 
 def _check_dependency(ctx: ApiContext, tenant: Tenant, dep: str) -> None:
@@ -123,6 +152,23 @@ def create_job(spec: JobSpec, ctx: Ctx, tenant: Caller, response: Response) -> J
         response.status_code = 200
     response.headers["Location"] = f"/v1/jobs/{job_id}"
     return job_detail(*ctx.reads.record_and_origin(job_id))
+
+
+@router.post(
+    "/jobs/batch", status_code=201, response_model=BatchSubmitted,
+    responses={**COMMON_RESPONSES, **LIMITED_RESPONSES},
+    summary="Submit many jobs in one request",
+)
+def create_jobs(body: BatchSubmit, ctx: Ctx, tenant: Caller) -> BatchSubmitted:
+    """Every job is checked first: one bad job rejects the batch (422 naming ``jobs[i]``) and
+    stores nothing; the rate limit takes one token per job and the quota counts them all, at
+    once. Each entry of the answer is a stored job (``created`` false: an idempotency-key
+    replay) or one admission shed under overload (``error``, ``retry_after_s``)."""
+    outcomes = submit_many_for(ctx, tenant, body.jobs)
+    return BatchSubmitted(jobs=[
+        BatchEntry(id=o.job_id, created=o.created) if o.shed is None
+        else BatchEntry(error=str(o.shed), retry_after_s=o.shed.retry_after_s)
+        for o in outcomes])
 
 
 # read -----------------------------------------------------------------------------------------
