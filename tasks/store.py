@@ -405,6 +405,9 @@ class ScriptBatch:
 class JobStore:
     """Jobs in Redis. All methods are safe to call from any process."""
 
+    heartbeat_scan_s = 5.0
+    """How often :meth:`heartbeats` scans the keyspace for workers that do not register."""
+
     def __init__(self, client: redis.Redis, *, commit_replicas: int = 0,
                  commit_replica_timeout_s: float = 0.5, broker: redis.Redis | None = None) -> None:
         self.redis = client
@@ -412,6 +415,8 @@ class JobStore:
         self.broker = broker if broker is not None else client
         self.commit_replicas = commit_replicas  # a commit waits for them (WAIT); 0: none
         self.commit_replica_timeout_ms = max(1, round(commit_replica_timeout_s * 1000))
+        self._heartbeat_scan: tuple[float, list[str]] = (float("-inf"), [])
+        """(when, heartbeat keys found) of the last scan of the keyspace (:meth:`heartbeats`)."""
         self._transition = scripts.register(client, "transition")
         self._create = scripts.register(client, "create")
         self._claim = scripts.register(client, "claim")
@@ -542,10 +547,25 @@ class JobStore:
                    self.redis.xrange(key, min=f"({after_id}", max="+", count=count))
         return [(eid.decode(), {k.decode(): v.decode() for k, v in f.items()}) for eid, f in raw]
 
-    def heartbeats(self) -> dict[str, Heartbeat]:
+    def heartbeats(self, prune: bool = False) -> dict[str, Heartbeat]:
         """The live workers' heartbeats by worker name (a key expires when its worker stops
-        renewing it; an unreadable one is logged and skipped)."""
-        names = sorted(self.redis.scan_iter(keys.WORKER_PREFIX + "*", count=1000))
+        renewing it; an unreadable one is logged and skipped), in two round trips whatever the
+        size of the keyspace: read by name from ``sl:workers:live``, where every heartbeat
+        registers, plus the keys the last scan of the keyspace found (a worker that does not
+        register), the scan made at most every :attr:`heartbeat_scan_s` — a scan reads every
+        key, tens of thousands with a 10 000-job backlog. ``prune``: also drop the registry's
+        entries lapsed over a minute ago (the tick's job)."""
+        now = time.monotonic()
+        scanned_at, scanned = self._heartbeat_scan
+        if now - scanned_at >= self.heartbeat_scan_s:
+            scanned = self.heartbeat_names()
+            self._heartbeat_scan = (now, scanned)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zrange(keys.WORKERS_LIVE, 0, -1)
+        if prune:
+            pipe.zremrangebyscore(keys.WORKERS_LIVE, "-inf", int(time.time() * 1000) - 60_000)
+        registered = pipe.execute()[0]
+        names = sorted({*scanned, *(keys.worker(_text(n)) for n in registered)})
         bodies = cast(list[bytes | None], self.redis.mget(names)) if names else []
         return decode_heartbeats(names, bodies)
 
