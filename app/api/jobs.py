@@ -224,27 +224,41 @@ def _not_ready_detail(r: JobRecord) -> str:
 
 
 # list -----------------------------------------------------------------------------------------
-def _scan(ctx: ApiContext, cursor: tuple[float, str] | None) -> Iterator[tuple[float, str]]:
-    """(score, id) newest first from the index, strictly after ``cursor``, at most
+class IndexScan:
+    """(score, id) newest first from the index, strictly after a cursor, at most
     ``api.list_scan_limit`` of them, read in batches that double (a first page reads one, a
-    filter that matches little reads the budget in a few round trips)."""
-    budget, batch = ctx.settings.api.list_scan_limit, SCAN_FIRST // 2
-    high = "+inf" if cursor is None else repr(cursor[0])
-    after = cursor
-    while budget > 0:
-        batch = min(batch * 2, SCAN_MAX)
-        rows = ctx.reads.index_before(high, min(batch, budget))
-        fresh = list(rows)
-        if after is not None:  # equal scores come in reverse member order
-            fresh = [(s, m) for s, m in fresh if s < after[0] or m < after[1]]
-        if not fresh:
-            return
-        yield from fresh
-        budget -= len(rows)
-        after = fresh[-1]
-        high = repr(after[0])
-        if len(rows) < batch:
-            return
+    filter that matches little reads the budget in a few round trips). :attr:`last` is the
+    last entry handed out and :attr:`out_of_budget` whether the scan stopped at its budget with
+    entries left: a listing then answers with a cursor there, and its next page goes on."""
+
+    def __init__(self, ctx: ApiContext, cursor: tuple[float, str] | None) -> None:
+        self.ctx, self.cursor = ctx, cursor
+        self.last: tuple[float, str] | None = None
+        self.out_of_budget = False
+
+    def __iter__(self) -> Iterator[tuple[float, str]]:
+        budget, batch = self.ctx.settings.api.list_scan_limit, SCAN_FIRST // 2
+        after = self.cursor
+        high = "+inf" if after is None else repr(after[0])
+        while True:
+            if budget <= 0:
+                self.out_of_budget = True
+                return
+            batch = min(batch * 2, SCAN_MAX)
+            rows = self.ctx.reads.index_before(high, min(batch, budget))
+            fresh = list(rows)
+            if after is not None:  # equal scores come in reverse member order
+                fresh = [(s, m) for s, m in fresh if s < after[0] or m < after[1]]
+            if not fresh:
+                return
+            for row in fresh:
+                self.last = row
+                yield row
+            budget -= len(rows)
+            after = fresh[-1]
+            high = repr(after[0])
+            if len(rows) < min(batch, budget + len(rows)):
+                return
 
 
 def _parse_cursor(cursor: str | None) -> tuple[float, str] | None:
@@ -269,9 +283,12 @@ def list_jobs(
                                         "previous page (replaces offset).")] = None,
 ) -> JobPage:
     """One page costs O(limit) whole records plus, while filtering, three fields of each job of
-    the index it passes over: at most ``api.list_scan_limit`` of them, whatever the backlog."""
+    the index it passes over: at most ``api.list_scan_limit`` of them, whatever the backlog.
+    A filter that matches little may answer a short page (even an empty one) with a
+    ``next_cursor``: the scan's budget ran out there, and the next page goes on from it."""
     page: list[tuple[float, str]] = []
-    for skipped, row in enumerate(_matching(ctx, _parse_cursor(cursor), tenant, state, slo)):
+    scan = IndexScan(ctx, _parse_cursor(cursor))
+    for skipped, row in enumerate(_matching(ctx, scan, tenant, state, slo)):
         if skipped >= offset:
             page.append(row)
             if len(page) == limit:
@@ -281,19 +298,19 @@ def list_jobs(
                                                    "GET /v1/jobs")}
     picked = [job_detail(r, origin_id) for _, job_id in page
               if (r := by_id.get(job_id)) is not None and _passes(r, state, slo)]
-    more = len(page) == limit
+    resume = page[-1] if len(page) == limit else scan.last if scan.out_of_budget else None
     return JobPage(jobs=picked, limit=limit, offset=offset,
-                   next_cursor=f"{page[-1][0]!r},{page[-1][1]}" if more else None)
+                   next_cursor=None if resume is None else f"{resume[0]!r},{resume[1]}")
 
 
 def _matching(
-    ctx: ApiContext, cursor: tuple[float, str] | None, tenant: Tenant,
+    ctx: ApiContext, scan: IndexScan, tenant: Tenant,
     state: JobState | None, slo: SloClass | None,
 ) -> Iterator[tuple[float, str]]:
     """(score, id) of the caller's jobs that pass the filters, newest first, judged by three
     fields read in batches that double, as the index is (a page stops reading once it is
     full)."""
-    rows = _scan(ctx, cursor)
+    rows = iter(scan)
     want = (tenant.name.encode(), state.value.encode() if state else None,
             slo.value.encode() if slo else None)
     size = SCAN_FIRST

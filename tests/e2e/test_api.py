@@ -202,6 +202,31 @@ def test_listing_pages_with_offset_and_with_a_cursor(api: str) -> None:
         assert bad.status_code == 422 and "cursor" in bad.json()["detail"]
 
 
+def test_a_filter_that_matches_little_pages_on_past_its_scan_budget_and_misses_nothing(
+    stack_env: dict[str, str],
+) -> None:
+    # given an API that examines at most 10 jobs a request, and one matching job under 25 newer
+    settings = api_settings()
+    settings = settings.model_copy(update={"api": settings.api.model_copy(
+        update={"list_scan_limit": 10})})
+    with ThreadedServer(settings) as server, as_tenant(server.url, "alice") as alice:
+        old = alice.post("/v1/jobs", json=simulated(slo="batch")).json()
+        for _ in range(25):
+            alice.post("/v1/jobs", json=simulated(slo="realtime"))
+        # when a client lists the batch jobs, following the cursor
+        found, pages, cursor = [], 0, None
+        while pages < 10:
+            params = {"class": "batch", "limit": 5, **({"cursor": cursor} if cursor else {})}
+            page = alice.get("/v1/jobs", params=params).json()
+            found += [j["id"] for j in page["jobs"]]
+            pages, cursor = pages + 1, page["next_cursor"]
+            if cursor is None:
+                break
+    # then the short pages carried a cursor, and the old job was found on the last one
+    assert found == [old["id"]] and cursor is None
+    assert pages == 3
+
+
 def test_inference_answers_504_with_the_job_id_when_no_worker_finishes_it(api: str) -> None:
     with as_tenant(api, "alice") as alice:
         response = alice.post("/v1/inference", json={"inputs": "hello", "slo": "realtime"})
