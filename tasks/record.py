@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, fields, replace
 from functools import lru_cache
 from typing import Any
 
@@ -132,6 +132,9 @@ class JobRecord:
     batch_growth: float | None = None
     """The job's own batched-step growth (a simulated job's ``batch_growth``); None: the
     policy's table by cost key."""
+    rev: int = 0
+    """Writes of the record so far: every writer bumps it with the write's mark on the change
+    stream (which carries the new value), so one revision is one content of the record."""
 
     @classmethod
     def from_hash(cls, raw: Mapping[str, str] | Mapping[bytes, bytes]) -> JobRecord:
@@ -152,6 +155,26 @@ class JobRecord:
         problem = record.inconsistency()
         if problem is not None:
             raise UnreadableRecord(job_id, problem)
+        return record
+
+    def with_fields(self, fields: Mapping[str, str]) -> JobRecord:
+        """The record once ``fields`` (hash field → text, as :func:`encode` gives them) are
+        written over it: what :meth:`from_hash` reads back then (a field the record does not
+        know is ignored, as there); raises :class:`UnreadableRecord` as it would."""
+        values: dict[str, Any] = {}
+        for name, text in fields.items():
+            known = _BY_NAME.get(name)
+            if known is None:
+                continue
+            attr, decode = known
+            try:
+                values[attr] = decode(text)
+            except (ValueError, TypeError) as exc:
+                raise UnreadableRecord(self.job_id, f"{name}={text!r}: {exc}") from exc
+        record = replace(self, **values)
+        problem = record.inconsistency()
+        if problem is not None:
+            raise UnreadableRecord(self.job_id, problem)
         return record
 
     def inconsistency(self) -> str | None:
@@ -275,5 +298,8 @@ _FIELDS: dict[str, tuple[str, _Codec]] = {
     "batch_group": ("batch_group", _OPT_TEXT),
     "batch": ("batch", _OPT_TEXT),
     "batch_growth": ("batch_growth", _OPT_FLOAT),
+    "rev": ("rev", _INT),
 }
+_BY_NAME: dict[str, tuple[str, Callable[[str], Any]]] = {
+    name: (attr, decode) for attr, (name, (decode, _)) in _FIELDS.items()}
 _REQUIRED = frozenset(f.name for f in fields(JobRecord) if f.default is MISSING)

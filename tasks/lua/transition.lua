@@ -1,7 +1,7 @@
 -- transition: move a job to a target state if the lifecycle allows it from the job's current
 -- state and every fenced field still holds what the writer saw.
 --
--- KEYS: job, events, active, done, changes
+-- KEYS: job, events, active, done, changes, queue
 -- ARGV: target, now, by, reason, options
 -- Needs: lifecycle, _events
 --
@@ -10,22 +10,26 @@
 -- active   set     ids of jobs not yet terminal (sl:jobs:active)
 -- done     stream  (id, final state) of every job that ended (sl:done)
 -- changes  stream  the change stream the tick folds (sl:changes)
+-- queue    list    where ``push`` goes (a Celery queue's list); '' without a push
 -- target   string  the state to move to (a JobState value)
 -- now      string  the writer's clock, seconds since the epoch
 -- by       string  who moves the job (a worker, the scheduler, the client)
 -- reason   string  why, for the event stream
--- options  JSON    {"expect": {field: value, ...}, "set": [field, value, ...]}, both optional:
---                  fields that must hold these values (an absent field reads as ""), and
---                  fields written with the move
+-- options  JSON    {"expect": {field: value, ...}, "set": [field, value, ...], "push": message},
+--                  each optional: fields that must hold these values (an absent field reads
+--                  as ""), fields written with the move, and a task message pushed onto
+--                  ``queue`` with it (a release publishes its chunk in the same step: the
+--                  record's note of the message goes in ``set``)
 --
--- Returns {'ok', previous state}, {'missing', ''}, {'illegal', current state} or
--- {'fenced', current state}.
+-- Returns {'ok', previous state, revision} (the record's revision after the move, which its
+-- mark carries), {'missing', ''}, {'illegal', current state} or {'fenced', current state}.
 
 local job = KEYS[1]
 local events = KEYS[2]
 local active = KEYS[3]
 local done = KEYS[4]
 local changes = KEYS[5]
+local queue = KEYS[6]
 local target = ARGV[1]
 local now = ARGV[2]
 local by = ARGV[3]
@@ -44,6 +48,7 @@ redis.call('HSET', job, 'state', target, 'updated_at', now)
 if TERMINAL[target] then
   ended(job, active, done, redis.call('HGET', job, 'id'), target, now)
 end
-changed(changes, job)
+if options.push then redis.call('LPUSH', queue, options.push) end
+local rev = changed(changes, job)
 event(events, 'state', cur, target, by, reason, now)
-return {'ok', cur}
+return {'ok', cur, rev}
