@@ -8,8 +8,9 @@ stack upgrades in place. Attribute names carry units (``submitted_at_s``); field
 from __future__ import annotations
 
 import json
+import operator
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, dataclass, fields, replace
+from dataclasses import MISSING, dataclass, fields
 from functools import lru_cache
 from typing import Any
 
@@ -139,19 +140,25 @@ class JobRecord:
     @classmethod
     def from_hash(cls, raw: Mapping[str, str] | Mapping[bytes, bytes]) -> JobRecord:
         """Parse a job hash; raises :class:`UnreadableRecord` naming the field at fault."""
-        text = {_str(k): _str(v) for k, v in raw.items()}
+        try:  # a hash as Redis gives it: bytes both sides
+            text = {k.decode(): v.decode()  # type: ignore[union-attr]
+                    for k, v in raw.items()}
+        except AttributeError:
+            text = {_str(k): _str(v) for k, v in raw.items()}
         job_id = text.get("id", "?")
-        values: dict[str, Any] = {}
-        for attr, (name, (decode, _)) in _FIELDS.items():
-            if name not in text:
-                if attr in _REQUIRED:
+        values: list[Any] = list(_DEFAULTS)
+        get = text.get
+        for i, name, decode, required in _DECODERS:
+            found = get(name)
+            if found is None:
+                if required:
                     raise UnreadableRecord(job_id, f"field {name!r} missing")
                 continue
             try:
-                values[attr] = decode(text[name])
+                values[i] = decode(found)
             except (ValueError, TypeError) as exc:
-                raise UnreadableRecord(job_id, f"{name}={text[name]!r}: {exc}") from exc
-        record = cls(**values)
+                raise UnreadableRecord(job_id, f"{name}={found!r}: {exc}") from exc
+        record = cls(*values)
         problem = record.inconsistency()
         if problem is not None:
             raise UnreadableRecord(job_id, problem)
@@ -161,17 +168,17 @@ class JobRecord:
         """The record once ``fields`` (hash field → text, as :func:`encode` gives them) are
         written over it: what :meth:`from_hash` reads back then (a field the record does not
         know is ignored, as there); raises :class:`UnreadableRecord` as it would."""
-        values: dict[str, Any] = {}
+        values = list(_all_values(self))
         for name, text in fields.items():
             known = _BY_NAME.get(name)
             if known is None:
                 continue
-            attr, decode = known
+            i, decode = known
             try:
-                values[attr] = decode(text)
+                values[i] = decode(text)
             except (ValueError, TypeError) as exc:
                 raise UnreadableRecord(self.job_id, f"{name}={text!r}: {exc}") from exc
-        record = replace(self, **values)
+        record = JobRecord(*values)
         problem = record.inconsistency()
         if problem is not None:
             raise UnreadableRecord(self.job_id, problem)
@@ -300,6 +307,14 @@ _FIELDS: dict[str, tuple[str, _Codec]] = {
     "batch_growth": ("batch_growth", _OPT_FLOAT),
     "rev": ("rev", _INT),
 }
-_BY_NAME: dict[str, tuple[str, Callable[[str], Any]]] = {
-    name: (attr, decode) for attr, (name, (decode, _)) in _FIELDS.items()}
+
 _REQUIRED = frozenset(f.name for f in fields(JobRecord) if f.default is MISSING)
+_ATTRS = tuple(f.name for f in fields(JobRecord))
+"""The record's attributes in the order its constructor takes them."""
+_DEFAULTS = tuple(None if f.default is MISSING else f.default for f in fields(JobRecord))
+_DECODERS = tuple((_ATTRS.index(attr), name, decode, attr in _REQUIRED)
+                  for attr, (name, (decode, _)) in _FIELDS.items())
+"""(constructor position, hash field, decode, required) of every attribute."""
+_BY_NAME: dict[str, tuple[int, Callable[[str], Any]]] = {
+    name: (_ATTRS.index(attr), decode) for attr, (name, (decode, _)) in _FIELDS.items()}
+_all_values = operator.attrgetter(*_ATTRS)

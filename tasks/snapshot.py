@@ -311,22 +311,33 @@ class SnapshotCache:
         record held at one revision before a write is now the record with the write's fields
         set; a job a write ended leaves the cache. Any other record is left for the change
         stream to name (someone else wrote it in between, or it was never held)."""
+        chains: dict[str, tuple[JobRecord, dict[str, str], int]] = {}
+        """Per job: the record held, the fields its writes set over it, the last revision."""
         for w in written:
             if w.ended:
+                chains.pop(w.job_id, None)
                 self._gone[w.job_id] = w.rev
                 if w.job_id in self._items:
                     self._built = None
                     self._drop(w.job_id)
                 continue
+            chain = chains.get(w.job_id)
+            if chain is not None:
+                if chain[2] == w.rev - 1:
+                    chain[1].update(w.fields)
+                    chains[w.job_id] = (chain[0], chain[1], w.rev)
+                continue  # else someone else wrote in between: its mark names the record
             held = self._records.get(w.job_id)
-            if held is None or held.rev != w.rev - 1:
-                continue
+            if held is not None and held.rev == w.rev - 1:
+                chains[w.job_id] = (held, dict(w.fields), w.rev)
+        for job_id, (held, fields, rev) in chains.items():
+            fields["rev"] = str(rev)
             try:
-                record = held.with_fields({**w.fields, "rev": str(w.rev)})
+                record = held.with_fields(fields)
             except UnreadableRecord:
                 continue  # read back next tick, and reported as a full read reports it
             self._built = None
-            self._put(w.job_id, record)
+            self._put(job_id, record)
 
     def read(self, cost: CostModel, policy: PolicyConfig, now_s: float,
              diffusion_block_groups: int = DIFFUSION_BLOCK_GROUPS) -> Seen:
@@ -408,10 +419,9 @@ class SnapshotCache:
         pipe = self.store.redis.pipeline(transaction=False)
         for job_id in changed:
             pipe.hgetall(keys.job(job_id))
-            pipe.sismember(keys.ACTIVE, job_id)
+        pipe.smismember(keys.ACTIVE, changed)
         replies = pipe.execute()
-        for i, job_id in enumerate(changed):
-            fields, live = replies[2 * i], replies[2 * i + 1]
+        for job_id, fields, live in zip(changed, replies[:-1], replies[-1], strict=True):
             if live and fields:
                 self._put(job_id, _parsed(job_id, fields))
             else:
