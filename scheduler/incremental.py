@@ -23,7 +23,7 @@ import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import compress, repeat
+from itertools import compress
 
 import numpy as np
 import numpy.typing as npt
@@ -89,25 +89,45 @@ class _Columns:
         self.b: dict[str, Bools] = {name: np.zeros(0, np.bool_) for name in _BOOLS}
         self.group: Ints = np.zeros(0, np.int64)
         self.ids: Objects = np.zeros(0, object)
+        self.sorted_ids: Ints = np.zeros(0, np.int64)
+        """The identities of the views read, ascending (the keys of ``row_of``)."""
+        self.sorted_rows: Ints = np.zeros(0, np.int64)
+        """The row of each of ``sorted_ids``."""
+        self.estimates: tuple[Ints, Floats, dict[str, float]] | None = None
+        """The last tick's first estimates: the rows and values they were built of."""
 
     def rows(self, jobs: Sequence[JobView]) -> Ints:
-        """Each job's row, reading the views not seen before."""
+        """Each job's row, reading the views not seen before: the identities found by a
+        binary search of those read (the views are held, so an identity is never reused)."""
         if len(self.views) > 2 * len(jobs) + 4096:
             self.__init__(self.policy)  # type: ignore[misc]  # drop the rows of gone views
-        ids = list(map(id, jobs))
-        rows = np.fromiter(map(self.row_of.get, ids, repeat(-1)), np.int64, len(ids))
+        n = len(jobs)
+        ids = np.fromiter(map(id, jobs), np.int64, n)
+        known = self.sorted_ids
+        if known.size:
+            at = np.minimum(np.searchsorted(known, ids), known.size - 1)
+            rows = np.where(known[at] == ids, self.sorted_rows[at], -1)
+        else:
+            rows = np.full(n, -1, np.int64)
         unseen = np.flatnonzero(rows < 0)
         if unseen.size:
             fresh: list[JobView] = []
             start = len(self.views)
             for k in unseen.tolist():
-                row = self.row_of.get(ids[k])
+                key = int(ids[k])
+                row = self.row_of.get(key)
                 if row is None:
-                    row = self.row_of[ids[k]] = len(self.views)
+                    row = self.row_of[key] = len(self.views)
                     self.views.append(jobs[k])
                     fresh.append(jobs[k])
                 rows[k] = row
             self._read(start, fresh)
+            added = np.fromiter(map(id, fresh), np.int64, len(fresh))
+            order = np.argsort(added, kind="stable")
+            where = np.searchsorted(known, added[order])
+            self.sorted_ids = np.insert(known, where, added[order])
+            self.sorted_rows = np.insert(self.sorted_rows, where,
+                                         np.arange(start, start + len(fresh))[order])
         return rows
 
     def _grow(self, size: int) -> None:
@@ -269,13 +289,25 @@ class _Planning:
         allocation = allocate_ranked(order, flight, ranked, reserve.workers, cap, policy)
         standby = (*flight.standby, *allocation.trimmed)
         restored = self._fill_idle(order, flight, allocation, standby, cap, tick)
-        not_estimated = ~self.c.b["estimated"][tick.rows]
-        estimates = dict(zip(self.c.ids[tick.rows][not_estimated].tolist(),
-                             (self.c.f["service"][tick.rows] + tick.remaining)[not_estimated]
-                             .tolist(), strict=True))
         emit = _Emit(order, flight, allocation, reserve, snapshot.state, policy, now_s,
-                     estimates)
+                     self._estimates(tick))
         return emit.plan(standby, cap, restored)
+
+    def _estimates(self, tick: _Tick) -> dict[str, float]:
+        """The first estimates (service so far + remaining) of the jobs without one on record,
+        by id in survey order: the last tick's again (copied) when the same rows come to the
+        same float bits, as when nothing moved and the cost model stood still."""
+        c = self.c
+        not_estimated = ~c.b["estimated"][tick.rows]
+        rows = tick.rows[not_estimated]
+        values = (c.f["service"][tick.rows] + tick.remaining)[not_estimated]
+        last = c.estimates
+        if (last is not None and np.array_equal(last[0], rows)
+                and np.array_equal(last[1].view(np.int64), values.view(np.int64))):
+            return dict(last[2])
+        estimates = dict(zip(c.ids[rows].tolist(), values.tolist(), strict=True))
+        c.estimates = (rows, values, estimates)
+        return dict(estimates)
 
     # -- survey (scheduler.survey.survey_jobs) ----------------------------------------------
 
@@ -431,20 +463,24 @@ class _Planning:
         """``judgement._defer_overcommitted`` (Moore-Hodgson): the running sum of work in
         deadline order is compared with the room a block at a time (a cumulative sum from the
         running total, so each partial sum is the readable loop's float); the heap of the
-        jobs seen so far is built only when some job does not fit."""
+        jobs seen so far is built only when some job does not fit. The heap holds each job's
+        rank in the readable heap's order of (key, index) — one sort up front instead of a
+        tuple per job and tuple comparisons — unless a key is NaN (then the tuples)."""
         order = runnable[np.argsort(tick.deadline[runnable], kind="stable")]
         n = len(order)
         if not n:
             return frozenset()
         work_of = tick.remaining[order]
         room = (tick.deadline[order] - self.now_s) * max(workers, 1)
-        remaining: list[float] = []
-        heap: list[tuple[float, int]] = []
+        heap: list[int] = []
         deferred: list[int] = []
         push, pop = heapq.heappush, heapq.heappop
         work_s, start, pushed, block, dense = 0.0, 0, 0, n, False
-        keys: list[float] = []
-        indices: list[int] = []
+        entries: list[int] = []
+        """Per position in ``order``: its heap entry (its rank)."""
+        index_of: list[int] = []
+        work_by: list[float] = []
+        """Per rank: the job's survey index and its work."""
         room_list: list[float] = []
         work_list: list[float] = []
         while start < n:
@@ -454,13 +490,13 @@ class _Planning:
                 stop, hit = min(start + 64, n), False
                 for k in range(start, stop):
                     work_s += work_list[k]
-                    push(heap, (keys[k], indices[k]))
+                    push(heap, entries[k])
                     if work_s > room_list[k]:
                         hit = True
                         while work_s > room_list[k] and heap:
-                            _, j = pop(heap)
-                            work_s -= remaining[j]
-                            deferred.append(j)
+                            e = pop(heap)
+                            work_s -= work_by[e]
+                            deferred.append(index_of[e])
                 start = pushed = stop
                 dense, block = hit, 64
                 continue
@@ -472,11 +508,17 @@ class _Planning:
                 continue
             at = start + int(over.argmax())
             work_s = float(sums[at - start])
-            if not keys:
-                keys = ((-work_of) / self.c.f["value"][tick.rows[order]]).tolist()
-                indices, room_list, work_list = order.tolist(), room.tolist(), work_of.tolist()
-                remaining = tick.remaining.tolist()
-            fresh = list(zip(keys[pushed:at + 1], indices[pushed:at + 1], strict=True))
+            if not entries:
+                keys = (-work_of) / self.c.f["value"][tick.rows[order]]
+                if np.isnan(keys).any():
+                    return self._defer_tuples(tick, order, room, workers)
+                by = np.lexsort((order, keys))
+                rank = np.empty(n, np.int64)
+                rank[by] = np.arange(n)
+                entries, index_of = rank.tolist(), order[by].tolist()
+                work_by = work_of[by].tolist()
+                room_list, work_list = room.tolist(), work_of.tolist()
+            fresh = entries[pushed:at + 1]
             if len(fresh) > len(heap) // 4:
                 heap.extend(fresh)
                 heapq.heapify(heap)
@@ -485,10 +527,28 @@ class _Planning:
                     push(heap, item)
             pushed = at + 1
             while work_s > room_list[at] and heap:
-                _, j = pop(heap)
+                e = pop(heap)
+                work_s -= work_by[e]
+                deferred.append(index_of[e])
+            start, dense = at + 1, True
+        return frozenset(deferred)
+
+    def _defer_tuples(self, tick: _Tick, order: Ints, room: Floats,
+                      workers: int) -> frozenset[int]:
+        """:meth:`_defer` as the readable loop, for keys no sort can rank as the heap
+        compares them (a NaN)."""
+        keys = ((-tick.remaining[order]) / self.c.f["value"][tick.rows[order]]).tolist()
+        remaining = tick.remaining.tolist()
+        heap: list[tuple[float, int]] = []
+        deferred: list[int] = []
+        work_s = 0.0
+        for k, i in enumerate(order.tolist()):
+            work_s += remaining[i]
+            heapq.heappush(heap, (keys[k], i))
+            while work_s > room[k] and heap:
+                _, j = heapq.heappop(heap)
                 work_s -= remaining[j]
                 deferred.append(j)
-            start, dense = at + 1, True
         return frozenset(deferred)
 
     # -- ranking (Ranking.keys for every job) ------------------------------------------------
