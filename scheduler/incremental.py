@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import compress
@@ -93,6 +94,8 @@ class _Columns:
         """The identities of the views read, ascending (the keys of ``row_of``)."""
         self.sorted_rows: Ints = np.zeros(0, np.int64)
         """The row of each of ``sorted_ids``."""
+        self.last: tuple[tuple[JobView, ...], Ints] = ((), np.zeros(0, np.int64))
+        """The last tick's views and their rows."""
         self.estimates: tuple[Ints, Floats, dict[str, float]] | None = None
         """The last tick's first estimates: the rows and values they were built of."""
 
@@ -102,19 +105,24 @@ class _Columns:
         if len(self.views) > 2 * len(jobs) + 4096:
             self.__init__(self.policy)  # type: ignore[misc]  # drop the rows of gone views
         n = len(jobs)
-        ids = np.fromiter(map(id, jobs), np.int64, n)
-        known = self.sorted_ids
-        if known.size:
-            at = np.minimum(np.searchsorted(known, ids), known.size - 1)
-            rows = np.where(known[at] == ids, self.sorted_rows[at], -1)
+        last, last_rows = self.last
+        if jobs is last:
+            return last_rows
+        if len(last) == n:  # the same views at the same places, mostly: search the others
+            same = np.fromiter(map(operator.is_, jobs, last), np.bool_, n)
+            rows = np.where(same, last_rows, -1)
+            moved = np.flatnonzero(~same)
+            rows[moved] = self._search(np.fromiter(
+                map(id, map(jobs.__getitem__, moved.tolist())), np.int64, moved.size))
         else:
-            rows = np.full(n, -1, np.int64)
+            rows = self._search(np.fromiter(map(id, jobs), np.int64, n))
         unseen = np.flatnonzero(rows < 0)
         if unseen.size:
             fresh: list[JobView] = []
             start = len(self.views)
+            known = self.sorted_ids
             for k in unseen.tolist():
-                key = int(ids[k])
+                key = id(jobs[k])
                 row = self.row_of.get(key)
                 if row is None:
                     row = self.row_of[key] = len(self.views)
@@ -128,7 +136,17 @@ class _Columns:
             self.sorted_ids = np.insert(known, where, added[order])
             self.sorted_rows = np.insert(self.sorted_rows, where,
                                          np.arange(start, start + len(fresh))[order])
+        rows.flags.writeable = False  # handed out again while the same views come
+        self.last = (tuple(jobs), rows)
         return rows
+
+    def _search(self, ids: Ints) -> Ints:
+        """The row of each view identity (-1: not read yet)."""
+        known = self.sorted_ids
+        if not known.size:
+            return np.full(ids.size, -1, np.int64)
+        at = np.minimum(np.searchsorted(known, ids), known.size - 1)
+        return np.where(known[at] == ids, self.sorted_rows[at], -1)
 
     def _grow(self, size: int) -> None:
         if size <= self.capacity:
@@ -295,8 +313,9 @@ class _Planning:
 
     def _estimates(self, tick: _Tick) -> dict[str, float]:
         """The first estimates (service so far + remaining) of the jobs without one on record,
-        by id in survey order: the last tick's again (copied) when the same rows come to the
-        same float bits, as when nothing moved and the cost model stood still."""
+        by id in survey order: the last tick's mapping again when the same rows come to the
+        same float bits, as when nothing moved and the cost model stood still (plans share
+        it: a plan's estimates are read, never written)."""
         c = self.c
         not_estimated = ~c.b["estimated"][tick.rows]
         rows = tick.rows[not_estimated]
@@ -304,10 +323,10 @@ class _Planning:
         last = c.estimates
         if (last is not None and np.array_equal(last[0], rows)
                 and np.array_equal(last[1].view(np.int64), values.view(np.int64))):
-            return dict(last[2])
+            return last[2]
         estimates = dict(zip(c.ids[rows].tolist(), values.tolist(), strict=True))
         c.estimates = (rows, values, estimates)
-        return dict(estimates)
+        return estimates
 
     # -- survey (scheduler.survey.survey_jobs) ----------------------------------------------
 
@@ -315,8 +334,11 @@ class _Planning:
                 alive: tuple[WorkerView, ...]) -> tuple[Survey, _Tick]:
         c, policy, now_s = self.c, self.policy, self.now_s
         f, b = c.f, c.b
-        rows = all_rows[live_mask]
-        live = tuple(compress(snapshot.jobs, live_mask.tolist()))
+        if live_mask.all():  # as a snapshot of live records is
+            rows, live = all_rows, tuple(snapshot.jobs)
+        else:
+            rows = all_rows[live_mask]
+            live = tuple(compress(snapshot.jobs, live_mask.tolist()))
         state = c.i["state"][rows]
         table = _RateTable(snapshot.cost, [w.device for w in alive], policy.cost_min_samples)
         keys = c.i["key"][rows]
