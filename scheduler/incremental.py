@@ -25,6 +25,7 @@ import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import compress
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -94,6 +95,7 @@ class _Columns:
         """The identities of the views read, ascending (the keys of ``row_of``)."""
         self.sorted_rows: Ints = np.zeros(0, np.int64)
         """The row of each of ``sorted_ids``."""
+        self._frozen: dict[str, tuple[Floats | Ints, tuple[Any, ...]]] = {}
         self.last: tuple[tuple[JobView, ...], Ints] = ((), np.zeros(0, np.int64))
         """The last tick's views and their rows."""
         self.estimates: tuple[Ints, Floats, dict[str, float]] | None = None
@@ -139,6 +141,29 @@ class _Columns:
         rows.flags.writeable = False  # handed out again while the same views come
         self.last = (tuple(jobs), rows)
         return rows
+
+    def frozen(self, name: str, values: Floats | Ints) -> tuple[Any, ...]:
+        """``tuple(values.tolist())``, kept under ``name`` between ticks: the last tick's tuple
+        again when every value has the same bits, or a copy of it with the few values that
+        differ replaced (a tuple of ten thousand floats costs more to build than to patch)."""
+        last = self._frozen.get(name)
+        if last is not None and last[0].shape == values.shape and last[0].dtype == values.dtype:
+            before, now = last[0], values
+            if values.dtype == np.float64:
+                before, now = before.view(np.int64), now.view(np.int64)
+            diff = np.flatnonzero(before != now)
+            if not diff.size:
+                return last[1]
+            if diff.size * 8 < values.size:
+                items = list(last[1])
+                for k, value in zip(diff.tolist(), values[diff].tolist(), strict=True):
+                    items[k] = value
+                out = tuple(items)
+                self._frozen[name] = (values, out)
+                return out
+        out = tuple(values.tolist())
+        self._frozen[name] = (values, out)
+        return out
 
     def _search(self, ids: Ints) -> Ints:
         """The row of each view identity (-1: not read yet)."""
@@ -397,16 +422,19 @@ class _Planning:
         suspended_at = np.flatnonzero(suspended)
         standby = np.flatnonzero(holding & on_standby)
         late_at = np.flatnonzero(late)
+        frozen = c.frozen
         survey = Survey(
-            live=live, remaining_s=tuple(remaining.tolist()),
-            values=tuple(f["value"][rows].tolist()), scores=tuple(scores.tolist()),
-            waiting_realtime=tuple(waiting_rt.tolist()),
-            waiting_other=tuple(waiting_other.tolist()),
-            suspended=tuple(suspended_at.tolist()),
-            inflight=_indices(holding & ~on_standby), standby=tuple(standby.tolist()),
-            aged=_indices(waiting & (waited >= bound_s)), late=tuple(late_at.tolist()),
-            with_deps=_indices(b["deps"][rows]), outstanding_s=outstanding,
-            incumbent=incumbent)
+            live=live, remaining_s=frozen("remaining", remaining),
+            values=frozen("values", f["value"][rows]), scores=tuple(scores.tolist()),
+            waiting_realtime=frozen("waiting_realtime", waiting_rt),
+            waiting_other=frozen("waiting_other", waiting_other),
+            suspended=frozen("suspended", suspended_at),
+            inflight=frozen("inflight", np.flatnonzero(holding & ~on_standby)),
+            standby=frozen("standby", standby),
+            aged=frozen("aged", np.flatnonzero(waiting & (waited >= bound_s))),
+            late=frozen("late", late_at), with_deps=frozen("with_deps",
+                                                           np.flatnonzero(b["deps"][rows])),
+            outstanding_s=outstanding, incumbent=incumbent)
         return survey, _Tick(rows, state, remaining, demand, deadline, waited, scores,
                              np.zeros(len(rows)), np.zeros(len(rows)), waiting_rt,
                              waiting_other, suspended_at, standby, late_at)
