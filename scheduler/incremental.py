@@ -655,8 +655,11 @@ class _Planning:
         lowest = level == LOWEST_LEVEL
         suspend: tuple[int, ...] = ()
         standby: tuple[int, ...] = ()
+        out = np.zeros(n, np.bool_)
         if converging:
-            suspend = self._suspend(order, tick, lowest)
+            suspended = self._suspend(order, tick, lowest)
+            suspend = self.c.frozen("suspend", suspended)
+            out[suspended] = True
             standby = tuple(i for i in survey.inflight
                             if i not in judgement.expired and lowest[i])
         gone = {*judgement.expired, *suspend, *standby, *judgement.blocked}
@@ -664,9 +667,11 @@ class _Planning:
         if levels.origin is not None:
             gone.add(levels.origin)
         excluded = frozenset(gone)
-        out = np.zeros(n, np.bool_)
-        if gone:
-            out[list(gone)] = True
+        few = [*judgement.expired, *standby, *judgement.blocked]
+        if levels.origin is not None:
+            few.append(levels.origin)
+        if few:
+            out[few] = True
         waiting = np.concatenate((tick.waiting_realtime, tick.waiting_other))
         standing = tick.standby
         keep = ~out[standing]
@@ -677,10 +682,10 @@ class _Planning:
             parts.append(np.asarray(self._restorable(order, tick, out), np.int64))
         pool = np.concatenate(parts)
         flight = Flight(suspend, standby, staying, frozenset(staying), excluded,
-                        tuple(pool.tolist()))
+                        self.c.frozen("pool", pool))
         return flight, pool
 
-    def _suspend(self, order: Order, tick: _Tick, lowest: Bools) -> tuple[int, ...]:
+    def _suspend(self, order: Order, tick: _Tick, lowest: Bools) -> Ints:
         levels, judgement, policy, c = order.levels, order.judgement, self.policy, self.c
         rows = tick.rows
         # Levels.at_lowest of every job
@@ -699,7 +704,7 @@ class _Planning:
         other, realtime = tick.waiting_other, tick.waiting_realtime
         held = other[~kept[other] & (c.b["batch"][rows[other]] | at_lowest[other])]
         urgent = realtime[~kept[realtime] & at_lowest[realtime]]
-        return (*held.tolist(), *urgent.tolist())
+        return np.concatenate((held, urgent))
 
     def _restorable(self, order: Order, tick: _Tick, out: Bools) -> list[int]:
         policy, survey = self.policy, order.survey
