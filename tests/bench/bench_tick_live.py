@@ -11,7 +11,9 @@ with p50 (95 % order-statistic CI) and p99 of the whole tick, the read / plan / 
 the ticks per second an incremental tick allows, and the cost against the number of records
 changed between ticks (0, 10, 100, 1000 lease renewals, marked as the workers' are), with its
 slope in ms per changed job. The first tick (a convergence: thousands of suspensions) is
-reported on its own, with the round trips its apply cost.
+reported on its own, with the round trips its apply cost, and so are the ticks right after it:
+the records each one read again (the tick's own writes are folded without a read) and its
+read and apply times.
 
     python tests/bench/bench_tick_live.py [--jobs 1000 10000] [--with-50k] [--ticks 30]
                                           [--out bench-out/tick_live.json]
