@@ -22,10 +22,11 @@ from __future__ import annotations
 import heapq
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from itertools import compress
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -58,6 +59,7 @@ Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
 Bools = npt.NDArray[np.bool_]
 Objects = npt.NDArray[np.object_]
+T = TypeVar("T")
 
 _WAITING, _QUEUED, _RUNNING, _SUSPENDED, _NOT_LIVE = 0, 1, 2, 3, -1
 _STATE_CODE = {JobState.PENDING: _WAITING, JobState.PREEMPTED: _WAITING,
@@ -96,6 +98,7 @@ class _Columns:
         self.sorted_rows: Ints = np.zeros(0, np.int64)
         """The row of each of ``sorted_ids``."""
         self._frozen: dict[str, tuple[Floats | Ints, tuple[Any, ...]]] = {}
+        self._kept: dict[str, tuple[tuple[Floats | Ints, ...], Any]] = {}
         self.last: tuple[tuple[JobView, ...], Ints] = ((), np.zeros(0, np.int64))
         """The last tick's views and their rows."""
         self.estimates: tuple[Ints, Floats, dict[str, float]] | None = None
@@ -164,6 +167,17 @@ class _Columns:
         out = tuple(values.tolist())
         self._frozen[name] = (values, out)
         return out
+
+    def kept(self, name: str, inputs: tuple[Floats | Ints, ...], make: Callable[[], T]) -> T:
+        """``make()``, kept under ``name`` between ticks: the last tick's value again when
+        every input array holds the same bits as then (``make`` reads only those)."""
+        last = self._kept.get(name)
+        if last is not None and len(last[0]) == len(inputs) and all(
+                _same_bits(a, b) for a, b in zip(last[0], inputs, strict=True)):
+            return cast(T, last[1])
+        value = make()
+        self._kept[name] = (inputs, value)
+        return value
 
     def _search(self, ids: Ints) -> Ints:
         """The row of each view identity (-1: not read yet)."""
@@ -516,7 +530,8 @@ class _Planning:
         jobs seen so far is built only when some job does not fit. The heap holds each job's
         rank in the readable heap's order of (key, index) — one sort up front instead of a
         tuple per job and tuple comparisons — unless a key is NaN (then the tuples)."""
-        order = runnable[np.argsort(tick.deadline[runnable], kind="stable")]
+        order = self.c.kept("defer order", (runnable, tick.deadline[runnable]), lambda: runnable[
+            np.argsort(tick.deadline[runnable], kind="stable")])
         n = len(order)
         if not n:
             return frozenset()
@@ -562,12 +577,9 @@ class _Planning:
                 keys = (-work_of) / self.c.f["value"][tick.rows[order]]
                 if np.isnan(keys).any():
                     return self._defer_tuples(tick, order, room, workers)
-                by = np.lexsort((order, keys))
-                rank = np.empty(n, np.int64)
-                rank[by] = np.arange(n)
-                entries, index_of = rank.tolist(), order[by].tolist()
-                work_by = work_of[by].tolist()
-                room_list, work_list = room.tolist(), work_of.tolist()
+                entries, index_of, work_by, work_list = self.c.kept(
+                    "defer ranks", (order, keys, work_of), partial(_ranks, order, keys, work_of))
+                room_list = room.tolist()
             fresh = entries[pushed:at + 1]
             if len(fresh) > len(heap) // 4:
                 heap.extend(fresh)
@@ -778,6 +790,25 @@ class _Planning:
             mask[list(out)] = True
             suspended = suspended[~mask[suspended]]
         return tuple(self._earliest(suspended, idle, tick))
+
+
+def _same_bits(a: Floats | Ints, b: Floats | Ints) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.dtype == np.float64:
+        return bool(np.array_equal(a.view(np.int64), b.view(np.int64)))
+    return bool(np.array_equal(a, b))
+
+
+def _ranks(order: Ints, keys: Floats, work_of: Floats
+           ) -> tuple[list[int], list[int], list[float], list[float]]:
+    """The Moore-Hodgson heap's entries: each position's rank in the order of (key, index),
+    and by rank the index and the work; and the work by position."""
+    n = len(order)
+    by = np.lexsort((order, keys))
+    rank = np.empty(n, np.int64)
+    rank[by] = np.arange(n)
+    return rank.tolist(), order[by].tolist(), work_of[by].tolist(), work_of.tolist()
 
 
 def _indices(mask: Bools) -> tuple[int, ...]:
