@@ -43,6 +43,13 @@ def _opt(decode: Callable[[str], Any]) -> Callable[[str], Any]:
     return lambda raw: decode(raw) if raw else None
 
 
+@lru_cache(maxsize=1024)
+def _json_tuple(raw: str) -> tuple[Any, ...]:
+    """A JSON list as a tuple, decoded once per distinct text (most jobs depend on nothing:
+    ``[]``; the tuple is immutable, so sharing it is safe)."""
+    return tuple(json.loads(raw))
+
+
 _Codec = tuple[Callable[[str], Any], Callable[[Any], str]]
 _TEXT: _Codec = (str, str)
 _INT: _Codec = (int, str)
@@ -51,7 +58,7 @@ _FLAG: _Codec = (lambda raw: raw == "1", _flag_text)
 _OPT_TEXT: _Codec = (_opt(str), lambda v: "" if v is None else str(v))
 _OPT_INT: _Codec = (_opt(int), lambda v: "" if v is None else str(v))
 _OPT_FLOAT: _Codec = (_opt(float), lambda v: "" if v is None else _float_text(v))
-_JSON_LIST: _Codec = (lambda raw: tuple(json.loads(raw)), lambda v: json.dumps(list(v)))
+_JSON_LIST: _Codec = (_json_tuple, lambda v: json.dumps(list(v)))
 _NAMES: _Codec = (lambda raw: tuple(raw.split(",")) if raw else (), ",".join)
 
 
@@ -140,28 +147,29 @@ class JobRecord:
     @classmethod
     def from_hash(cls, raw: Mapping[str, str] | Mapping[bytes, bytes]) -> JobRecord:
         """Parse a job hash; raises :class:`UnreadableRecord` naming the field at fault."""
-        try:  # a hash as Redis gives it: bytes both sides
-            text = {k.decode(): v.decode()  # type: ignore[union-attr]
-                    for k, v in raw.items()}
-        except AttributeError:
-            text = {_str(k): _str(v) for k, v in raw.items()}
-        job_id = text.get("id", "?")
+        as_bytes = isinstance(next(iter(raw), None), bytes)  # as Redis gives it
+        if as_bytes:
+            get: Callable[[Any], Any] = raw.get  # decoded as read: only the fields parsed
+            names: tuple[Any, ...] = _FIELD_NAMES_BYTES
+        else:
+            get, names = {_str(k): _str(v) for k, v in raw.items()}.get, _FIELD_NAMES
         values: list[Any] = list(_DEFAULTS)
-        get = text.get
-        for i, name, decode, required in _DECODERS:
-            found = get(name)
+        for (i, name, decode, required), key in zip(_DECODERS, names, strict=True):
+            found = get(key)
             if found is None:
                 if required:
-                    raise UnreadableRecord(job_id, f"field {name!r} missing")
+                    raise UnreadableRecord(_job_id_of(raw), f"field {name!r} missing")
                 continue
+            if as_bytes:
+                found = found.decode()
             try:
                 values[i] = decode(found)
             except (ValueError, TypeError) as exc:
-                raise UnreadableRecord(job_id, f"{name}={found!r}: {exc}") from exc
+                raise UnreadableRecord(_job_id_of(raw), f"{name}={found!r}: {exc}") from exc
         record = cls(*values)
         problem = record.inconsistency()
         if problem is not None:
-            raise UnreadableRecord(job_id, problem)
+            raise UnreadableRecord(record.job_id, problem)
         return record
 
     def with_fields(self, fields: Mapping[str, str]) -> JobRecord:
@@ -315,6 +323,17 @@ _DEFAULTS = tuple(None if f.default is MISSING else f.default for f in fields(Jo
 _DECODERS = tuple((_ATTRS.index(attr), name, decode, attr in _REQUIRED)
                   for attr, (name, (decode, _)) in _FIELDS.items())
 """(constructor position, hash field, decode, required) of every attribute."""
+_FIELD_NAMES: tuple[str, ...] = tuple(decoder[1] for decoder in _DECODERS)
+_FIELD_NAMES_BYTES = tuple(name.encode() for name in _FIELD_NAMES)
+
+
+def _job_id_of(raw: Mapping[str, str] | Mapping[bytes, bytes]) -> str:
+    for key, value in raw.items():
+        if _str(key) == "id":
+            return _str(value)
+    return "?"
+
+
 _BY_NAME: dict[str, tuple[int, Callable[[str], Any]]] = {
     name: (_ATTRS.index(attr), decode) for attr, (name, (decode, _)) in _FIELDS.items()}
 _all_values = operator.attrgetter(*_ATTRS)
