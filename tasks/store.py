@@ -322,13 +322,13 @@ class ScriptBatch:
         message; its note on the record goes in ``updates``)."""
         fence = encode(state=seen.state, epoch=seen.epoch, seq=seen.seq)
         options = scripts.json_arg(expect={**fence, **(expect or {})},
-                                   set=_flat(updates or {}) or None,
-                                   push=push[1] if push is not None else None)
+                                   set=_flat(updates or {}) or None)
         job_id, now = seen.job_id, repr(time.time())
+        queue, message = push if push is not None else ("", "")
         self._pipe.script(self.store._transition,
                           [keys.job(job_id), keys.job_events(job_id), keys.ACTIVE, keys.DONE,
-                           keys.CHANGES, push[0] if push is not None else ""],
-                          [target.value, now, by, reason, options])
+                           keys.CHANGES, queue],
+                          [target.value, now, by, reason, options, message])
         written = {**(updates or {}), "state": target.value, "updated_at": now}
         self._kinds.append(("transition", job_id, written, target.is_terminal))
 
@@ -569,7 +569,7 @@ class JobStore:
         reply = self._transition(
             keys=[keys.job(job_id), keys.job_events(job_id), keys.ACTIVE, keys.DONE,
                   keys.CHANGES, ""],
-            args=[target.value, repr(now_s or time.time()), by, reason, options],
+            args=[target.value, repr(now_s or time.time()), by, reason, options, ""],
         )
         status, current = _text(reply[0]), reply[1]
         if status == "missing":
