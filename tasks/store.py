@@ -115,9 +115,25 @@ def _claimed(reply: Any) -> tuple[JobRecord | str, bytes | None]:
 def mark_changed(pipe: Any, job_id: str) -> None:
     """Queue on ``pipe`` (after the write to the job's record, or in its MULTI) the mark the
     scripts' ``changed`` writes: the tick folds a record only when marked, so a write of a live
-    record without its mark would never reach the scheduler's snapshot."""
+    record without its mark would never reach the scheduler's snapshot. The record's revision
+    is bumped as the scripts bump it, but the mark cannot carry the new one (a MULTI has no
+    replies to use): the tick reads the record whatever revision it holds."""
+    pipe.hincrby(keys.job(job_id), "rev", 1)
     pipe.xadd(keys.CHANGES, {"k": keys.job(job_id)}, maxlen=keys.CHANGES_MAXLEN,
               approximate=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """A write of a job record that took effect, as its writer knows it: the record's revision
+    right after it (``rev``: the write's own mark carries it), the hash fields it set, and
+    whether it ended the job (it left the live set). A reader that held the record at
+    ``rev - 1`` holds it at ``rev`` by setting ``fields`` (``tasks.snapshot``)."""
+
+    job_id: str
+    rev: int
+    fields: Mapping[str, str]
+    ended: bool = False
 
 
 def _flat(fields: Mapping[str, str]) -> list[str]:
@@ -327,77 +343,86 @@ class _ScriptPipeline:
 
 class ScriptBatch:
     """Fenced writes of many jobs sent together, in one round trip per :meth:`execute`: each is
-    the script (or MULTI-free write and its mark) the store's own method sends, fenced the same
-    way, so a job that moved since the writer saw it is left alone; :meth:`execute` returns
-    whether each write took effect, in the order queued. For a tick's thousands of actions."""
+    the script the store's own method sends, fenced the same way, so a job that moved since
+    the writer saw it is left alone; :meth:`execute` returns whether each write took effect,
+    in the order queued, and adds what each wrote to :attr:`written`. For a tick's thousands
+    of actions."""
 
     def __init__(self, store: JobStore) -> None:
         self.store = store
         self._pipe = _ScriptPipeline(store.redis)
-        self._kinds: list[str] = []
+        self._kinds: list[tuple[str, str, Mapping[str, str], bool]] = []
+        """Per write: its kind, the job, the fields it sets when it takes effect, whether it
+        ends the job."""
+        self.written: list[Written] = []
+        """The writes that took effect so far, in order, with the revision each left."""
 
     def __len__(self) -> int:
         return len(self._kinds)
 
     def transition_as_seen(self, seen: JobRecord, target: JobState, *, by: str, reason: str,
                            expect: Mapping[str, str] | None = None,
-                           updates: Mapping[str, str] | None = None) -> None:
+                           updates: Mapping[str, str] | None = None,
+                           push: tuple[str, str] | None = None) -> None:
         """:meth:`JobStore.transition_as_seen`, queued (an illegal move, or a job gone, is a
-        refusal: False)."""
+        refusal: False). ``push``: (queue, message) pushed with the move (a release's chunk
+        message; its note on the record goes in ``updates``)."""
         fence = encode(state=seen.state, epoch=seen.epoch, seq=seen.seq)
         options = scripts.json_arg(expect={**fence, **(expect or {})},
                                    set=_flat(updates or {}) or None)
-        job_id = seen.job_id
+        job_id, now = seen.job_id, repr(time.time())
+        queue, message = push if push is not None else ("", "")
         self._pipe.script(self.store._transition,
                           [keys.job(job_id), keys.job_events(job_id), keys.ACTIVE, keys.DONE,
-                           keys.CHANGES],
-                          [target.value, repr(time.time()), by, reason, options])
-        self._kinds.append("transition")
+                           keys.CHANGES, queue],
+                          [target.value, now, by, reason, options, message])
+        written = {**(updates or {}), "state": target.value, "updated_at": now}
+        self._kinds.append(("transition", job_id, written, target.is_terminal))
 
     def update_as_seen(self, seen: JobRecord, **values: Any) -> None:
         """:meth:`JobStore.update_as_seen`, queued."""
+        fields = encode(**values)
         self._pipe.script(self.store._update_as_seen, [keys.job(seen.job_id), keys.CHANGES],
-                          [seen.state.value, str(seen.epoch), str(seen.seq),
-                           _flat_json(encode(**values))])
-        self._kinds.append("flag")
+                          [seen.state.value, str(seen.epoch), str(seen.seq), _flat_json(fields)])
+        self._kinds.append(("rev", seen.job_id, fields, False))
 
     def request_preempt(self, job_id: str, *, state: JobState, epoch: int) -> None:
         """:meth:`JobStore.request_preempt`, queued."""
         self._pipe.script(self.store._flag_preempt, [keys.job(job_id), keys.CHANGES],
                           [state.value, str(epoch)])
-        self._kinds.append("flag")
+        self._kinds.append(("rev", job_id, encode(preempt=True), False))
 
     def keep_first_estimate(self, job_id: str, estimate_s: float) -> None:
-        """:meth:`JobStore.keep_first_estimate`, queued."""
+        """:meth:`JobStore.keep_first_estimate`, queued (True whether or not an estimate was
+        kept already)."""
+        name = field_name("first_estimate_s")
         self._pipe.script(self.store._first_estimate, [keys.job(job_id), keys.CHANGES],
-                          [field_name("first_estimate_s"), repr(estimate_s)])
-        self._kinds.append("always")
+                          [name, repr(estimate_s)])
+        self._kinds.append(("always", job_id, {name: repr(estimate_s)}, False))
 
     def set_fields(self, job_id: str, **values: Any) -> None:
-        """:meth:`JobStore.set_fields`, queued: the write, then its mark (one connection keeps
-        their order)."""
-        self._pipe.command("hset", keys.job(job_id), mapping=encode(**values))
-        self._pipe.command("xadd", keys.CHANGES, {"k": keys.job(job_id)},
-                           maxlen=keys.CHANGES_MAXLEN, approximate=True)
-        self._kinds.append("write")
+        """:meth:`JobStore.set_fields`, queued."""
+        fields = encode(**values)
+        self._pipe.script(self.store._set_fields, [keys.job(job_id), keys.CHANGES],
+                          [_flat_json(fields)])
+        self._kinds.append(("always", job_id, fields, False))
 
     def execute(self) -> list[bool]:
         """Send everything queued in one round trip; whether each write took effect."""
         if not self._kinds:
             return []
-        replies = iter(self._pipe.execute())
         out = []
-        for kind in self._kinds:
-            reply = next(replies)
+        for (kind, job_id, fields, ends), reply in zip(self._kinds, self._pipe.execute(),
+                                                       strict=True):
             if kind == "transition":
-                out.append(_text(reply[0]) == "ok")
-            elif kind == "flag":
-                out.append(bool(reply))
-            elif kind == "write":
-                next(replies)  # the mark
-                out.append(True)
+                moved = _text(reply[0]) == "ok"
+                rev = int(reply[2]) if moved else 0
             else:
-                out.append(True)
+                rev = int(reply)
+                moved = kind == "always" or rev > 0
+            if rev > 0:
+                self.written.append(Written(job_id, rev, fields, ends))
+            out.append(moved)
         self._pipe, self._kinds = _ScriptPipeline(self.store.redis), []
         return out
 
@@ -424,6 +449,7 @@ class JobStore:
         self._first_estimate = scripts.register(client, "first_estimate")
         self._flag_preempt = scripts.register(client, "flag_preempt")
         self._update_as_seen = scripts.register(client, "update_as_seen")
+        self._set_fields = scripts.register(client, "set_fields")
         self._fail_unreadable = scripts.register(client, "fail_unreadable")
         self._batch_join = scripts.register(client, "batch_join")
         self._batch_take = scripts.register(client, "batch_take")
@@ -592,12 +618,12 @@ class JobStore:
         absent field reads as ``""``)."""
         options = scripts.json_arg(expect=dict(expect or {}) or None,
                                    set=_flat(updates or {}) or None)
-        status, current = self._transition(
+        reply = self._transition(
             keys=[keys.job(job_id), keys.job_events(job_id), keys.ACTIVE, keys.DONE,
-                  keys.CHANGES],
-            args=[target.value, repr(now_s or time.time()), by, reason, options],
+                  keys.CHANGES, ""],
+            args=[target.value, repr(now_s or time.time()), by, reason, options, ""],
         )
-        status = _text(status)
+        status, current = _text(reply[0]), reply[1]
         if status == "missing":
             raise JobNotFound(f"no job {job_id}")
         if status == "illegal":
@@ -639,10 +665,8 @@ class JobStore:
 
     def set_fields(self, job_id: str, **values: Any) -> None:
         """Write record attributes (typed, encoded by the record's codecs)."""
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.hset(keys.job(job_id), mapping=encode(**values))  # type: ignore[arg-type]
-        mark_changed(pipe, job_id)
-        pipe.execute()
+        self._set_fields(keys=[keys.job(job_id), keys.CHANGES],
+                         args=[_flat_json(encode(**values))])
 
     def request_cancel(self, job_id: str) -> JobState:
         """Cancel a job: at once unless a worker is running one of its chunks, in which case it
