@@ -28,7 +28,12 @@ from tasks import keys
 from tasks.adapter import configured_policy
 from tasks.admission import PublishedAdmission
 from tasks.affinity import WorkerDirectory, needs_directory, release_queue
-from tasks.dispatch import publish_chunks, release_updates
+from tasks.dispatch import (
+    direct_publish,
+    message_for_release,
+    publish_chunks,
+    release_updates,
+)
 from tasks.errors import InvalidJob, Overloaded
 from tasks.record import JobRecord
 from tasks.settings import Settings
@@ -138,7 +143,8 @@ class JobService:
                                               for p, d in kept]))
         out: list[Submitted] = []
         moves = ScriptBatch(self.store)
-        queued: list[tuple[JobRecord, str, int] | None] = []  # per move: a release, or None
+        queued: list[tuple[JobRecord, str, int] | None] = []  # per move: a publish to follow
+        direct = direct_publish(self.settings)
         directory: WorkerDirectory | None = None
         for decision in decisions:
             if decision.action is SubmitAction.SHED:
@@ -158,9 +164,15 @@ class JobService:
                     directory = WorkerDirectory.read(self.store)
                 queue = release_queue(self.settings, record, record.queue, directory)
                 epoch, updates = release_updates(record, queue=queue)
+                # direct publish: the chunk's message goes in the move's own script
+                pushed = message_for_release(record, record.next_chunk, epoch, queue,
+                                             direct=direct)
+                if pushed is not None:
+                    updates.update(pushed[1])
                 moves.transition_as_seen(record, JobState.QUEUED, by="submit",
-                                         reason=f"admitted to {queue}", updates=updates)
-                queued.append((record, queue, epoch))
+                                         reason=f"admitted to {queue}", updates=updates,
+                                         push=None if pushed is None else (queue, pushed[0]))
+                queued.append(None if pushed is not None else (record, queue, epoch))
         publish = [(record, record.next_chunk, epoch, queue)
                    for item, moved in zip(queued, moves.execute(), strict=True)
                    if item is not None and moved for record, queue, epoch in (item,)]
