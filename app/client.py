@@ -18,7 +18,11 @@ from pydantic import BaseModel
 
 from app.run_files import API_KEY_FILE, API_URL_FILE, read_run_file
 from app.schemas import (
+    MAX_BATCH,
     AdapterList,
+    BatchEntry,
+    BatchSubmit,
+    BatchSubmitted,
     InferenceResponse,
     JobDetail,
     JobPage,
@@ -174,6 +178,21 @@ class Client:
             })
         body = spec.model_dump(mode="json", exclude_none=True)
         return self._model(JobDetail, "POST", "/v1/jobs", json=body)
+
+    def submit_many(self, specs: list[JobSpec], batch_size: int = MAX_BATCH) -> list[BatchEntry]:
+        """Submit ``specs`` through POST /v1/jobs/batch, ``batch_size`` per request (each
+        request spends one rate-limit token per job: at most the key's burst); one entry per
+        job, in order: its id, or why admission shed it. A bad job raises before any job of its
+        request is stored."""
+        if not 1 <= batch_size <= MAX_BATCH:
+            raise ValueError(f"batch_size {batch_size}: use 1 to {MAX_BATCH}")
+        entries: list[BatchEntry] = []
+        for start in range(0, len(specs), batch_size):
+            body = BatchSubmit(jobs=specs[start:start + batch_size])
+            answer = self._model(BatchSubmitted, "POST", "/v1/jobs/batch",
+                                 json=body.model_dump(mode="json", exclude_none=True))
+            entries.extend(answer.jobs)
+        return entries
 
     def get(self, job_id: str) -> JobDetail:
         return self._model(JobDetail, "GET", f"/v1/jobs/{job_id}")

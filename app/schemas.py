@@ -66,6 +66,36 @@ class JobPage(BaseModel):
     )
 
 
+MAX_BATCH = 500
+"""Most jobs one POST /v1/jobs/batch carries."""
+
+
+class BatchSubmit(BaseModel):
+    """POST /v1/jobs/batch: many jobs in one request (a backlog submitted in a few round trips
+    instead of one request per job)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    jobs: list[JobSpec] = Field(min_length=1, max_length=MAX_BATCH,
+                                description=f"1 to {MAX_BATCH} jobs, each as POST /v1/jobs takes.")
+
+
+class BatchEntry(BaseModel):
+    """What became of one job of a batch, in the batch's order."""
+
+    id: str | None = Field(default=None, description="The job's id; null when it was shed.")
+    created: bool = Field(default=False, description="False for an idempotency-key replay (the "
+                                                     "first job's id) or a shed job.")
+    error: str | None = Field(default=None, description="Why admission shed it (overload).")
+    retry_after_s: float | None = Field(default=None, description="When to submit it again.")
+
+
+class BatchSubmitted(BaseModel):
+    """The answer to POST /v1/jobs/batch."""
+
+    jobs: list[BatchEntry]
+
+
 class InferenceRequest(BaseModel):
     """POST /v1/inference: text in, text out, within an interactive (or realtime) deadline."""
 

@@ -95,14 +95,16 @@ class TenantLimits:
         self._take = scripts.register(client, "take_token")
         self.live = LiveCounts(client)
 
-    def take_token(self, tenant: Tenant) -> float:
-        """Spend one submission token; returns 0, or the seconds until one is available."""
+    def take_token(self, tenant: Tenant, count: int = 1) -> float:
+        """Spend ``count`` submission tokens, all or none; returns 0, or the seconds until
+        that many are available."""
         wait = self._take(keys=[keys.tenant_bucket(tenant.name)],
-                          args=[repr(tenant.rate_limit_per_s), tenant.burst])
+                          args=[repr(tenant.rate_limit_per_s), tenant.burst, count])
         return float(wait)
 
-    def take_token_and_count(self, tenant: Tenant) -> tuple[float, int]:
-        """``take_token`` and ``unfinished`` in one round trip (the submit path's two checks).
+    def take_token_and_count(self, tenant: Tenant, count: int = 1) -> tuple[float, int]:
+        """``take_token`` (of ``count`` tokens) and ``unfinished`` in one round trip (the
+        submit path's two checks).
         The script goes as a bare ``EVALSHA`` (a redis-py pipeline would first ask ``SCRIPT
         EXISTS``, one more round trip); refused as ``NOSCRIPT`` it did not run, and the two
         checks are made one by one, which loads it."""
@@ -110,11 +112,11 @@ class TenantLimits:
 
         pipe = self.redis.pipeline(transaction=False)
         pipe.evalsha(self._take.sha, 1, keys.tenant_bucket(tenant.name),
-                     repr(tenant.rate_limit_per_s), tenant.burst)
+                     repr(tenant.rate_limit_per_s), tenant.burst, count)
         pipe.hget(keys.LIVE_BY_TENANT, tenant.name)
         wait, unfinished = pipe.execute(raise_on_error=False)
         if isinstance(wait, NoScriptError):
-            return self.take_token(tenant), self.unfinished(tenant)
+            return self.take_token(tenant, count), self.unfinished(tenant)
         for reply in (wait, unfinished):
             if isinstance(reply, Exception):
                 raise reply

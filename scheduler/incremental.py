@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+import operator
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import compress, repeat
+from functools import partial
+from itertools import compress
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -56,6 +59,7 @@ Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
 Bools = npt.NDArray[np.bool_]
 Objects = npt.NDArray[np.object_]
+T = TypeVar("T")
 
 _WAITING, _QUEUED, _RUNNING, _SUSPENDED, _NOT_LIVE = 0, 1, 2, 3, -1
 _STATE_CODE = {JobState.PENDING: _WAITING, JobState.PREEMPTED: _WAITING,
@@ -89,26 +93,99 @@ class _Columns:
         self.b: dict[str, Bools] = {name: np.zeros(0, np.bool_) for name in _BOOLS}
         self.group: Ints = np.zeros(0, np.int64)
         self.ids: Objects = np.zeros(0, object)
+        self.sorted_ids: Ints = np.zeros(0, np.int64)
+        """The identities of the views read, ascending (the keys of ``row_of``)."""
+        self.sorted_rows: Ints = np.zeros(0, np.int64)
+        """The row of each of ``sorted_ids``."""
+        self._frozen: dict[str, tuple[Floats | Ints, tuple[Any, ...]]] = {}
+        self._kept: dict[str, tuple[tuple[Floats | Ints, ...], Any]] = {}
+        self.last: tuple[tuple[JobView, ...], Ints] = ((), np.zeros(0, np.int64))
+        """The last tick's views and their rows."""
+        self.estimates: tuple[Ints, Floats, dict[str, float]] | None = None
+        """The last tick's first estimates: the rows and values they were built of."""
 
     def rows(self, jobs: Sequence[JobView]) -> Ints:
-        """Each job's row, reading the views not seen before."""
+        """Each job's row, reading the views not seen before: the identities found by a
+        binary search of those read (the views are held, so an identity is never reused)."""
         if len(self.views) > 2 * len(jobs) + 4096:
             self.__init__(self.policy)  # type: ignore[misc]  # drop the rows of gone views
-        ids = list(map(id, jobs))
-        rows = np.fromiter(map(self.row_of.get, ids, repeat(-1)), np.int64, len(ids))
+        n = len(jobs)
+        last, last_rows = self.last
+        if jobs is last:
+            return last_rows
+        if len(last) == n:  # the same views at the same places, mostly: search the others
+            same = np.fromiter(map(operator.is_, jobs, last), np.bool_, n)
+            rows = np.where(same, last_rows, -1)
+            moved = np.flatnonzero(~same)
+            rows[moved] = self._search(np.fromiter(
+                map(id, map(jobs.__getitem__, moved.tolist())), np.int64, moved.size))
+        else:
+            rows = self._search(np.fromiter(map(id, jobs), np.int64, n))
         unseen = np.flatnonzero(rows < 0)
         if unseen.size:
             fresh: list[JobView] = []
             start = len(self.views)
+            known = self.sorted_ids
             for k in unseen.tolist():
-                row = self.row_of.get(ids[k])
+                key = id(jobs[k])
+                row = self.row_of.get(key)
                 if row is None:
-                    row = self.row_of[ids[k]] = len(self.views)
+                    row = self.row_of[key] = len(self.views)
                     self.views.append(jobs[k])
                     fresh.append(jobs[k])
                 rows[k] = row
             self._read(start, fresh)
+            added = np.fromiter(map(id, fresh), np.int64, len(fresh))
+            order = np.argsort(added, kind="stable")
+            where = np.searchsorted(known, added[order])
+            self.sorted_ids = np.insert(known, where, added[order])
+            self.sorted_rows = np.insert(self.sorted_rows, where,
+                                         np.arange(start, start + len(fresh))[order])
+        rows.flags.writeable = False  # handed out again while the same views come
+        self.last = (tuple(jobs), rows)
         return rows
+
+    def frozen(self, name: str, values: Floats | Ints) -> tuple[Any, ...]:
+        """``tuple(values.tolist())``, kept under ``name`` between ticks: the last tick's tuple
+        again when every value has the same bits, or a copy of it with the few values that
+        differ replaced (a tuple of ten thousand floats costs more to build than to patch)."""
+        last = self._frozen.get(name)
+        if last is not None and last[0].shape == values.shape and last[0].dtype == values.dtype:
+            before, now = last[0], values
+            if values.dtype == np.float64:
+                before, now = before.view(np.int64), now.view(np.int64)
+            diff = np.flatnonzero(before != now)
+            if not diff.size:
+                return last[1]
+            if diff.size * 8 < values.size:
+                items = list(last[1])
+                for k, value in zip(diff.tolist(), values[diff].tolist(), strict=True):
+                    items[k] = value
+                out = tuple(items)
+                self._frozen[name] = (values, out)
+                return out
+        out = tuple(values.tolist())
+        self._frozen[name] = (values, out)
+        return out
+
+    def kept(self, name: str, inputs: tuple[Floats | Ints, ...], make: Callable[[], T]) -> T:
+        """``make()``, kept under ``name`` between ticks: the last tick's value again when
+        every input array holds the same bits as then (``make`` reads only those)."""
+        last = self._kept.get(name)
+        if last is not None and len(last[0]) == len(inputs) and all(
+                _same_bits(a, b) for a, b in zip(last[0], inputs, strict=True)):
+            return cast(T, last[1])
+        value = make()
+        self._kept[name] = (inputs, value)
+        return value
+
+    def _search(self, ids: Ints) -> Ints:
+        """The row of each view identity (-1: not read yet)."""
+        known = self.sorted_ids
+        if not known.size:
+            return np.full(ids.size, -1, np.int64)
+        at = np.minimum(np.searchsorted(known, ids), known.size - 1)
+        return np.where(known[at] == ids, self.sorted_rows[at], -1)
 
     def _grow(self, size: int) -> None:
         if size <= self.capacity:
@@ -270,13 +347,26 @@ class _Planning:
         allocation = allocate_ranked(order, flight, ranked, reserve.workers, cap, policy)
         standby = (*flight.standby, *allocation.trimmed)
         restored = self._fill_idle(order, flight, allocation, standby, cap, tick)
-        not_estimated = ~self.c.b["estimated"][tick.rows]
-        estimates = dict(zip(self.c.ids[tick.rows][not_estimated].tolist(),
-                             (self.c.f["service"][tick.rows] + tick.remaining)[not_estimated]
-                             .tolist(), strict=True))
         emit = _Emit(order, flight, allocation, reserve, snapshot.state, policy, now_s,
-                     estimates)
+                     self._estimates(tick))
         return emit.plan(standby, cap, restored)
+
+    def _estimates(self, tick: _Tick) -> dict[str, float]:
+        """The first estimates (service so far + remaining) of the jobs without one on record,
+        by id in survey order: the last tick's mapping again when the same rows come to the
+        same float bits, as when nothing moved and the cost model stood still (plans share
+        it: a plan's estimates are read, never written)."""
+        c = self.c
+        not_estimated = ~c.b["estimated"][tick.rows]
+        rows = tick.rows[not_estimated]
+        values = (c.f["service"][tick.rows] + tick.remaining)[not_estimated]
+        last = c.estimates
+        if (last is not None and np.array_equal(last[0], rows)
+                and np.array_equal(last[1].view(np.int64), values.view(np.int64))):
+            return last[2]
+        estimates = dict(zip(c.ids[rows].tolist(), values.tolist(), strict=True))
+        c.estimates = (rows, values, estimates)
+        return estimates
 
     # -- survey (scheduler.survey.survey_jobs) ----------------------------------------------
 
@@ -284,8 +374,11 @@ class _Planning:
                 alive: tuple[WorkerView, ...]) -> tuple[Survey, _Tick]:
         c, policy, now_s = self.c, self.policy, self.now_s
         f, b = c.f, c.b
-        rows = all_rows[live_mask]
-        live = tuple(compress(snapshot.jobs, live_mask.tolist()))
+        if live_mask.all():  # as a snapshot of live records is
+            rows, live = all_rows, tuple(snapshot.jobs)
+        else:
+            rows = all_rows[live_mask]
+            live = tuple(compress(snapshot.jobs, live_mask.tolist()))
         state = c.i["state"][rows]
         table = _RateTable(snapshot.cost, [w.device for w in alive], policy.cost_min_samples)
         keys = c.i["key"][rows]
@@ -345,16 +438,19 @@ class _Planning:
         suspended_at = np.flatnonzero(suspended)
         standby = np.flatnonzero(holding & on_standby)
         late_at = np.flatnonzero(late)
+        frozen = c.frozen
         survey = Survey(
-            live=live, remaining_s=tuple(remaining.tolist()),
-            values=tuple(f["value"][rows].tolist()), scores=tuple(scores.tolist()),
-            waiting_realtime=tuple(waiting_rt.tolist()),
-            waiting_other=tuple(waiting_other.tolist()),
-            suspended=tuple(suspended_at.tolist()),
-            inflight=_indices(holding & ~on_standby), standby=tuple(standby.tolist()),
-            aged=_indices(waiting & (waited >= bound_s)), late=tuple(late_at.tolist()),
-            with_deps=_indices(b["deps"][rows]), outstanding_s=outstanding,
-            incumbent=incumbent)
+            live=live, remaining_s=frozen("remaining", remaining),
+            values=frozen("values", f["value"][rows]), scores=tuple(scores.tolist()),
+            waiting_realtime=frozen("waiting_realtime", waiting_rt),
+            waiting_other=frozen("waiting_other", waiting_other),
+            suspended=frozen("suspended", suspended_at),
+            inflight=frozen("inflight", np.flatnonzero(holding & ~on_standby)),
+            standby=frozen("standby", standby),
+            aged=frozen("aged", np.flatnonzero(waiting & (waited >= bound_s))),
+            late=frozen("late", late_at), with_deps=frozen("with_deps",
+                                                           np.flatnonzero(b["deps"][rows])),
+            outstanding_s=outstanding, incumbent=incumbent)
         return survey, _Tick(rows, state, remaining, demand, deadline, waited, scores,
                              np.zeros(len(rows)), np.zeros(len(rows)), waiting_rt,
                              waiting_other, suspended_at, standby, late_at)
@@ -433,20 +529,25 @@ class _Planning:
         """``judgement._defer_overcommitted`` (Moore-Hodgson): the running sum of work in
         deadline order is compared with the room a block at a time (a cumulative sum from the
         running total, so each partial sum is the readable loop's float); the heap of the
-        jobs seen so far is built only when some job does not fit."""
-        order = runnable[np.argsort(tick.deadline[runnable], kind="stable")]
+        jobs seen so far is built only when some job does not fit. The heap holds each job's
+        rank in the readable heap's order of (key, index) — one sort up front instead of a
+        tuple per job and tuple comparisons — unless a key is NaN (then the tuples)."""
+        order = self.c.kept("defer order", (runnable, tick.deadline[runnable]), lambda: runnable[
+            np.argsort(tick.deadline[runnable], kind="stable")])
         n = len(order)
         if not n:
             return frozenset()
         work_of = tick.remaining[order]
         room = (tick.deadline[order] - self.now_s) * max(workers, 1)
-        remaining: list[float] = []
-        heap: list[tuple[float, int]] = []
+        heap: list[int] = []
         deferred: list[int] = []
         push, pop = heapq.heappush, heapq.heappop
         work_s, start, pushed, block, dense = 0.0, 0, 0, n, False
-        keys: list[float] = []
-        indices: list[int] = []
+        entries: list[int] = []
+        """Per position in ``order``: its heap entry (its rank)."""
+        index_of: list[int] = []
+        work_by: list[float] = []
+        """Per rank: the job's survey index and its work."""
         room_list: list[float] = []
         work_list: list[float] = []
         while start < n:
@@ -456,13 +557,13 @@ class _Planning:
                 stop, hit = min(start + 64, n), False
                 for k in range(start, stop):
                     work_s += work_list[k]
-                    push(heap, (keys[k], indices[k]))
+                    push(heap, entries[k])
                     if work_s > room_list[k]:
                         hit = True
                         while work_s > room_list[k] and heap:
-                            _, j = pop(heap)
-                            work_s -= remaining[j]
-                            deferred.append(j)
+                            e = pop(heap)
+                            work_s -= work_by[e]
+                            deferred.append(index_of[e])
                 start = pushed = stop
                 dense, block = hit, 64
                 continue
@@ -474,11 +575,14 @@ class _Planning:
                 continue
             at = start + int(over.argmax())
             work_s = float(sums[at - start])
-            if not keys:
-                keys = ((-work_of) / self.c.f["value"][tick.rows[order]]).tolist()
-                indices, room_list, work_list = order.tolist(), room.tolist(), work_of.tolist()
-                remaining = tick.remaining.tolist()
-            fresh = list(zip(keys[pushed:at + 1], indices[pushed:at + 1], strict=True))
+            if not entries:
+                keys = (-work_of) / self.c.f["value"][tick.rows[order]]
+                if np.isnan(keys).any():
+                    return self._defer_tuples(tick, order, room, workers)
+                entries, index_of, work_by, work_list = self.c.kept(
+                    "defer ranks", (order, keys, work_of), partial(_ranks, order, keys, work_of))
+                room_list = room.tolist()
+            fresh = entries[pushed:at + 1]
             if len(fresh) > len(heap) // 4:
                 heap.extend(fresh)
                 heapq.heapify(heap)
@@ -487,10 +591,28 @@ class _Planning:
                     push(heap, item)
             pushed = at + 1
             while work_s > room_list[at] and heap:
-                _, j = pop(heap)
+                e = pop(heap)
+                work_s -= work_by[e]
+                deferred.append(index_of[e])
+            start, dense = at + 1, True
+        return frozenset(deferred)
+
+    def _defer_tuples(self, tick: _Tick, order: Ints, room: Floats,
+                      workers: int) -> frozenset[int]:
+        """:meth:`_defer` as the readable loop, for keys no sort can rank as the heap
+        compares them (a NaN)."""
+        keys = ((-tick.remaining[order]) / self.c.f["value"][tick.rows[order]]).tolist()
+        remaining = tick.remaining.tolist()
+        heap: list[tuple[float, int]] = []
+        deferred: list[int] = []
+        work_s = 0.0
+        for k, i in enumerate(order.tolist()):
+            work_s += remaining[i]
+            heapq.heappush(heap, (keys[k], i))
+            while work_s > room[k] and heap:
+                _, j = heapq.heappop(heap)
                 work_s -= remaining[j]
                 deferred.append(j)
-            start, dense = at + 1, True
         return frozenset(deferred)
 
     # -- ranking (Ranking.keys for every job) ------------------------------------------------
@@ -547,8 +669,11 @@ class _Planning:
         lowest = level == LOWEST_LEVEL
         suspend: tuple[int, ...] = ()
         standby: tuple[int, ...] = ()
+        out = np.zeros(n, np.bool_)
         if converging:
-            suspend = self._suspend(order, tick, lowest)
+            suspended = self._suspend(order, tick, lowest)
+            suspend = self.c.frozen("suspend", suspended)
+            out[suspended] = True
             standby = tuple(i for i in survey.inflight
                             if i not in judgement.expired and lowest[i])
         gone = {*judgement.expired, *suspend, *standby, *judgement.blocked}
@@ -556,9 +681,11 @@ class _Planning:
         if levels.origin is not None:
             gone.add(levels.origin)
         excluded = frozenset(gone)
-        out = np.zeros(n, np.bool_)
-        if gone:
-            out[list(gone)] = True
+        few = [*judgement.expired, *standby, *judgement.blocked]
+        if levels.origin is not None:
+            few.append(levels.origin)
+        if few:
+            out[few] = True
         waiting = np.concatenate((tick.waiting_realtime, tick.waiting_other))
         standing = tick.standby
         keep = ~out[standing]
@@ -569,10 +696,10 @@ class _Planning:
             parts.append(np.asarray(self._restorable(order, tick, out), np.int64))
         pool = np.concatenate(parts)
         flight = Flight(suspend, standby, staying, frozenset(staying), excluded,
-                        tuple(pool.tolist()))
+                        self.c.frozen("pool", pool))
         return flight, pool
 
-    def _suspend(self, order: Order, tick: _Tick, lowest: Bools) -> tuple[int, ...]:
+    def _suspend(self, order: Order, tick: _Tick, lowest: Bools) -> Ints:
         levels, judgement, policy, c = order.levels, order.judgement, self.policy, self.c
         rows = tick.rows
         # Levels.at_lowest of every job
@@ -591,7 +718,7 @@ class _Planning:
         other, realtime = tick.waiting_other, tick.waiting_realtime
         held = other[~kept[other] & (c.b["batch"][rows[other]] | at_lowest[other])]
         urgent = realtime[~kept[realtime] & at_lowest[realtime]]
-        return (*held.tolist(), *urgent.tolist())
+        return np.concatenate((held, urgent))
 
     def _restorable(self, order: Order, tick: _Tick, out: Bools) -> list[int]:
         policy, survey = self.policy, order.survey
@@ -665,6 +792,25 @@ class _Planning:
             mask[list(out)] = True
             suspended = suspended[~mask[suspended]]
         return tuple(self._earliest(suspended, idle, tick))
+
+
+def _same_bits(a: Floats | Ints, b: Floats | Ints) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.dtype == np.float64:
+        return bool(np.array_equal(a.view(np.int64), b.view(np.int64)))
+    return bool(np.array_equal(a, b))
+
+
+def _ranks(order: Ints, keys: Floats, work_of: Floats
+           ) -> tuple[list[int], list[int], list[float], list[float]]:
+    """The Moore-Hodgson heap's entries: each position's rank in the order of (key, index),
+    and by rank the index and the work; and the work by position."""
+    n = len(order)
+    by = np.lexsort((order, keys))
+    rank = np.empty(n, np.int64)
+    rank[by] = np.arange(n)
+    return rank.tolist(), order[by].tolist(), work_of[by].tolist(), work_of.tolist()
 
 
 def _indices(mask: Bools) -> tuple[int, ...]:

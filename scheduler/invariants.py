@@ -29,7 +29,7 @@ def check_plan_invariants(plan: TickPlan, snapshot: ClusterSnapshot,
                           policy: PolicyConfig | None = None) -> None:
     """Raise :class:`PlanInvariantViolated` naming the first rule ``plan`` breaks; with
     ``policy``, also check the preemption bound and overload rules."""
-    jobs = dict(zip(map(_job_id, snapshot.jobs), snapshot.jobs, strict=True))
+    jobs = _by_id(snapshot.jobs)
     _check_disjoint(plan)
     _check_actions(plan, jobs)
     _check_capacity(plan, jobs)
@@ -37,6 +37,20 @@ def check_plan_invariants(plan: TickPlan, snapshot: ClusterSnapshot,
     _check_origin(plan, jobs)
     if policy is not None:
         _check_policy_bounds(plan, jobs, policy)
+
+
+_last: list[tuple[tuple[JobView, ...], dict[str, JobView]]] = []
+"""The last snapshot's jobs and their index by id: a held snapshot cache hands the same tuple
+to tick after tick while nothing changes, and the index is then not built again."""
+
+
+def _by_id(jobs: tuple[JobView, ...]) -> Mapping[str, JobView]:
+    for seen, by_id in _last:
+        if seen is jobs:
+            return by_id
+    by_id = dict(zip(map(_job_id, jobs), jobs, strict=True))
+    _last[:] = [(jobs, by_id)]
+    return by_id
 
 
 def _fail(rule: str) -> None:

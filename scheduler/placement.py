@@ -95,6 +95,10 @@ class LoadPriors:
         return {"disk": self.disk_s, "host": self.host_s, "adapter": self.adapter_s}[tier]
 
 
+SEEN_LOADS = 4096
+"""Loads :meth:`LoadEstimates.observe_once` remembers to skip a repeat."""
+
+
 @dataclass(slots=True)
 class LoadEstimates:
     """Load seconds learned from measured loads: per (model or adapter, tier) an exponentially
@@ -106,7 +110,9 @@ class LoadEstimates:
     _own: dict[tuple[str, LoadTier], float] = field(default_factory=dict)
     _tier_sum: dict[LoadTier, float] = field(default_factory=dict)
     _tier_n: dict[LoadTier, int] = field(default_factory=dict)
-    _seen: set[tuple[str, LoadTier, float]] = field(default_factory=set)
+    _seen: dict[tuple[str, LoadTier, float], None] = field(default_factory=dict)
+    """Loads already learned, oldest first, at most ``SEEN_LOADS`` (a heartbeat repeats only
+    its worker's few most recent loads)."""
 
     def observe(self, name: str, tier: LoadTier, seconds: float) -> None:
         """One measured load of ``name`` (a base model, or an adapter with tier ``adapter``)."""
@@ -124,7 +130,9 @@ class LoadEstimates:
         mark = (name, tier, at_s)
         if mark in self._seen:
             return
-        self._seen.add(mark)
+        self._seen[mark] = None
+        if len(self._seen) > SEEN_LOADS:
+            del self._seen[next(iter(self._seen))]
         self.observe(name, tier, seconds)
 
     def estimate(self, name: str, tier: LoadTier) -> float:

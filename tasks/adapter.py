@@ -42,6 +42,8 @@ from tasks.affinity import (
 from tasks.apply import apply_plan
 from tasks.context import WorkerContext
 from tasks.dispatch import (
+    direct_publish,
+    message_for_release,
     publish_chunks,
     release,
     release_batch,
@@ -54,7 +56,7 @@ from tasks.routing import STANDBY, class_queue_of
 from tasks.runtime import celery
 from tasks.settings import Settings
 from tasks.snapshot import SnapshotCache, learned_cost_model, read_snapshot
-from tasks.store import JobStore, ScriptBatch
+from tasks.store import JobStore, ScriptBatch, Written
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,11 @@ log = logging.getLogger(__name__)
 def policy_config(settings: Settings, store: JobStore) -> PolicyConfig:
     """The settings' policy, with the run-time policy switch applied and the recovery knobs of
     the broker and affinity settings."""
+    return configured_policy(settings, store.active_policy(settings.scheduler.policy))
+
+
+def configured_policy(settings: Settings, active: str) -> PolicyConfig:
+    """:func:`policy_config` with the policy in force, ``active``, read already."""
     config = settings.scheduler.to_policy()
     broker, affinity = settings.broker, settings.affinity
     recovery = RecoveryConfig(
@@ -69,7 +76,6 @@ def policy_config(settings: Settings, store: JobStore) -> PolicyConfig:
         unpublished_after_s=broker.chunk_lease,
         affinity_max_wait_s=affinity.max_wait if affinity.enabled else None,
     )
-    active = store.active_policy(settings.scheduler.policy)
     return replace(config, policy=PolicyKind(active), recovery=recovery)
 
 
@@ -124,8 +130,12 @@ def run_tick(ctx: WorkerContext, now_s: float, cache: SnapshotCache | None = Non
     took.check_s = checked - planned
     target = LiveTarget(store, seen.records, settings, buffered=True,
                         busy_free_in_s=lambda: busy_free_in_s(seen.snapshot, now_s))
-    apply_plan(plan, target)
-    target.flush()
+    try:
+        apply_plan(plan, target)
+        target.flush()
+    finally:
+        if cache is not None:  # its own writes, folded: next tick reads none of them again
+            cache.fold_written(target.written)
     advance_expert_updates(store, settings, now_s)
     took.apply_s = time.perf_counter() - checked
     return plan
@@ -192,6 +202,7 @@ class LiveTarget:
         self._busy_free_in_s = busy_free_in_s
         """When the busy workers free up (the tick's snapshot knows), read for a placement."""
         self.buffered = buffered
+        self._direct = direct_publish(settings)
         self._batch = ScriptBatch(store)
         self._then: list[Callable[[bool], None]] = []
         self._publish: list[tuple[JobRecord, int, int, str]] = []
@@ -224,16 +235,29 @@ class LiveTarget:
         if revoke:
             celery().control.revoke(revoke)  # hygiene only: the epochs fence
 
+    @property
+    def written(self) -> list[Written]:
+        """Buffered: the job writes that took effect so far, with the revision each left
+        (what the tick's snapshot cache folds in without reading the records again)."""
+        return self._batch.written
+
     def _release_queued(self, job: JobRecord, queue: str, *, reason: str, bump_epoch: bool,
                         atomic: bool | None = None, estimate_s: float | None = None) -> bool:
+        """The move to QUEUED, and with it (direct publish, a plain chunk) the chunk's message
+        and the record's note of it, in one script; else the publish follows the move."""
         epoch, updates = release_updates(job, queue=queue, bump_epoch=bump_epoch,
                                          atomic=atomic, estimate_s=estimate_s)
+        pushed = message_for_release(job, job.next_chunk, epoch, queue, direct=self._direct)
+        if pushed is not None:
+            updates.update(pushed[1])
         self._batch.transition_as_seen(job, JobState.QUEUED, by="scheduler", reason=reason,
-                                       updates=updates)
+                                       updates=updates,
+                                       push=(queue, pushed[0]) if pushed is not None else None)
 
         def then(moved: bool) -> None:
             if moved:
-                self._publish.append((job, job.next_chunk, epoch, queue))
+                if pushed is None:
+                    self._publish.append((job, job.next_chunk, epoch, queue))
                 if bump_epoch and job.last_task_id:
                     self._revoke.append(job.last_task_id)
         return self._queue(job.job_id, then)

@@ -211,6 +211,19 @@ def release_updates(seen: JobRecord, *, queue: str, bump_epoch: bool = False,
     return epoch, updates
 
 
+def message_for_release(job: JobRecord, chunk: int, epoch: int, queue: str, *, direct: bool
+                        ) -> tuple[str, dict[str, str]] | None:
+    """The message of ``job``'s chunk that its release can push in the same script as its move
+    to QUEUED, and the record's note of it (the fields :func:`publish_chunks` writes after):
+    with ``direct`` publish (:func:`direct_publish`), for a plain chunk; None when the chunk
+    goes out otherwise (Celery's publish, a batch of one): publish it once the job moved."""
+    if not direct or (job.batch_group is not None and not job.atomic):
+        return None
+    task_id, args, kwargs = chunk_task(job, chunk, epoch)
+    message = wire_message(CHUNK_TASK, task_id, args, kwargs)
+    return message.for_queue(queue), encode(published=chunk, last_task_id=task_id)
+
+
 def publish_chunks(store: JobStore, chunks: list[tuple[JobRecord, int, int, str]]) -> None:
     """:func:`publish_chunk` of each (job, chunk, epoch, queue): with direct publish, every
     plain chunk message and its record's note go out in one MULTI (one round trip); a batchable

@@ -69,8 +69,10 @@ running): a zset the state changes keep (``_events.lua``), read by the dashboard
 DONE = PREFIX + "done"
 """A stream of (job id, final state): clients block on it instead of polling every job."""
 CHANGES = PREFIX + "changes"
-"""A mark per write of a job record (``k``: the record's key; a commit's mark adds its ``seq``,
-``chunk`` and ``service_s``): the tick reads records only when marked (``tasks.snapshot``)."""
+"""A mark per write of a job record (``k``: the record's key; ``r``: the record's revision after
+the write, from a script; a commit's mark adds its ``seq``, ``chunk`` and ``service_s``): the
+tick reads records only when marked, and only when it does not hold that revision already
+(``tasks.snapshot``)."""
 CHANGES_MAXLEN = 100_000
 """About how many marks the change stream keeps (``_events.lua``'s ``CHANGES_MAXLEN``): a tick
 that finds its last-read mark trimmed away reads every record again."""

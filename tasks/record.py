@@ -8,6 +8,7 @@ stack upgrades in place. Attribute names carry units (``submitted_at_s``); field
 from __future__ import annotations
 
 import json
+import operator
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, fields
 from functools import lru_cache
@@ -42,6 +43,13 @@ def _opt(decode: Callable[[str], Any]) -> Callable[[str], Any]:
     return lambda raw: decode(raw) if raw else None
 
 
+@lru_cache(maxsize=1024)
+def _json_tuple(raw: str) -> tuple[Any, ...]:
+    """A JSON list as a tuple, decoded once per distinct text (most jobs depend on nothing:
+    ``[]``; the tuple is immutable, so sharing it is safe)."""
+    return tuple(json.loads(raw))
+
+
 _Codec = tuple[Callable[[str], Any], Callable[[Any], str]]
 _TEXT: _Codec = (str, str)
 _INT: _Codec = (int, str)
@@ -50,7 +58,7 @@ _FLAG: _Codec = (lambda raw: raw == "1", _flag_text)
 _OPT_TEXT: _Codec = (_opt(str), lambda v: "" if v is None else str(v))
 _OPT_INT: _Codec = (_opt(int), lambda v: "" if v is None else str(v))
 _OPT_FLOAT: _Codec = (_opt(float), lambda v: "" if v is None else _float_text(v))
-_JSON_LIST: _Codec = (lambda raw: tuple(json.loads(raw)), lambda v: json.dumps(list(v)))
+_JSON_LIST: _Codec = (_json_tuple, lambda v: json.dumps(list(v)))
 _NAMES: _Codec = (lambda raw: tuple(raw.split(",")) if raw else (), ",".join)
 
 
@@ -132,26 +140,56 @@ class JobRecord:
     batch_growth: float | None = None
     """The job's own batched-step growth (a simulated job's ``batch_growth``); None: the
     policy's table by cost key."""
+    rev: int = 0
+    """Writes of the record so far: every writer bumps it with the write's mark on the change
+    stream (which carries the new value), so one revision is one content of the record."""
 
     @classmethod
     def from_hash(cls, raw: Mapping[str, str] | Mapping[bytes, bytes]) -> JobRecord:
         """Parse a job hash; raises :class:`UnreadableRecord` naming the field at fault."""
-        text = {_str(k): _str(v) for k, v in raw.items()}
-        job_id = text.get("id", "?")
-        values: dict[str, Any] = {}
-        for attr, (name, (decode, _)) in _FIELDS.items():
-            if name not in text:
-                if attr in _REQUIRED:
-                    raise UnreadableRecord(job_id, f"field {name!r} missing")
+        as_bytes = isinstance(next(iter(raw), None), bytes)  # as Redis gives it
+        if as_bytes:
+            get: Callable[[Any], Any] = raw.get  # decoded as read: only the fields parsed
+            names: tuple[Any, ...] = _FIELD_NAMES_BYTES
+        else:
+            get, names = {_str(k): _str(v) for k, v in raw.items()}.get, _FIELD_NAMES
+        values: list[Any] = list(_DEFAULTS)
+        for (i, name, decode, required), key in zip(_DECODERS, names, strict=True):
+            found = get(key)
+            if found is None:
+                if required:
+                    raise UnreadableRecord(_job_id_of(raw), f"field {name!r} missing")
                 continue
+            if as_bytes:
+                found = found.decode()
             try:
-                values[attr] = decode(text[name])
+                values[i] = decode(found)
             except (ValueError, TypeError) as exc:
-                raise UnreadableRecord(job_id, f"{name}={text[name]!r}: {exc}") from exc
-        record = cls(**values)
+                raise UnreadableRecord(_job_id_of(raw), f"{name}={found!r}: {exc}") from exc
+        record = cls(*values)
         problem = record.inconsistency()
         if problem is not None:
-            raise UnreadableRecord(job_id, problem)
+            raise UnreadableRecord(record.job_id, problem)
+        return record
+
+    def with_fields(self, fields: Mapping[str, str]) -> JobRecord:
+        """The record once ``fields`` (hash field → text, as :func:`encode` gives them) are
+        written over it: what :meth:`from_hash` reads back then (a field the record does not
+        know is ignored, as there); raises :class:`UnreadableRecord` as it would."""
+        values = list(_all_values(self))
+        for name, text in fields.items():
+            known = _BY_NAME.get(name)
+            if known is None:
+                continue
+            i, decode = known
+            try:
+                values[i] = decode(text)
+            except (ValueError, TypeError) as exc:
+                raise UnreadableRecord(self.job_id, f"{name}={text!r}: {exc}") from exc
+        record = JobRecord(*values)
+        problem = record.inconsistency()
+        if problem is not None:
+            raise UnreadableRecord(self.job_id, problem)
         return record
 
     def inconsistency(self) -> str | None:
@@ -275,5 +313,27 @@ _FIELDS: dict[str, tuple[str, _Codec]] = {
     "batch_group": ("batch_group", _OPT_TEXT),
     "batch": ("batch", _OPT_TEXT),
     "batch_growth": ("batch_growth", _OPT_FLOAT),
+    "rev": ("rev", _INT),
 }
+
 _REQUIRED = frozenset(f.name for f in fields(JobRecord) if f.default is MISSING)
+_ATTRS = tuple(f.name for f in fields(JobRecord))
+"""The record's attributes in the order its constructor takes them."""
+_DEFAULTS = tuple(None if f.default is MISSING else f.default for f in fields(JobRecord))
+_DECODERS = tuple((_ATTRS.index(attr), name, decode, attr in _REQUIRED)
+                  for attr, (name, (decode, _)) in _FIELDS.items())
+"""(constructor position, hash field, decode, required) of every attribute."""
+_FIELD_NAMES: tuple[str, ...] = tuple(decoder[1] for decoder in _DECODERS)
+_FIELD_NAMES_BYTES = tuple(name.encode() for name in _FIELD_NAMES)
+
+
+def _job_id_of(raw: Mapping[str, str] | Mapping[bytes, bytes]) -> str:
+    for key, value in raw.items():
+        if _str(key) == "id":
+            return _str(value)
+    return "?"
+
+
+_BY_NAME: dict[str, tuple[int, Callable[[str], Any]]] = {
+    name: (_ATTRS.index(attr), decode) for attr, (name, (decode, _)) in _FIELDS.items()}
+_all_values = operator.attrgetter(*_ATTRS)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 import json
 import logging
+import math
 import statistics
 import time
 from collections.abc import Iterable, Mapping
@@ -35,7 +36,7 @@ from tasks.errors import JobNotFound
 from tasks.record import JobRecord, UnreadableRecord
 from tasks.routing import CONTROL, affinity_worker, class_queue_of
 from tasks.settings.diffusion import DiffusionSettings
-from tasks.store import JobStore, decode_heartbeats
+from tasks.store import JobStore, Written, decode_heartbeats
 
 log = logging.getLogger(__name__)
 
@@ -235,7 +236,13 @@ class SnapshotCache:
     in only the records the change stream names since the last one.
 
     Every writer of a job record marks it on ``sl:changes`` in the same script (or MULTI) as
-    its write, so a record read after its mark is at least as new as the mark. The cache
+    its write, so a record read after its mark is at least as new as the mark. Each write also
+    bumps the record's revision (``rev``), and a script's mark carries the new one: a record the
+    cache holds at that revision or later is not read again. The tick's own writes come back
+    with their revisions (:meth:`fold_written`): a record the cache held just before such a
+    write (one revision less) is updated in place with what the write set, so the marks of a
+    tick's own actions cost the next tick nothing; a write of anyone else in between leaves the
+    revisions apart, and the record is read. The cache
     remembers the id of the last mark it folded and reads from it, inclusive: when that entry is
     gone (the stream was trimmed past it, or flushed), marks may have been lost, and the cache
     reads every record again — as it does on its first tick and after :meth:`invalidate` (the
@@ -274,6 +281,9 @@ class SnapshotCache:
         """Own commits (seq → chunk, service seconds) of jobs whose event stream was read."""
         self._ended: dict[str, JobState] = {}
         """Terminal states of dependencies outside the live set."""
+        self._gone: dict[str, int] = {}
+        """Jobs the tick's own writes ended since the last fold, and the revision each left
+        (their marks, up to it, need no read: the job left the live set for good)."""
         self._scanned: list[str] = []
         self._scanned_at = float("-inf")
         self.full_reads = 0
@@ -295,6 +305,39 @@ class SnapshotCache:
             self.invalidate()
             raise
         return dict(self._items)
+
+    def fold_written(self, written: Iterable[Written]) -> None:
+        """Fold in the writes the tick itself made (in the order made), without reading: a
+        record held at one revision before a write is now the record with the write's fields
+        set; a job a write ended leaves the cache. Any other record is left for the change
+        stream to name (someone else wrote it in between, or it was never held)."""
+        chains: dict[str, tuple[JobRecord, dict[str, str], int]] = {}
+        """Per job: the record held, the fields its writes set over it, the last revision."""
+        for w in written:
+            if w.ended:
+                chains.pop(w.job_id, None)
+                self._gone[w.job_id] = w.rev
+                if w.job_id in self._items:
+                    self._built = None
+                    self._drop(w.job_id)
+                continue
+            chain = chains.get(w.job_id)
+            if chain is not None:
+                if chain[2] == w.rev - 1:
+                    chain[1].update(w.fields)
+                    chains[w.job_id] = (chain[0], chain[1], w.rev)
+                continue  # else someone else wrote in between: its mark names the record
+            held = self._records.get(w.job_id)
+            if held is not None and held.rev == w.rev - 1:
+                chains[w.job_id] = (held, dict(w.fields), w.rev)
+        for job_id, (held, fields, rev) in chains.items():
+            fields["rev"] = str(rev)
+            try:
+                record = held.with_fields(fields)
+            except UnreadableRecord:
+                continue  # read back next tick, and reported as a full read reports it
+            self._built = None
+            self._put(job_id, record)
 
     def read(self, cost: CostModel, policy: PolicyConfig, now_s: float,
              diffusion_block_groups: int = DIFFUSION_BLOCK_GROUPS) -> Seen:
@@ -350,32 +393,49 @@ class SnapshotCache:
                      "live record")
             self._read_all()
             return
-        changed: dict[str, None] = {}
+        marked: dict[str, float] = {}
+        """Each marked job's highest revision its marks carry (inf: a mark without one)."""
         commits: list[tuple[str, int, int, float]] = []
         for _, fields in raw[1:]:
             job_id = keys.job_id_of(fields[b"k"].decode())
             if not job_id:
                 continue  # an anchor
-            changed[job_id] = None
+            rev = fields.get(b"r")
+            at = float(rev) if rev is not None else math.inf
+            if marked.get(job_id, -1.0) < at:
+                marked[job_id] = at
             if b"seq" in fields:
                 commits.append((job_id, int(fields[b"seq"]), int(fields[b"chunk"]),
                                 float(fields[b"service_s"])))
         self._last_id = raw[-1][0].decode()
+        gone, self._gone = self._gone, {}
+        changed = [job_id for job_id, at in marked.items()
+                   if self._held_rev(job_id, gone) < at]
         self.changed = len(changed)
+        self._fold_commits(commits)
         if not changed:
             return
         self._built = None
         pipe = self.store.redis.pipeline(transaction=False)
         for job_id in changed:
             pipe.hgetall(keys.job(job_id))
-            pipe.sismember(keys.ACTIVE, job_id)
+        pipe.smismember(keys.ACTIVE, changed)
         replies = pipe.execute()
-        for i, job_id in enumerate(changed):
-            fields, live = replies[2 * i], replies[2 * i + 1]
+        for job_id, fields, live in zip(changed, replies[:-1], replies[-1], strict=True):
             if live and fields:
                 self._put(job_id, _parsed(job_id, fields))
             else:
                 self._drop(job_id)
+
+    def _held_rev(self, job_id: str, gone: Mapping[str, int]) -> float:
+        """The revision of the job's record the cache holds (-1: none; a job the tick's own
+        write ended, the revision that write left)."""
+        held = self._records.get(job_id)
+        if held is not None:
+            return held.rev
+        return gone.get(job_id, -1)
+
+    def _fold_commits(self, commits: Iterable[tuple[str, int, int, float]]) -> None:
         for job_id, seq, chunk, service_s in commits:
             known = self._commits.get(job_id)
             if known is not None:
@@ -389,6 +449,7 @@ class SnapshotCache:
         self._items, self._records, self._views, self._order = {}, {}, {}, []
         self._built = None
         self._waiting_deps, self._running, self._commits, self._ended = set(), set(), {}, {}
+        self._gone = {}
         for item in self.store.records(sorted(m.decode() for m in members)):
             if isinstance(item, UnreadableRecord):
                 log.error("job %s: %s", item.job_id, item)

@@ -115,9 +115,25 @@ def _claimed(reply: Any) -> tuple[JobRecord | str, bytes | None]:
 def mark_changed(pipe: Any, job_id: str) -> None:
     """Queue on ``pipe`` (after the write to the job's record, or in its MULTI) the mark the
     scripts' ``changed`` writes: the tick folds a record only when marked, so a write of a live
-    record without its mark would never reach the scheduler's snapshot."""
+    record without its mark would never reach the scheduler's snapshot. The record's revision
+    is bumped as the scripts bump it, but the mark cannot carry the new one (a MULTI has no
+    replies to use): the tick reads the record whatever revision it holds."""
+    pipe.hincrby(keys.job(job_id), "rev", 1)
     pipe.xadd(keys.CHANGES, {"k": keys.job(job_id)}, maxlen=keys.CHANGES_MAXLEN,
               approximate=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """A write of a job record that took effect, as its writer knows it: the record's revision
+    right after it (``rev``: the write's own mark carries it), the hash fields it set, and
+    whether it ended the job (it left the live set). A reader that held the record at
+    ``rev - 1`` holds it at ``rev`` by setting ``fields`` (``tasks.snapshot``)."""
+
+    job_id: str
+    rev: int
+    fields: Mapping[str, str]
+    ended: bool = False
 
 
 def _flat(fields: Mapping[str, str]) -> list[str]:
@@ -241,6 +257,53 @@ class CommitRequest:
         return replace(self, checkpoint=checkpoint)
 
 
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """A job to store as PENDING (:meth:`JobStore.create_many`): its spec, what its plan and
+    the submit decision made of it, and the submit time."""
+
+    spec: JobSpec
+    tenant: str
+    tier: str
+    num_chunks: int
+    cost_key: str
+    cost_units: tuple[float, ...]
+    deadline_s: float
+    """Seconds from ``now_s`` to its deadline."""
+    now_s: float
+    queue: str
+    atomic: bool = False
+    chunk_names: tuple[str, ...] = ()
+    resource_profile: ResourceProfile = ResourceProfile.COMPUTE
+    events_ttl_s: float | None = None
+    batch_group: str | None = None
+    batch_growth: float | None = None
+
+    def fields(self, job_id: str) -> dict[str, str]:
+        """The record this job is stored as under ``job_id``."""
+        spec, now_s = self.spec, self.now_s
+        return encode(
+            job_id=job_id, kind=spec.kind, state=JobState.PENDING, slo=spec.slo,
+            tenant=self.tenant, tier=self.tier, params=spec.params, depends_on=spec.depends_on,
+            submitted_at_s=now_s, deadline_at_s=now_s + self.deadline_s,
+            num_chunks=self.num_chunks, next_chunk=0, seq=0, epoch=0, queue=self.queue,
+            preempt=False, cancel=False, preemptions=0, service_s=0.0, cost_key=self.cost_key,
+            cost_units=tuple(self.cost_units), updated_at_s=now_s, atomic=self.atomic,
+            chunk_names=tuple(self.chunk_names), resource_profile=self.resource_profile,
+            shed_if_late=spec.shed_if_late, events_ttl_s=self.events_ttl_s,
+            batch_group=self.batch_group, batch_growth=self.batch_growth,
+        )
+
+    def create_call(self, job_id: str, fields: Mapping[str, str]) -> tuple[list[str], list[Any]]:
+        """The ``create`` script's keys and arguments for this job under ``job_id``."""
+        spec = self.spec
+        idem = (keys.idempotency(self.tenant, spec.idempotency_key)
+                if spec.idempotency_key else "")
+        keys_ = [keys.job(job_id), keys.job_events(job_id), keys.ACTIVE, keys.INDEX, idem,
+                 keys.CHANGES]
+        return keys_, [job_id, repr(self.now_s), _flat_json(fields)]
+
+
 class _ScriptPipeline:
     """A pipeline of script calls (and plain commands) in one round trip. redis-py sends a
     ``SCRIPT EXISTS`` for a pipeline's scripts before the pipeline itself — one more round trip
@@ -280,83 +343,95 @@ class _ScriptPipeline:
 
 class ScriptBatch:
     """Fenced writes of many jobs sent together, in one round trip per :meth:`execute`: each is
-    the script (or MULTI-free write and its mark) the store's own method sends, fenced the same
-    way, so a job that moved since the writer saw it is left alone; :meth:`execute` returns
-    whether each write took effect, in the order queued. For a tick's thousands of actions."""
+    the script the store's own method sends, fenced the same way, so a job that moved since
+    the writer saw it is left alone; :meth:`execute` returns whether each write took effect,
+    in the order queued, and adds what each wrote to :attr:`written`. For a tick's thousands
+    of actions."""
 
     def __init__(self, store: JobStore) -> None:
         self.store = store
         self._pipe = _ScriptPipeline(store.redis)
-        self._kinds: list[str] = []
+        self._kinds: list[tuple[str, str, Mapping[str, str], bool]] = []
+        """Per write: its kind, the job, the fields it sets when it takes effect, whether it
+        ends the job."""
+        self.written: list[Written] = []
+        """The writes that took effect so far, in order, with the revision each left."""
 
     def __len__(self) -> int:
         return len(self._kinds)
 
     def transition_as_seen(self, seen: JobRecord, target: JobState, *, by: str, reason: str,
                            expect: Mapping[str, str] | None = None,
-                           updates: Mapping[str, str] | None = None) -> None:
+                           updates: Mapping[str, str] | None = None,
+                           push: tuple[str, str] | None = None) -> None:
         """:meth:`JobStore.transition_as_seen`, queued (an illegal move, or a job gone, is a
-        refusal: False)."""
+        refusal: False). ``push``: (queue, message) pushed with the move (a release's chunk
+        message; its note on the record goes in ``updates``)."""
         fence = encode(state=seen.state, epoch=seen.epoch, seq=seen.seq)
         options = scripts.json_arg(expect={**fence, **(expect or {})},
                                    set=_flat(updates or {}) or None)
-        job_id = seen.job_id
+        job_id, now = seen.job_id, repr(time.time())
+        queue, message = push if push is not None else ("", "")
         self._pipe.script(self.store._transition,
                           [keys.job(job_id), keys.job_events(job_id), keys.ACTIVE, keys.DONE,
-                           keys.CHANGES],
-                          [target.value, repr(time.time()), by, reason, options])
-        self._kinds.append("transition")
+                           keys.CHANGES, queue],
+                          [target.value, now, by, reason, options, message])
+        written = {**(updates or {}), "state": target.value, "updated_at": now}
+        self._kinds.append(("transition", job_id, written, target.is_terminal))
 
     def update_as_seen(self, seen: JobRecord, **values: Any) -> None:
         """:meth:`JobStore.update_as_seen`, queued."""
+        fields = encode(**values)
         self._pipe.script(self.store._update_as_seen, [keys.job(seen.job_id), keys.CHANGES],
-                          [seen.state.value, str(seen.epoch), str(seen.seq),
-                           _flat_json(encode(**values))])
-        self._kinds.append("flag")
+                          [seen.state.value, str(seen.epoch), str(seen.seq), _flat_json(fields)])
+        self._kinds.append(("rev", seen.job_id, fields, False))
 
     def request_preempt(self, job_id: str, *, state: JobState, epoch: int) -> None:
         """:meth:`JobStore.request_preempt`, queued."""
         self._pipe.script(self.store._flag_preempt, [keys.job(job_id), keys.CHANGES],
                           [state.value, str(epoch)])
-        self._kinds.append("flag")
+        self._kinds.append(("rev", job_id, encode(preempt=True), False))
 
     def keep_first_estimate(self, job_id: str, estimate_s: float) -> None:
-        """:meth:`JobStore.keep_first_estimate`, queued."""
+        """:meth:`JobStore.keep_first_estimate`, queued (True whether or not an estimate was
+        kept already)."""
+        name = field_name("first_estimate_s")
         self._pipe.script(self.store._first_estimate, [keys.job(job_id), keys.CHANGES],
-                          [field_name("first_estimate_s"), repr(estimate_s)])
-        self._kinds.append("always")
+                          [name, repr(estimate_s)])
+        self._kinds.append(("always", job_id, {name: repr(estimate_s)}, False))
 
     def set_fields(self, job_id: str, **values: Any) -> None:
-        """:meth:`JobStore.set_fields`, queued: the write, then its mark (one connection keeps
-        their order)."""
-        self._pipe.command("hset", keys.job(job_id), mapping=encode(**values))
-        self._pipe.command("xadd", keys.CHANGES, {"k": keys.job(job_id)},
-                           maxlen=keys.CHANGES_MAXLEN, approximate=True)
-        self._kinds.append("write")
+        """:meth:`JobStore.set_fields`, queued."""
+        fields = encode(**values)
+        self._pipe.script(self.store._set_fields, [keys.job(job_id), keys.CHANGES],
+                          [_flat_json(fields)])
+        self._kinds.append(("always", job_id, fields, False))
 
     def execute(self) -> list[bool]:
         """Send everything queued in one round trip; whether each write took effect."""
         if not self._kinds:
             return []
-        replies = iter(self._pipe.execute())
         out = []
-        for kind in self._kinds:
-            reply = next(replies)
+        for (kind, job_id, fields, ends), reply in zip(self._kinds, self._pipe.execute(),
+                                                       strict=True):
             if kind == "transition":
-                out.append(_text(reply[0]) == "ok")
-            elif kind == "flag":
-                out.append(bool(reply))
-            elif kind == "write":
-                next(replies)  # the mark
-                out.append(True)
+                moved = _text(reply[0]) == "ok"
+                rev = int(reply[2]) if moved else 0
             else:
-                out.append(True)
+                rev = int(reply)
+                moved = kind == "always" or rev > 0
+            if rev > 0:
+                self.written.append(Written(job_id, rev, fields, ends))
+            out.append(moved)
         self._pipe, self._kinds = _ScriptPipeline(self.store.redis), []
         return out
 
 
 class JobStore:
     """Jobs in Redis. All methods are safe to call from any process."""
+
+    heartbeat_scan_s = 5.0
+    """How often :meth:`heartbeats` scans the keyspace for workers that do not register."""
 
     def __init__(self, client: redis.Redis, *, commit_replicas: int = 0,
                  commit_replica_timeout_s: float = 0.5, broker: redis.Redis | None = None) -> None:
@@ -365,6 +440,8 @@ class JobStore:
         self.broker = broker if broker is not None else client
         self.commit_replicas = commit_replicas  # a commit waits for them (WAIT); 0: none
         self.commit_replica_timeout_ms = max(1, round(commit_replica_timeout_s * 1000))
+        self._heartbeat_scan: tuple[float, list[str]] = (float("-inf"), [])
+        """(when, heartbeat keys found) of the last scan of the keyspace (:meth:`heartbeats`)."""
         self._transition = scripts.register(client, "transition")
         self._create = scripts.register(client, "create")
         self._claim = scripts.register(client, "claim")
@@ -372,59 +449,45 @@ class JobStore:
         self._first_estimate = scripts.register(client, "first_estimate")
         self._flag_preempt = scripts.register(client, "flag_preempt")
         self._update_as_seen = scripts.register(client, "update_as_seen")
+        self._set_fields = scripts.register(client, "set_fields")
         self._fail_unreadable = scripts.register(client, "fail_unreadable")
         self._batch_join = scripts.register(client, "batch_join")
         self._batch_take = scripts.register(client, "batch_take")
 
     # create -----------------------------------------------------------------------------------
-    def create(
-        self,
-        spec: JobSpec,
-        *,
-        tenant: str,
-        tier: str,
-        num_chunks: int,
-        cost_key: str,
-        cost_units: Iterable[float],
-        deadline_s: float,
-        now_s: float,
-        queue: str,
-        atomic: bool = False,
-        chunk_names: Iterable[str] = (),
-        resource_profile: ResourceProfile = ResourceProfile.COMPUTE,
-        events_ttl_s: float | None = None,
-        batch_group: str | None = None,
-        batch_growth: float | None = None,
-    ) -> tuple[str, bool]:
-        """Store a new PENDING job; returns (job id, created). An idempotency key seen before
-        for this tenant returns the first job's id and ``created=False``."""
-        job_id = uuid.uuid4().hex[:16]
-        fields = encode(
-            job_id=job_id, kind=spec.kind, state=JobState.PENDING, slo=spec.slo, tenant=tenant,
-            tier=tier, params=spec.params, depends_on=spec.depends_on, submitted_at_s=now_s,
-            deadline_at_s=now_s + deadline_s, num_chunks=num_chunks, next_chunk=0, seq=0,
-            epoch=0, queue=queue, preempt=False, cancel=False, preemptions=0, service_s=0.0,
-            cost_key=cost_key, cost_units=tuple(cost_units), updated_at_s=now_s, atomic=atomic,
-            chunk_names=tuple(chunk_names), resource_profile=resource_profile,
-            shed_if_late=spec.shed_if_late, events_ttl_s=events_ttl_s, batch_group=batch_group,
-            batch_growth=batch_growth,
-        )
-        idem = keys.idempotency(tenant, spec.idempotency_key) if spec.idempotency_key else ""
-        keys_ = [keys.job(job_id), keys.job_events(job_id), keys.ACTIVE, keys.INDEX, idem,
-                 keys.CHANGES]
-        args: list[Any] = [job_id, repr(now_s), _flat_json(fields)]
-        if not self.commit_replicas:
-            status, value = self._create(keys=keys_, args=args)
-            return _text(value), _text(status) == "ok"
+    def create(self, spec: JobSpec, **fields: Any) -> tuple[str, bool]:
+        """Store a new PENDING job (``fields``: those of :class:`NewJob`); returns (job id,
+        created). An idempotency key seen before for this tenant returns the first job's id
+        and ``created=False``."""
+        job_id, created, _ = self.create_many([NewJob(spec, **fields)])[0]
+        return job_id, created
+
+    def create_many(self, jobs: Sequence[NewJob]) -> list[tuple[str, bool, JobRecord | None]]:
+        """Store each new PENDING job in one round trip (all of them then wait for
+        ``commit_replicas``): (job id, created, the record as stored; None for an
+        idempotency-key replay, whose id is the first job's) per job, in order."""
+        if not jobs:
+            return []
         pipe = _ScriptPipeline(self.redis)
-        pipe.script(self._create, keys_, args)
-        self._wait_for_replicas(pipe)
-        (status, value), replicas = pipe.execute()
-        if int(replicas) < self.commit_replicas:  # a failover could drop it: never accept it
+        written: list[dict[str, str]] = []
+        for job in jobs:
+            written.append(job.fields(uuid.uuid4().hex[:16]))
+            keys_, args = job.create_call(written[-1]["id"], written[-1])
+            pipe.script(self._create, keys_, args)
+        if self.commit_replicas:
+            self._wait_for_replicas(pipe)
+        replies = pipe.execute()
+        if self.commit_replicas and int(replies[-1]) < self.commit_replicas:
+            # a failover could drop them: never accept them
             raise RedisUnavailable(
-                f"job {_text(value)} reached {replicas} of {self.commit_replicas} replicas; "
-                "submit again (with the same idempotency key, to get this job if it survived)")
-        return _text(value), _text(status) == "ok"
+                f"{len(jobs)} new job(s) reached {replies[-1]} of {self.commit_replicas} "
+                "replicas; submit again (with the same idempotency keys, to get the jobs "
+                "that survived)")
+        out: list[tuple[str, bool, JobRecord | None]] = []
+        for (status, value), fields in zip(replies, written, strict=False):
+            job_id, created = _text(value), _text(status) == "ok"
+            out.append((job_id, created, JobRecord.from_hash(fields) if created else None))
+        return out
 
     # read -------------------------------------------------------------------------------------
     def fields(self, job_id: str) -> dict[str, str]:
@@ -510,10 +573,25 @@ class JobStore:
                    self.redis.xrange(key, min=f"({after_id}", max="+", count=count))
         return [(eid.decode(), {k.decode(): v.decode() for k, v in f.items()}) for eid, f in raw]
 
-    def heartbeats(self) -> dict[str, Heartbeat]:
+    def heartbeats(self, prune: bool = False) -> dict[str, Heartbeat]:
         """The live workers' heartbeats by worker name (a key expires when its worker stops
-        renewing it; an unreadable one is logged and skipped)."""
-        names = sorted(self.redis.scan_iter(keys.WORKER_PREFIX + "*", count=1000))
+        renewing it; an unreadable one is logged and skipped), in two round trips whatever the
+        size of the keyspace: read by name from ``sl:workers:live``, where every heartbeat
+        registers, plus the keys the last scan of the keyspace found (a worker that does not
+        register), the scan made at most every :attr:`heartbeat_scan_s` — a scan reads every
+        key, tens of thousands with a 10 000-job backlog. ``prune``: also drop the registry's
+        entries lapsed over a minute ago (the tick's job)."""
+        now = time.monotonic()
+        scanned_at, scanned = self._heartbeat_scan
+        if now - scanned_at >= self.heartbeat_scan_s:
+            scanned = self.heartbeat_names()
+            self._heartbeat_scan = (now, scanned)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zrange(keys.WORKERS_LIVE, 0, -1)
+        if prune:
+            pipe.zremrangebyscore(keys.WORKERS_LIVE, "-inf", int(time.time() * 1000) - 60_000)
+        registered = pipe.execute()[0]
+        names = sorted({*scanned, *(keys.worker(_text(n)) for n in registered)})
         bodies = cast(list[bytes | None], self.redis.mget(names)) if names else []
         return decode_heartbeats(names, bodies)
 
@@ -540,12 +618,12 @@ class JobStore:
         absent field reads as ``""``)."""
         options = scripts.json_arg(expect=dict(expect or {}) or None,
                                    set=_flat(updates or {}) or None)
-        status, current = self._transition(
+        reply = self._transition(
             keys=[keys.job(job_id), keys.job_events(job_id), keys.ACTIVE, keys.DONE,
-                  keys.CHANGES],
-            args=[target.value, repr(now_s or time.time()), by, reason, options],
+                  keys.CHANGES, ""],
+            args=[target.value, repr(now_s or time.time()), by, reason, options, ""],
         )
-        status = _text(status)
+        status, current = _text(reply[0]), reply[1]
         if status == "missing":
             raise JobNotFound(f"no job {job_id}")
         if status == "illegal":
@@ -587,10 +665,8 @@ class JobStore:
 
     def set_fields(self, job_id: str, **values: Any) -> None:
         """Write record attributes (typed, encoded by the record's codecs)."""
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.hset(keys.job(job_id), mapping=encode(**values))  # type: ignore[arg-type]
-        mark_changed(pipe, job_id)
-        pipe.execute()
+        self._set_fields(keys=[keys.job(job_id), keys.CHANGES],
+                         args=[_flat_json(encode(**values))])
 
     def request_cancel(self, job_id: str) -> JobState:
         """Cancel a job: at once unless a worker is running one of its chunks, in which case it

@@ -5,13 +5,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from scheduler import (
+    AdmissionStatus,
     JobKind,
     JobView,
     PolicyConfig,
@@ -22,15 +24,23 @@ from scheduler import (
     decide_submit,
 )
 from scheduler.lifecycle import JobState, SloClass
-from tasks.adapter import load_admission, policy_config
+from tasks import keys
+from tasks.adapter import configured_policy
+from tasks.admission import PublishedAdmission
 from tasks.affinity import WorkerDirectory, needs_directory, release_queue
-from tasks.dispatch import release
+from tasks.dispatch import (
+    direct_publish,
+    message_for_release,
+    publish_chunks,
+    release_updates,
+)
 from tasks.errors import InvalidJob, Overloaded
+from tasks.record import JobRecord
 from tasks.settings import Settings
 from tasks.spec import JobSpec, SimulatedParams
-from tasks.store import JobStore
+from tasks.store import JobStore, NewJob, ScriptBatch
 from workers.diffusion.adapters import adapter_registry
-from workers.errors import ParamsError
+from workers.errors import ParamsError, WorkerError
 from workers.kinds import get_runner
 from workers.runner import ChunkPlan
 
@@ -76,6 +86,27 @@ def prepare_submits(jobs: Iterable[tuple[str, dict[str, Any]]]) -> None:
         get_runner(kind).plan(validate_params(kind, params))
 
 
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """One job checked and planned, not stored yet."""
+
+    spec: JobSpec
+    plan: ChunkPlan
+    group: str | None
+    deadline_s: float
+    """Seconds from submit to its deadline."""
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    """What became of one job of :meth:`JobService.submit_many`: stored (``created`` False for
+    an idempotency-key replay, which returns the first job's id), or shed by admission."""
+
+    job_id: str | None
+    created: bool = False
+    shed: Overloaded | None = None
+
+
 class JobService:
     """The one path every client (CLI, REST, Python) takes into the store."""
 
@@ -89,6 +120,87 @@ class JobService:
         """Store and release a job as :func:`scheduler.decide_submit` decides (the simulator
         decides with the same function); returns (job id, created). Raises
         :class:`InvalidJob`, or :class:`Overloaded` when admission sheds it."""
+        (outcome,) = self.submit_many([spec], tenant=tenant, tier=tier)
+        if outcome.shed is not None:
+            raise outcome.shed
+        assert outcome.job_id is not None
+        return outcome.job_id, outcome.created
+
+    def submit_many(self, specs: Sequence[JobSpec], *, tenant: str = "default",
+                    tier: str = "standard") -> list[Submitted]:
+        """:meth:`submit` of each job, in a few round trips whatever their number: every job
+        is checked first (one :class:`InvalidJob` naming each bad one, ``jobs[i]``, and nothing
+        stored), then decided against one read of the policy and the admission status, stored
+        in one pipeline, and moved and published in one more each. A job admission sheds is
+        reported in its entry; the others stand."""
+        policy, admission = self._policy_and_admission()
+        prepared = self.prepare(specs, policy.policy.value)
+        now_s = time.time()
+        decisions = [self._decide(p, tier, policy, admission, now_s) for p in prepared]
+        kept = [(p, d) for p, d in zip(prepared, decisions, strict=True)
+                if d.action is not SubmitAction.SHED]
+        stored = iter(self.store.create_many([self._new_job(p, d, tenant, tier, now_s)
+                                              for p, d in kept]))
+        out: list[Submitted] = []
+        moves = ScriptBatch(self.store)
+        queued: list[tuple[JobRecord, str, int] | None] = []  # per move: a publish to follow
+        direct = direct_publish(self.settings)
+        directory: WorkerDirectory | None = None
+        for decision in decisions:
+            if decision.action is SubmitAction.SHED:
+                out.append(Submitted(None, shed=Overloaded(
+                    decision.reason, retry_after_s=decision.retry_after_s)))
+                continue
+            job_id, created, record = next(stored)
+            out.append(Submitted(job_id, created))
+            if not created or record is None or record.state is not JobState.PENDING:
+                continue  # the same job submitted again: it stands where it is
+            if decision.action is SubmitAction.SUSPEND:
+                moves.transition_as_seen(record, JobState.SUSPENDED, by="submit",
+                                         reason=decision.reason)
+                queued.append(None)
+            elif decision.action is SubmitAction.RELEASE:
+                if directory is None and needs_directory(self.settings, record):
+                    directory = WorkerDirectory.read(
+                        self.store, mark_ttl_s=self.settings.broker.chunk_lease)
+                queue = release_queue(self.settings, record, record.queue, directory)
+                epoch, updates = release_updates(record, queue=queue)
+                # direct publish: the chunk's message goes in the move's own script
+                pushed = message_for_release(record, record.next_chunk, epoch, queue,
+                                             direct=direct)
+                if pushed is not None:
+                    updates.update(pushed[1])
+                moves.transition_as_seen(record, JobState.QUEUED, by="submit",
+                                         reason=f"admitted to {queue}", updates=updates,
+                                         push=None if pushed is None else (queue, pushed[0]))
+                queued.append(None if pushed is not None else (record, queue, epoch))
+        publish = [(record, record.next_chunk, epoch, queue)
+                   for item, moved in zip(queued, moves.execute(), strict=True)
+                   if item is not None and moved for record, queue, epoch in (item,)]
+        if publish:
+            publish_chunks(self.store, publish)
+        return out
+
+    def prepare(self, specs: Sequence[JobSpec], policy: str) -> list[Prepared]:
+        """Each job checked against its kind and planned under ``policy`` (the one in force);
+        one :class:`InvalidJob` naming every bad one (``jobs[i]`` when there are several)."""
+        out: list[Prepared] = []
+        problems: list[str] = []
+        for index, spec in enumerate(specs):
+            try:
+                out.append(self._prepare(spec, policy))
+            except InvalidJob as exc:
+                text = str(exc)
+            except WorkerError as exc:
+                text = f"invalid {spec.kind} job: {exc}"
+            else:
+                continue
+            problems.append(text if len(specs) == 1 else f"jobs[{index}]: {text}")
+        if problems:
+            raise InvalidJob("; ".join(problems))
+        return out
+
+    def _prepare(self, spec: JobSpec, policy: str) -> Prepared:
         raw = dict(spec.params)
         if spec.kind == "text":  # decode chunk length adapts to the class: short for realtime
             raw.setdefault("chunk_tokens", TEXT_CHUNK_TOKENS[spec.slo])
@@ -96,32 +208,33 @@ class JobService:
         spec = spec.model_copy(update={"params": params})
         runner = get_runner(spec.kind)
         plan = runner.plan(params)
-        policy = policy_config(self.settings, self.store)
-        group = self._batch_group(spec, runner, params, plan, policy.policy.value)
-        target_s = self.settings.scheduler.slo_classes[spec.slo.value].target_s
+        group = self._batch_group(spec, runner, params, plan, policy)
         for dep in spec.depends_on:
             self.store.state(dep)  # raises JobNotFound for an unknown dependency
-        now_s = time.time()
-        deadline_s = spec.deadline_s or target_s
-        decision = self._decide(spec, tier, plan, deadline_s, group, policy, now_s)
-        if decision.action is SubmitAction.SHED:
-            raise Overloaded(decision.reason, retry_after_s=decision.retry_after_s)
-        job_id, created = self.store.create(
+        target_s = self.settings.scheduler.slo_classes[spec.slo.value].target_s
+        return Prepared(spec, plan, group, spec.deadline_s or target_s)
+
+    def _policy_and_admission(self) -> tuple[PolicyConfig, AdmissionStatus | None]:
+        """The policy in force and the last tick's admission status, in one round trip."""
+        pipe = self.store.redis.pipeline(transaction=False)
+        pipe.get(keys.POLICY)
+        pipe.get(keys.ADMISSION)
+        active, admission = pipe.execute()
+        chosen = self.settings.scheduler.policy if active is None else active.decode()
+        return (configured_policy(self.settings, chosen),
+                None if admission is None else PublishedAdmission.decode(admission).status)
+
+    def _new_job(self, p: Prepared, decision: SubmitDecision, tenant: str, tier: str,
+                 now_s: float) -> NewJob:
+        spec, plan = p.spec, p.plan
+        return NewJob(
             spec, tenant=tenant, tier=tier, num_chunks=plan.num_chunks, cost_key=plan.cost_key,
-            cost_units=plan.cost_units, deadline_s=deadline_s, now_s=now_s,
-            queue=decision.queue, atomic=decision.atomic, chunk_names=plan.names,
+            cost_units=tuple(plan.cost_units), deadline_s=p.deadline_s, now_s=now_s,
+            queue=decision.queue, atomic=decision.atomic, chunk_names=tuple(plan.names),
             resource_profile=ResourceProfile(plan.resource_profile),
-            events_ttl_s=self.settings.broker.event_retention, batch_group=group,
-            batch_growth=params.get("batch_growth") if spec.kind == "simulated" else None,
+            events_ttl_s=self.settings.broker.event_retention, batch_group=p.group,
+            batch_growth=spec.params.get("batch_growth") if spec.kind == "simulated" else None,
         )
-        if not created:  # the same job submitted again: it stands where it is
-            return job_id, created
-        if decision.action is SubmitAction.SUSPEND:
-            self.store.try_transition(job_id, JobState.SUSPENDED, by="submit",
-                                      reason=decision.reason)
-        elif decision.action is SubmitAction.RELEASE:
-            self._release_now(job_id)
-        return job_id, created
 
     def _batch_group(self, spec: JobSpec, runner: Any, params: dict[str, Any], plan: ChunkPlan,
                      policy: str) -> str | None:
@@ -139,28 +252,16 @@ class JobService:
                 return str(key)
         return None
 
-    def _decide(
-        self, spec: JobSpec, tier: str, plan: ChunkPlan, deadline_s: float, group: str | None,
-        policy: PolicyConfig, now_s: float,
-    ) -> SubmitDecision:
+    def _decide(self, p: Prepared, tier: str, policy: PolicyConfig,
+                admission: AdmissionStatus | None, now_s: float) -> SubmitDecision:
         """The submit decision from the job as it will be stored and the last tick's admission
         status (admitted without one)."""
+        spec, plan = p.spec, p.plan
         view = JobView(
             job_id="new", tenant="-", tier=Tier(tier), slo_class=spec.slo,
             kind=JobKind(spec.kind), state=JobState.PENDING, submitted_at_s=now_s,
-            deadline_s=now_s + deadline_s, cost_key=plan.cost_key, num_chunks=plan.num_chunks,
+            deadline_s=now_s + p.deadline_s, cost_key=plan.cost_key, num_chunks=plan.num_chunks,
             next_chunk=0, remaining_cost_units=float(sum(plan.cost_units)),
-            depends_on=tuple(spec.depends_on), batch_group=group,
+            depends_on=tuple(spec.depends_on), batch_group=p.group,
         )
-        return decide_submit(view, policy, load_admission(self.store), now_s)
-
-    def _release_now(self, job_id: str) -> None:
-        """Admitted work goes straight to its class queue; the tick re-plans from there."""
-
-        job = self.store.record(job_id)
-        if job.state is JobState.PENDING:
-            directory = (WorkerDirectory.read(self.store,
-                                              mark_ttl_s=self.settings.broker.chunk_lease)
-                         if needs_directory(self.settings, job) else None)
-            queue = release_queue(self.settings, job, job.queue, directory)
-            release(self.store, job, queue=queue, by="submit", reason=f"admitted to {queue}")
+        return decide_submit(view, policy, admission, now_s)

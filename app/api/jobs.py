@@ -19,6 +19,9 @@ from app.api.context import ApiContext, api_context, current_tenant
 from app.api.errors import JobUnfinished, ResultNotReady, TooManyRequests
 from app.api.stats import readable_records
 from app.schemas import (
+    BatchEntry,
+    BatchSubmit,
+    BatchSubmitted,
     ErrorBody,
     InferenceMetrics,
     InferenceRequest,
@@ -31,7 +34,7 @@ from app.tenants import Tenant
 from scheduler.lifecycle import JobState, SloClass
 from tasks.errors import InvalidJob, JobNotFound
 from tasks.record import JobRecord, UnreadableRecord
-from workers.errors import WorkerError
+from tasks.submit import Submitted
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1", tags=["jobs"])
@@ -80,24 +83,50 @@ def job_detail(record: JobRecord, origin_id: str | None) -> JobDetail:
 # submit ---------------------------------------------------------------------------------------
 def submit_for(ctx: ApiContext, tenant: Tenant, spec: JobSpec) -> tuple[str, bool]:
     """The one submit path of the API: replay, rate limit, quota, dependencies, submit."""
-    if spec.idempotency_key and (
-            existing := ctx.reads.replayed_job(tenant.name, spec.idempotency_key)):
-        return existing, False
-    wait_s, unfinished = ctx.limits.take_token_and_count(tenant)  # one round trip, O(1)
+    (outcome,) = submit_many_for(ctx, tenant, [spec])
+    if outcome.shed is not None:
+        raise outcome.shed
+    assert outcome.job_id is not None
+    return outcome.job_id, outcome.created
+
+
+def submit_many_for(ctx: ApiContext, tenant: Tenant, specs: list[JobSpec]) -> list[Submitted]:
+    """:func:`submit_for` of several jobs as one decision: replays answered first, then one
+    take of the rate limit's tokens and one quota check for the rest (all pass, or none is
+    stored), their dependencies, and one :meth:`JobService.submit_many`."""
+    replays: dict[int, str] = {}
+    for index, spec in enumerate(specs):
+        if spec.idempotency_key and (
+                existing := ctx.reads.replayed_job(tenant.name, spec.idempotency_key)):
+            replays[index] = existing
+    fresh = [spec for index, spec in enumerate(specs) if index not in replays]
+    if fresh:
+        _admit(ctx, tenant, len(fresh))
+    for spec in fresh:
+        for dep in spec.depends_on:
+            _check_dependency(ctx, tenant, dep)
+    stored = iter(ctx.service.submit_many(fresh, tenant=tenant.name, tier=tenant.tier)
+                  if fresh else [])
+    return [Submitted(replays[index]) if index in replays else next(stored)
+            for index in range(len(specs))]
+
+
+def _admit(ctx: ApiContext, tenant: Tenant, count: int) -> None:
+    """Take ``count`` rate-limit tokens and check the queue quota, in one round trip; raises
+    :class:`TooManyRequests` (or :class:`InvalidJob` for a batch no wait would let in)."""
+    if count > tenant.burst:
+        raise InvalidJob(f"a batch of {count} jobs is more than tenant {tenant.name!r}'s burst "
+                         f"of {tenant.burst} submissions; send at most {tenant.burst} at once")
+    wait_s, unfinished = ctx.limits.take_token_and_count(tenant, count)  # O(1)
     if wait_s > 0:
         raise TooManyRequests(
             f"tenant {tenant.name!r} is over its rate limit of {tenant.rate_limit_per_s:g} "
             f"submissions/s (burst {tenant.burst}); retry after {wait_s:.2f}s", wait_s)
-    if unfinished >= tenant.max_queued:
+    if unfinished + count > tenant.max_queued:
+        what = "" if count == 1 else f" and this batch has {count}"
         raise TooManyRequests(
-            f"tenant {tenant.name!r} has {unfinished} unfinished jobs, its quota is "
+            f"tenant {tenant.name!r} has {unfinished} unfinished jobs{what}, its quota is "
             f"{tenant.max_queued}; wait for some to finish or cancel them", 1.0)
-    for dep in spec.depends_on:
-        _check_dependency(ctx, tenant, dep)
-    try:
-        return ctx.service.submit(spec, tenant=tenant.name, tier=tenant.tier)
-    except WorkerError as exc:
-        raise InvalidJob(f"invalid {spec.kind} job: {exc}") from exc
 
 
 def _check_dependency(ctx: ApiContext, tenant: Tenant, dep: str) -> None:
@@ -123,6 +152,23 @@ def create_job(spec: JobSpec, ctx: Ctx, tenant: Caller, response: Response) -> J
         response.status_code = 200
     response.headers["Location"] = f"/v1/jobs/{job_id}"
     return job_detail(*ctx.reads.record_and_origin(job_id))
+
+
+@router.post(
+    "/jobs/batch", status_code=201, response_model=BatchSubmitted,
+    responses={**COMMON_RESPONSES, **LIMITED_RESPONSES},
+    summary="Submit many jobs in one request",
+)
+def create_jobs(body: BatchSubmit, ctx: Ctx, tenant: Caller) -> BatchSubmitted:
+    """Every job is checked first: one bad job rejects the batch (422 naming ``jobs[i]``) and
+    stores nothing; the rate limit takes one token per job and the quota counts them all, at
+    once. Each entry of the answer is a stored job (``created`` false: an idempotency-key
+    replay) or one admission shed under overload (``error``, ``retry_after_s``)."""
+    outcomes = submit_many_for(ctx, tenant, body.jobs)
+    return BatchSubmitted(jobs=[
+        BatchEntry(id=o.job_id, created=o.created) if o.shed is None
+        else BatchEntry(error=str(o.shed), retry_after_s=o.shed.retry_after_s)
+        for o in outcomes])
 
 
 # read -----------------------------------------------------------------------------------------
@@ -178,27 +224,41 @@ def _not_ready_detail(r: JobRecord) -> str:
 
 
 # list -----------------------------------------------------------------------------------------
-def _scan(ctx: ApiContext, cursor: tuple[float, str] | None) -> Iterator[tuple[float, str]]:
-    """(score, id) newest first from the index, strictly after ``cursor``, at most
+class IndexScan:
+    """(score, id) newest first from the index, strictly after a cursor, at most
     ``api.list_scan_limit`` of them, read in batches that double (a first page reads one, a
-    filter that matches little reads the budget in a few round trips)."""
-    budget, batch = ctx.settings.api.list_scan_limit, SCAN_FIRST // 2
-    high = "+inf" if cursor is None else repr(cursor[0])
-    after = cursor
-    while budget > 0:
-        batch = min(batch * 2, SCAN_MAX)
-        rows = ctx.reads.index_before(high, min(batch, budget))
-        fresh = list(rows)
-        if after is not None:  # equal scores come in reverse member order
-            fresh = [(s, m) for s, m in fresh if s < after[0] or m < after[1]]
-        if not fresh:
-            return
-        yield from fresh
-        budget -= len(rows)
-        after = fresh[-1]
-        high = repr(after[0])
-        if len(rows) < batch:
-            return
+    filter that matches little reads the budget in a few round trips). :attr:`last` is the
+    last entry handed out and :attr:`out_of_budget` whether the scan stopped at its budget with
+    entries left: a listing then answers with a cursor there, and its next page goes on."""
+
+    def __init__(self, ctx: ApiContext, cursor: tuple[float, str] | None) -> None:
+        self.ctx, self.cursor = ctx, cursor
+        self.last: tuple[float, str] | None = None
+        self.out_of_budget = False
+
+    def __iter__(self) -> Iterator[tuple[float, str]]:
+        budget, batch = self.ctx.settings.api.list_scan_limit, SCAN_FIRST // 2
+        after = self.cursor
+        high = "+inf" if after is None else repr(after[0])
+        while True:
+            if budget <= 0:
+                self.out_of_budget = True
+                return
+            batch = min(batch * 2, SCAN_MAX)
+            rows = self.ctx.reads.index_before(high, min(batch, budget))
+            fresh = list(rows)
+            if after is not None:  # equal scores come in reverse member order
+                fresh = [(s, m) for s, m in fresh if s < after[0] or m < after[1]]
+            if not fresh:
+                return
+            for row in fresh:
+                self.last = row
+                yield row
+            budget -= len(rows)
+            after = fresh[-1]
+            high = repr(after[0])
+            if len(rows) < min(batch, budget + len(rows)):
+                return
 
 
 def _parse_cursor(cursor: str | None) -> tuple[float, str] | None:
@@ -223,9 +283,12 @@ def list_jobs(
                                         "previous page (replaces offset).")] = None,
 ) -> JobPage:
     """One page costs O(limit) whole records plus, while filtering, three fields of each job of
-    the index it passes over: at most ``api.list_scan_limit`` of them, whatever the backlog."""
+    the index it passes over: at most ``api.list_scan_limit`` of them, whatever the backlog.
+    A filter that matches little may answer a short page (even an empty one) with a
+    ``next_cursor``: the scan's budget ran out there, and the next page goes on from it."""
     page: list[tuple[float, str]] = []
-    for skipped, row in enumerate(_matching(ctx, _parse_cursor(cursor), tenant, state, slo)):
+    scan = IndexScan(ctx, _parse_cursor(cursor))
+    for skipped, row in enumerate(_matching(ctx, scan, tenant, state, slo)):
         if skipped >= offset:
             page.append(row)
             if len(page) == limit:
@@ -235,19 +298,19 @@ def list_jobs(
                                                    "GET /v1/jobs")}
     picked = [job_detail(r, origin_id) for _, job_id in page
               if (r := by_id.get(job_id)) is not None and _passes(r, state, slo)]
-    more = len(page) == limit
+    resume = page[-1] if len(page) == limit else scan.last if scan.out_of_budget else None
     return JobPage(jobs=picked, limit=limit, offset=offset,
-                   next_cursor=f"{page[-1][0]!r},{page[-1][1]}" if more else None)
+                   next_cursor=None if resume is None else f"{resume[0]!r},{resume[1]}")
 
 
 def _matching(
-    ctx: ApiContext, cursor: tuple[float, str] | None, tenant: Tenant,
+    ctx: ApiContext, scan: IndexScan, tenant: Tenant,
     state: JobState | None, slo: SloClass | None,
 ) -> Iterator[tuple[float, str]]:
     """(score, id) of the caller's jobs that pass the filters, newest first, judged by three
     fields read in batches that double, as the index is (a page stops reading once it is
     full)."""
-    rows = _scan(ctx, cursor)
+    rows = iter(scan)
     want = (tenant.name.encode(), state.value.encode() if state else None,
             slo.value.encode() if slo else None)
     size = SCAN_FIRST

@@ -10,8 +10,11 @@
 --   marks that the job record ``job`` (its key) was written, on the change stream the tick
 --   reads to fold only what changed into its snapshot; extra field/value pairs ride along
 --   (a commit's seq, chunk and service time). Every writer of a live record calls it, after
---   (or with) its write. The stream keeps about CHANGES_MAXLEN entries: a tick that finds
---   the entry it read last trimmed away reads every record again.
+--   (or with) its write, once per script. It bumps the record's revision (field ``rev``) and
+--   the mark carries the new one (``r``): a tick whose kept copy of the record is at least
+--   that revision already holds the write (its own, folded from what it wrote) and reads
+--   nothing. Returns the revision. The stream keeps about CHANGES_MAXLEN entries: a tick that
+--   finds the entry it read last trimmed away reads every record again.
 -- A 'state' event also keeps the live counters (what /metrics, /v1/stats and the tenants' queue
 -- quotas read in O(1) instead of scanning every record): LIVE_BY_STATE counts the unfinished
 -- jobs per 'STATE|slo', LIVE_BY_TENANT per tenant; a field at zero is dropped. count_live.lua
@@ -53,7 +56,9 @@ local function event(stream, kind, from_state, to_state, by, reason, now)
 end
 
 local function changed(changes, job, ...)
-  redis.call('XADD', changes, 'MAXLEN', '~', CHANGES_MAXLEN, '*', 'k', job, ...)
+  local rev = redis.call('HINCRBY', job, 'rev', 1)
+  redis.call('XADD', changes, 'MAXLEN', '~', CHANGES_MAXLEN, '*', 'k', job, 'r', rev, ...)
+  return rev
 end
 
 local function ended(job, active, done, id, state, now)

@@ -10,7 +10,8 @@
 -- field    string  the record field of the first estimate
 -- value    string  the estimate, seconds
 --
--- Returns 1.
+-- Returns the record's revision after the write (>= 1), or 0 when nothing was written (an
+-- estimate was kept already, or the record is gone).
 
 local job = KEYS[1]
 local changes = KEYS[2]
@@ -18,6 +19,6 @@ local field = ARGV[1]
 local value = ARGV[2]
 
 if redis.call('EXISTS', job) == 1 and redis.call('HSETNX', job, field, value) == 1 then
-  changed(changes, job)
+  return changed(changes, job)
 end
-return 1
+return 0

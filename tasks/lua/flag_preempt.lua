@@ -10,7 +10,8 @@
 -- state    string  the state the caller saw
 -- epoch    int     the epoch the caller saw
 --
--- Returns 1 when flagged, 0 when the job moved on.
+-- Returns the record's revision after the flag (>= 1: the flag's mark carries it), 0 when the
+-- job moved on.
 
 local job = KEYS[1]
 local changes = KEYS[2]
@@ -20,5 +21,4 @@ local epoch = ARGV[2]
 local h = redis.call('HMGET', job, 'state', 'epoch')
 if h[1] ~= state or h[2] ~= epoch then return 0 end
 redis.call('HSET', job, 'preempt', '1')
-changed(changes, job)
-return 1
+return changed(changes, job)

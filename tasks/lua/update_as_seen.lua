@@ -11,7 +11,8 @@
 -- seq     int     the sequence number the writer saw
 -- fields  JSON    the fields to write: [field, value, ...]
 --
--- Returns 1 when written, 0 when the job moved on.
+-- Returns the record's revision after the write (>= 1: the write's mark carries it), 0 when
+-- the job moved on.
 
 local job = KEYS[1]
 local changes = KEYS[2]
@@ -22,8 +23,5 @@ local fields = cjson.decode(ARGV[4])
 
 local h = redis.call('HMGET', job, 'state', 'epoch', 'seq')
 if h[1] ~= state or h[2] ~= epoch or h[3] ~= seq then return 0 end
-if #fields > 0 then
-  redis.call('HSET', job, unpack(fields))
-  changed(changes, job)
-end
-return 1
+if #fields > 0 then redis.call('HSET', job, unpack(fields)) end
+return changed(changes, job)

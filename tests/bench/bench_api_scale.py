@@ -9,7 +9,8 @@ store up to the level through the API's own submit path, then measures, at that 
   keep-alive connection): p50 and p99 with distribution-free 95 % intervals;
 - submits per second through the REST submit path in this process (``submit_for``: rate limit,
   quota, validation, planning, admission, store, release) and over HTTP (``POST /v1/jobs`` from
-  concurrent keep-alive clients), each over several rounds (mean and its 95 % t-interval).
+  concurrent keep-alive clients, and ``POST /v1/jobs/batch`` with ``--batch`` jobs a request),
+  each over several rounds (mean and its 95 % t-interval).
 
 Prints a table (and each figure's ratio to the baseline level, which shows any growth with the
 backlog) and writes JSON.
@@ -176,8 +177,9 @@ class Bench:
     def client(self) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers={"X-API-Key": KEY}, timeout=60)
 
-    def submit_over_http(self, count: int, clients: int) -> float:
-        """``count`` POST /v1/jobs from ``clients`` concurrent keep-alive clients; per s."""
+    def submit_over_http(self, count: int, clients: int, batch: int = 0) -> float:
+        """``count`` jobs from ``clients`` concurrent keep-alive clients, one POST /v1/jobs
+        each, or (``batch`` > 0) ``batch`` per POST /v1/jobs/batch; jobs per s."""
         errors: list[str] = []
         share = [count // clients + (1 if i < count % clients else 0) for i in range(clients)]
         pool = [self.client() for _ in range(clients)]
@@ -187,6 +189,13 @@ class Bench:
 
         def run(http: httpx.Client, n: int, first: int) -> None:
             gate.wait()
+            if batch:
+                for start in range(0, n, batch):
+                    jobs = [job_body(first + i) for i in range(start, min(n, start + batch))]
+                    response = http.post("/v1/jobs/batch", json={"jobs": jobs})
+                    if response.status_code != 201:
+                        errors.append(f"{response.status_code} {response.text[:200]}")
+                return
             for i in range(n):
                 response = http.post("/v1/jobs", json=job_body(first + i))
                 if response.status_code != 201:
@@ -230,7 +239,7 @@ class Bench:
 
 
 def measure_level(bench: Bench, level: int, samples: int, submits: int, rounds: int,
-                  clients: int) -> dict[str, Any]:
+                  clients: int, batch: int) -> dict[str, Any]:
     fill_started = time.perf_counter()
     bench.fill(level)
     filled_s = time.perf_counter() - fill_started
@@ -239,10 +248,13 @@ def measure_level(bench: Bench, level: int, samples: int, submits: int, rounds: 
     at_submits = bench.live()
     in_process = [bench.submit_in_process(submits) for _ in range(rounds)]
     over_http = [bench.submit_over_http(submits, clients) for _ in range(rounds)]
+    batched = [bench.submit_over_http(submits * 4, clients, batch) for _ in range(rounds)]
     return {"level": level, "live_at_reads": at_reads, "live_at_submits": at_submits,
             "live_after": bench.live(), "fill_s": round(filled_s, 1), "reads": reads,
             "submit_in_process": rate_figures(in_process),
-            "submit_http": {**rate_figures(over_http), "clients": clients}}
+            "submit_http": {**rate_figures(over_http), "clients": clients},
+            "submit_http_batch": {**rate_figures(batched), "clients": clients,
+                                  "jobs_per_request": batch}}
 
 
 def ratios(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
@@ -252,7 +264,7 @@ def ratios(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
         b = base["reads"][name]
         out[name] = {"p50": round(figures["p50_ms"] / b["p50_ms"], 2),
                      "p99": round(figures["p99_ms"] / b["p99_ms"], 2)}
-    for path in ("submit_in_process", "submit_http"):
+    for path in ("submit_in_process", "submit_http", "submit_http_batch"):
         out[path] = round(other[path]["per_s"] / base[path]["per_s"], 2)
     return out
 
@@ -272,7 +284,8 @@ def show(levels: list[dict[str, Any]]) -> None:
         print(f"{name:42}" + "".join(f"{c:>30}" for c in cells))
     print("submits/s: mean [95% CI]")
     for path, label in (("submit_in_process", "submit path in-process"),
-                        ("submit_http", "POST /v1/jobs over HTTP")):
+                        ("submit_http", "POST /v1/jobs over HTTP"),
+                        ("submit_http_batch", "POST /v1/jobs/batch over HTTP")):
         cells = [f"{lv[path]['per_s']:.0f} [{lv[path]['ci_per_s'][0]:.0f}-"
                  f"{lv[path]['ci_per_s'][1]:.0f}]" for lv in levels]
         print(f"{label:42}" + "".join(f"{c:>30}" for c in cells))
@@ -286,6 +299,8 @@ def main() -> None:
     parser.add_argument("--submits", type=int, default=300, help="submits per round")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per submit path and level")
     parser.add_argument("--clients", type=int, default=4, help="concurrent HTTP clients")
+    parser.add_argument("--batch", type=int, default=100,
+                        help="jobs per POST /v1/jobs/batch (its rounds submit 4x --submits)")
     parser.add_argument("--out", type=Path, help="write the figures here as JSON")
     args = parser.parse_args()
     levels = sorted(int(x) for x in args.levels.split(","))
@@ -296,7 +311,7 @@ def main() -> None:
             results = []
             for level in levels:
                 results.append(measure_level(bench, level, args.samples, args.submits,
-                                             args.rounds, args.clients))
+                                             args.rounds, args.clients, args.batch))
                 print(f"level {level}: measured ({time.perf_counter() - started:.0f}s)",
                       file=sys.stderr)
         finally:

@@ -11,7 +11,9 @@ with p50 (95 % order-statistic CI) and p99 of the whole tick, the read / plan / 
 the ticks per second an incremental tick allows, and the cost against the number of records
 changed between ticks (0, 10, 100, 1000 lease renewals, marked as the workers' are), with its
 slope in ms per changed job. The first tick (a convergence: thousands of suspensions) is
-reported on its own, with the round trips its apply cost.
+reported on its own, with the round trips its apply cost, and so are the ticks right after it:
+the records each one read again (the tick's own writes are folded without a read) and its
+read and apply times.
 
     python tests/bench/bench_tick_live.py [--jobs 1000 10000] [--with-50k] [--ticks 30]
                                           [--out bench-out/tick_live.json]
@@ -51,6 +53,8 @@ from tasks.store import JobStore, write_heartbeat
 
 WORKERS = 8
 CHANGES = (0, 10, 100, 1000)
+AFTER_BURST = 5
+"""Ticks timed one by one right after the first: each folds in what the one before it moved."""
 
 
 @dataclass
@@ -58,6 +62,8 @@ class Split:
     read_ms: float
     plan_ms: float
     apply_ms: float
+    reread: int = 0
+    """Records the tick read (all of them on a full read)."""
 
     @property
     def total_ms(self) -> float:
@@ -124,7 +130,7 @@ def tick(store: JobStore, settings: Settings, cache: SnapshotCache | None,
     assert phases.read_s is not None and phases.plan_s is not None
     assert phases.check_s is not None and phases.apply_s is not None, "the plan broke an invariant"
     return Split(phases.read_s * 1e3, (phases.plan_s + phases.check_s) * 1e3,
-                 phases.apply_s * 1e3)
+                 phases.apply_s * 1e3, phases.reread)
 
 
 def change(store: JobStore, ids: list[str], n: int, rng: random.Random) -> None:
@@ -179,6 +185,8 @@ def run_size(url: str, n: int, ticks: int, seed: int) -> dict[str, Any]:
         cache, planner = SnapshotCache(store), IncrementalPlanner()
         with RoundTrips() as first_trips:
             first = tick(store, settings, cache, planner)  # the convergence tick (a full read)
+        # the ticks right after the burst, back to back: each folds what the one before moved
+        after = [tick(store, settings, cache, planner) for _ in range(AFTER_BURST)]
         full: list[Split] = []
         incremental: list[Split] = []
         full_ticks = max(3, ticks // (1 + n // 2000))
@@ -202,6 +210,8 @@ def run_size(url: str, n: int, ticks: int, seed: int) -> dict[str, Any]:
             "first_tick": {"total_ms": first.total_ms, "read_ms": first.read_ms,
                            "plan_ms": first.plan_ms, "apply_ms": first.apply_ms,
                            "round_trips": first_trips.count},
+            "after_burst": [{"reread": s.reread, "read_ms": s.read_ms, "plan_ms": s.plan_ms,
+                             "apply_ms": s.apply_ms, "total_ms": s.total_ms} for s in after],
             "steady_tick_round_trips": steady_trips.count,
             "full": summarize(full), "incremental": inc,
             "ratio_p50_full_over_incremental": summarize(full)["p50_ms"] / inc["p50_ms"],
@@ -230,6 +240,9 @@ def report(results: list[dict[str, Any]]) -> None:
         first = r["first_tick"]
         print(f"{'':>6} first (convergence) tick: {first['total_ms']:.0f} ms, apply "
               f"{first['apply_ms']:.0f} ms, {first['round_trips']} round trips")
+        after = "; ".join(f"{a['reread']} read in {a['read_ms']:.0f}+{a['apply_ms']:.0f} ms"
+                          for a in r["after_burst"])
+        print(f"{'':>6} ticks after it (records re-read, read+apply): {after}")
         changes = ", ".join(f"{c}: {v['p50_ms']:.2f} ms (read {v['read_p50_ms']:.2f})"
                             for c, v in r["by_changes"].items())
         print(f"{'':>6} changed jobs per tick -> p50: {changes}; slope "

@@ -202,6 +202,31 @@ def test_listing_pages_with_offset_and_with_a_cursor(api: str) -> None:
         assert bad.status_code == 422 and "cursor" in bad.json()["detail"]
 
 
+def test_a_filter_that_matches_little_pages_on_past_its_scan_budget_and_misses_nothing(
+    stack_env: dict[str, str],
+) -> None:
+    # given an API that examines at most 10 jobs a request, and one matching job under 25 newer
+    settings = api_settings()
+    settings = settings.model_copy(update={"api": settings.api.model_copy(
+        update={"list_scan_limit": 10})})
+    with ThreadedServer(settings) as server, as_tenant(server.url, "alice") as alice:
+        old = alice.post("/v1/jobs", json=simulated(slo="batch")).json()
+        for _ in range(25):
+            alice.post("/v1/jobs", json=simulated(slo="realtime"))
+        # when a client lists the batch jobs, following the cursor
+        found, pages, cursor = [], 0, None
+        while pages < 10:
+            params = {"class": "batch", "limit": 5, **({"cursor": cursor} if cursor else {})}
+            page = alice.get("/v1/jobs", params=params).json()
+            found += [j["id"] for j in page["jobs"]]
+            pages, cursor = pages + 1, page["next_cursor"]
+            if cursor is None:
+                break
+    # then the short pages carried a cursor, and the old job was found on the last one
+    assert found == [old["id"]] and cursor is None
+    assert pages == 3
+
+
 def test_inference_answers_504_with_the_job_id_when_no_worker_finishes_it(api: str) -> None:
     with as_tenant(api, "alice") as alice:
         response = alice.post("/v1/inference", json={"inputs": "hello", "slo": "realtime"})
@@ -293,3 +318,72 @@ def test_under_overload_a_standard_tenants_job_is_shed_with_429_and_a_gold_ones_
     assert int(shed.headers["Retry-After"]) >= 1
     assert admitted.status_code == 201
     assert load["state"] == "converging" and load["load"] == 50.0
+
+
+def test_a_batch_submit_stores_and_queues_every_job_in_order(
+    api: str, redis_client: redis.Redis
+) -> None:
+    with as_tenant(api, "alice") as alice:
+        # given a batch of jobs of every class, one with the idempotency key of an interactive
+        # job submitted before
+        first = alice.post("/v1/jobs", json=simulated(idempotency_key="batch-7")).json()
+        jobs = [simulated(slo=slo) for slo in ("realtime", "interactive", "batch")]
+        jobs.append(simulated(idempotency_key="batch-7"))
+        # when it is submitted in one request
+        answer = alice.post("/v1/jobs/batch", json={"jobs": jobs})
+        assert answer.status_code == 201, answer.text
+        entries = answer.json()["jobs"]
+        # then each job has its entry, in order: three new jobs, queued on their class, and the
+        # replay's first job
+        assert [e["created"] for e in entries] == [True, True, True, False]
+        assert entries[3]["id"] == first["id"]
+        views = [alice.get(f"/v1/jobs/{e['id']}").json() for e in entries[:3]]
+        assert [(v["state"], v["queue"], v["slo"]) for v in views] == [
+            ("QUEUED", slo, slo) for slo in ("realtime", "interactive", "batch")]
+        assert {e["error"] for e in entries} == {None}
+        depths = alice.get("/v1/stats").json()["queues"]
+        assert (depths["realtime"], depths["interactive"], depths["batch"]) == (1, 2, 1)
+
+
+def test_a_batch_with_a_bad_job_is_refused_whole_naming_it_and_stores_nothing(
+    api: str, redis_client: redis.Redis
+) -> None:
+    with as_tenant(api, "alice") as alice:
+        before = alice.get("/v1/stats").json()["queues"]
+        bad = {"kind": "simulated", "params": {"steps": 0}}
+        answer = alice.post("/v1/jobs/batch", json={"jobs": [simulated(), bad, simulated()]})
+        assert answer.status_code == 422, answer.text
+        assert "jobs[1]" in answer.json()["detail"] and "steps" in answer.json()["detail"]
+        assert alice.get("/v1/jobs").json()["jobs"] == []
+        assert alice.get("/v1/stats").json()["queues"] == before
+        assert alice.post("/v1/jobs/batch", json={"jobs": []}).status_code == 422
+
+
+def test_a_batch_counts_every_job_against_the_rate_limit_and_the_quota(api: str) -> None:
+    with as_tenant(api, "slow") as slow, as_tenant(api, "small") as small:
+        # a burst of 2: a batch of 3 can never pass, one of 2 passes once, then waits
+        too_big = slow.post("/v1/jobs/batch", json={"jobs": [simulated()] * 3})
+        assert too_big.status_code == 422 and "burst of 2" in too_big.json()["detail"]
+        assert slow.post("/v1/jobs/batch", json={"jobs": [simulated()] * 2}).status_code == 201
+        limited = slow.post("/v1/jobs/batch", json={"jobs": [simulated()]})
+        assert limited.status_code == 429 and "rate limit" in limited.json()["detail"]
+        # a quota of 2: a batch of 3 is refused whole, a batch of 2 fits
+        over = small.post("/v1/jobs/batch", json={"jobs": [simulated()] * 3})
+        assert over.status_code == 429 and "this batch has 3" in over.json()["detail"]
+        assert small.get("/v1/jobs").json()["jobs"] == []
+        assert small.post("/v1/jobs/batch", json={"jobs": [simulated()] * 2}).status_code == 201
+
+
+def test_under_overload_a_batch_reports_each_shed_job_and_keeps_the_admitted_ones(
+    api: str, redis_client: redis.Redis
+) -> None:
+    redis_client.set("sl:admission", json.dumps({
+        "state": "converging", "load": 50.0, "retry_after_s": 3.0,
+        "measured_at_s": time.time()}))
+    with as_tenant(api, "bob") as bob:
+        answer = bob.post("/v1/jobs/batch", json={"jobs": [
+            simulated(slo="realtime"), simulated(slo="interactive")]})
+    assert answer.status_code == 201, answer.text
+    kept, shed = answer.json()["jobs"]
+    assert kept["created"] and kept["id"] and kept["error"] is None
+    assert shed["id"] is None and "overload" in shed["error"] and shed["retry_after_s"] >= 1

@@ -52,6 +52,26 @@ def test_the_client_submits_waits_and_fetches_the_result_of_a_job(
         assert client.wait(long.id, timeout_s=20).state.value == "CANCELLED"
 
 
+def test_the_client_submits_a_backlog_in_batches_and_every_job_runs(
+    api: str, processes: Processes, redis_client: redis.Redis
+) -> None:
+    # given more jobs than one batch request of the development key's burst carries
+    specs = [JobSpec(kind="simulated", slo="batch", params={"steps": 1, "step_ms": 1})
+             for _ in range(35)]
+    with Client(api) as client:
+        # when the client submits them, then a worker runs them
+        entries = client.submit_many(specs, batch_size=15)
+        processes.worker("w1")
+        wait_for_workers(redis_client, ["w1"])
+        # then each has its own new job, and every one of them finishes
+        ids = [e.id for e in entries]
+        assert len(set(ids)) == len(specs) and all(e.created for e in entries)
+        for job_id in ids:
+            assert client.wait(job_id, timeout_s=60).state.value == "DONE"
+        with pytest.raises(Rejected, match=r"jobs\[1\]"):  # and a bad job is named
+            client.submit_many([specs[0], JobSpec(kind="simulated", params={"steps": 0})])
+
+
 def test_the_client_raises_a_typed_error_for_each_refusal(api: str) -> None:
     with Client(api) as client:
         job = client.submit(kind="simulated", params={"steps": 2})

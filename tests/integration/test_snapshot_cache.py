@@ -1,6 +1,7 @@
 """The tick's incremental snapshot (``SnapshotCache``) against a full read of every live record,
 after every step of random histories of the store's real writers on a real redis-server
-(hypothesis stateful): folding in only the marked records gives exactly the same snapshot."""
+(hypothesis stateful): folding in only the marked records — and the tick's own writes, from what
+it wrote, unread — gives exactly the same snapshot."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from tasks.heartbeat import Heartbeat
 from tasks.record import JobRecord, encode
 from tasks.snapshot import SnapshotCache, read_snapshot
 from tasks.spec import JobSpec
-from tasks.store import JobStore, write_heartbeat
+from tasks.store import JobStore, ScriptBatch, write_heartbeat
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -31,6 +32,13 @@ POLICY = PolicyConfig()
 PICK = st.integers(min_value=0, max_value=15)
 LEASE_S = 30.0
 T = TypeVar("T")
+RACES = ["none", "none", "lease renewed before", "note written before", "lease renewed after",
+         "note written after", "committed before"]
+"""Another writer's write of a record the tick acts on: right before the tick's writes (after
+its read), or right after them (before its next fold)."""
+RACES_ST = st.sampled_from(RACES)
+TICK_WRITES = st.lists(st.sampled_from(["estimate", "release", "requeue", "suspend", "expire",
+                                        "preempt", "standby", "level"]), min_size=1, max_size=3)
 
 
 def _pick(items: list[T], index: int) -> T:
@@ -54,6 +62,8 @@ class CacheAgainstFullRead(RuleBasedStateMachine):
         self.names = itertools.count()
         self.clock = 1000.0
         """Seconds added to the tick's clock: running jobs become long-running."""
+        self.seen: dict[str, JobRecord] = {}
+        """The records of the tick's last read (its cache's)."""
 
     def _live(self) -> list[JobRecord]:
         return [r for r in self.store.records(self.store.active_ids())
@@ -154,6 +164,55 @@ class CacheAgainstFullRead(RuleBasedStateMachine):
         else:
             self.store.fail_unreadable(seen.job_id, "unreadable")
 
+    @rule(job=PICK, writes=TICK_WRITES, race=RACES_ST)
+    def the_tick_applies_and_folds_its_own_writes(self, job: int, writes: list[str],
+                                                   race: str) -> None:
+        """The tick's apply (a batch of fenced scripts on the records as it read them), its
+        writes folded into its cache unread; another writer may write the record right
+        before or after (the cache must then read it, not trust its own fold)."""
+        if not self.seen:
+            return
+        seen = _pick(sorted(self.seen.values(), key=lambda r: r.job_id), job)
+        if race.endswith("before"):
+            self._another_writer(seen, race)
+        batch = ScriptBatch(self.store)
+        for write in writes:
+            if write in ("release", "requeue"):
+                epoch = seen.epoch + int(write == "requeue")
+                task_id = f"{seen.job_id}.{seen.next_chunk}.{epoch}.t"
+                batch.transition_as_seen(
+                    seen, JobState.QUEUED, by="scheduler", reason=write,
+                    updates=encode(queue="interactive", epoch=epoch, preempt=False,
+                                   queued_at_s=time.time(), published=seen.next_chunk,
+                                   last_task_id=task_id),
+                    push=("sl:test:queue", task_id))
+            elif write in ("suspend", "expire"):
+                target = JobState.SUSPENDED if write == "suspend" else JobState.EXPIRED
+                batch.transition_as_seen(seen, target, by="scheduler", reason=write)
+            elif write == "preempt":
+                batch.request_preempt(seen.job_id, state=seen.state, epoch=seen.epoch)
+            elif write == "standby":
+                batch.update_as_seen(seen, queue="standby")
+            elif write == "level":
+                batch.set_fields(seen.job_id, level=job % 3, level_mark_s=float(job))
+            else:
+                batch.keep_first_estimate(seen.job_id, 2.0 + job)
+        batch.execute()
+        self.cache.fold_written(batch.written)
+        if race.endswith("after"):
+            self._another_writer(seen, race)
+
+    def _another_writer(self, seen: JobRecord, race: str) -> None:
+        if race.startswith("lease"):  # a MULTI: its mark carries no revision
+            self.store.renew_lease(seen.job_id, LEASE_S)
+        elif race.startswith("note"):  # a script: its mark carries the revision
+            self.store.set_fields(seen.job_id, expert_version=race)
+        elif seen.state is JobState.RUNNING:  # a worker's commit: the tick's fences refuse
+            self.store.commit_chunk(
+                seen.job_id, chunk=seen.next_chunk, epoch=seen.epoch, seq=seen.seq,
+                complete=True, checkpoint=b"ckpt", service_s=0.01,
+                worker=seen.running_on or "w", then_continue=True)
+
     @rule(worker=st.integers(0, 2), busy=PICK)
     def worker_beats(self, worker: int, busy: int) -> None:
         running = self._in({JobState.RUNNING}, busy)
@@ -181,6 +240,7 @@ class CacheAgainstFullRead(RuleBasedStateMachine):
         now = time.time() + self.clock
         cost = POLICY.new_cost_model()
         folded = self.cache.read(cost, POLICY, now)
+        self.seen = dict(folded.records)
         full = read_snapshot(self.store, cost, POLICY, now)
         assert folded.snapshot.jobs == full.snapshot.jobs
         assert folded.snapshot.unreadable == full.snapshot.unreadable

@@ -11,7 +11,7 @@ from scheduler.lifecycle import JobState
 from tasks import keys
 from tasks.heartbeat import Heartbeat
 from tasks.record import UnreadableRecord, encode
-from tasks.store import CommitStatus, JobStore
+from tasks.store import CommitStatus, JobStore, write_heartbeat
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -301,9 +301,11 @@ def test_pipelined_claims_and_commits_survive_a_server_that_forgot_its_scripts(
 def test_the_live_heartbeats_read_as_records_and_a_malformed_one_is_left_out(
     redis_client: redis.Redis, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    # given a current heartbeat, an older worker's partial one and a malformed one
-    redis_client.set(keys.worker("w1@h"), Heartbeat(name="w1@h", queues=("batch",), ts=5.0)
-                     .encode())
+    # given a current heartbeat (registered in sl:workers:live as a worker writes it), an
+    # older worker's partial one (found by the scan of the keyspace) and a malformed one
+    pipe = redis_client.pipeline()
+    write_heartbeat(pipe, Heartbeat(name="w1@h", queues=("batch",), ts=5.0), 60.0)
+    pipe.execute()
     redis_client.set(keys.worker("w2@h"), b'{"busy_job": "j9"}')
     redis_client.set(keys.worker("w3@h"), b'{"queues": "batch"}')
     # when the store reads them
@@ -312,3 +314,23 @@ def test_the_live_heartbeats_read_as_records_and_a_malformed_one_is_left_out(
     assert beats == {"w1@h": Heartbeat(name="w1@h", queues=("batch",), ts=5.0),
                      "w2@h": Heartbeat(name="w2@h", busy_job="j9")}
     assert "heartbeat of w3@h: queues is str" in caplog.text
+
+
+def test_the_heartbeats_are_read_by_name_and_the_keyspace_scanned_only_now_and_then(
+    redis_client: redis.Redis,
+) -> None:
+    # given a store that has read the heartbeats once (and scanned the keyspace then)
+    store = JobStore(redis_client)
+    assert store.heartbeats() == {}
+    # when one worker registers and another writes only its key, and they are read again
+    pipe = redis_client.pipeline()
+    write_heartbeat(pipe, Heartbeat(name="w1@h", ts=5.0), 60.0)
+    pipe.execute()
+    redis_client.set(keys.worker("w2@h"), Heartbeat(name="w2@h", ts=5.0).encode())
+    # then the registered one is there at once, the other after the next scan
+    assert set(store.heartbeats()) == {"w1@h"}
+    store._heartbeat_scan = (float("-inf"), [])
+    assert set(store.heartbeats()) == {"w1@h", "w2@h"}
+    # and a lapsed worker's key is gone from the answer though its registry entry remains
+    redis_client.delete(keys.worker("w1@h"))
+    assert set(store.heartbeats()) == {"w2@h"}

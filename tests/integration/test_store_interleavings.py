@@ -1,6 +1,7 @@
 """Every writer of a job record (tick, watchdog, workers, client) interleaved in random orders on a
 real redis-server (hypothesis stateful): no order loses a job, reruns a chunk or revives an end,
-and no write escapes the change stream the tick's kept snapshot folds."""
+and no write escapes the change stream the tick's kept snapshot folds — including a write that
+lands right before or after one of the tick's own, which the snapshot folds without reading."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from tasks import keys
 from tasks.record import JobRecord, encode
 from tasks.snapshot import SnapshotCache
 from tasks.spec import JobSpec
-from tasks.store import Commit, CommitStatus, JobStore
+from tasks.store import Commit, CommitStatus, JobStore, ScriptBatch
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -56,6 +57,12 @@ CLIENT_ACTIONS = ["submit", "submit", "submit", "submit", "submit", "cancel"]
 WORKER_OUTCOMES = ["commits", "commits", "commits", "commits, yielded", "commits, yielded",
                    "commits, then dies", "stops on a flag seen at claim",
                    "chunk raises", "dies", "renews its lease"]
+RACES = ["none", "none", "none", "lease renewed before", "note written before",
+         "lease renewed after", "note written after"]
+"""Another writer's write of the same record right before the tick's action (after the kept
+snapshot last read it) or right after it (before the snapshot's next fold)."""
+TICK_QUEUE = "sl:test:tick-queue"
+"""Where the tick's releases push their message (with the move, as direct publish does)."""
 DELIVERIES = ["once", "twice at once", "again later"]
 """At-least-once delivery: two workers claim one message, or a copy is delivered later."""
 CHUNKS = st.integers(min_value=1, max_value=4)
@@ -179,31 +186,47 @@ class StoreInterleavings(RuleBasedStateMachine):
         self.store.set_fields(job_id, published=chunk,
                               last_task_id=f"{job_id}.{chunk}.{epoch}.{next(self.names)}")
 
+    def _tick_sends(self, queue: Callable[[ScriptBatch], None]) -> bool:
+        """One of the tick's writes as its apply sends it (the fenced script, in a batch), and
+        what it wrote folded into the kept snapshot as the tick folds its own, unread."""
+        batch = ScriptBatch(self.store)
+        queue(batch)
+        [sent] = batch.execute()
+        self.cache.fold_written(batch.written)
+        return sent
+
     def _as_seen(self, seen: JobRecord, target: JobState, *, by: str, reason: str,
-                 expect: dict[str, str] | None = None,
-                 updates: dict[str, str] | None = None) -> bool:
-        """``transition_as_seen``, checked: it moves the job if and only if the job is still
-        as seen (state, epoch, seq and ``expect``) and the lifecycle allows the move."""
+                 expect: dict[str, str] | None = None, updates: dict[str, str] | None = None,
+                 push: tuple[str, str] | None = None, tick: bool = False) -> bool:
+        """``transition_as_seen`` (the tick's: through its batch, with ``push``), checked: it
+        moves the job if and only if the job is still as seen (state, epoch, seq and
+        ``expect``) and the lifecycle allows the move."""
         now = self.store.fields(seen.job_id)
         moves = (_matches(now, {**_fence(seen), **(expect or {})})
                  and target in TRANSITIONS[_state(now)])
-        moved = self.store.transition_as_seen(seen, target, by=by, reason=reason, expect=expect,
-                                              updates=updates)
+        if tick:
+            moved = self._tick_sends(lambda batch: batch.transition_as_seen(
+                seen, target, by=by, reason=reason, expect=expect, updates=updates, push=push))
+        else:
+            assert push is None, "only the tick's batch pushes with the move"
+            moved = self.store.transition_as_seen(seen, target, by=by, reason=reason,
+                                                  expect=expect, updates=updates)
         assert moved == moves, f"{target.value} as seen {_fence(seen)}, {expect}: {now}"
         return moved
 
     def _flag_preempt(self, seen: JobRecord) -> None:
-        """``request_preempt``, checked: a flag only for the attempt the tick saw (same state
-        and epoch)."""
+        """The tick's ``request_preempt``, checked: a flag only for the attempt the tick saw
+        (same state and epoch)."""
         now = self.store.fields(seen.job_id)
         flags = _matches(now, encode(state=seen.state, epoch=seen.epoch))
-        flagged = self.store.request_preempt(seen.job_id, state=seen.state, epoch=seen.epoch)
+        flagged = self._tick_sends(lambda batch: batch.request_preempt(
+            seen.job_id, state=seen.state, epoch=seen.epoch))
         assert flagged == flags, f"preempt as seen {_fence(seen)}: {now}"
         assert self.store.fields(seen.job_id)["preempt"] == ("1" if flags else now["preempt"])
 
     def _update_as_seen(self, seen: JobRecord) -> None:
         now = self.store.fields(seen.job_id)
-        updated = self.store.update_as_seen(seen, queue=STANDBY)
+        updated = self._tick_sends(lambda batch: batch.update_as_seen(seen, queue=STANDBY))
         assert updated == _matches(now, _fence(seen)), f"update as seen {_fence(seen)}: {now}"
 
     def _cancel(self, job_id: str) -> None:
@@ -213,10 +236,22 @@ class StoreInterleavings(RuleBasedStateMachine):
         assert self.store.fields(job_id)["cancel"] == "1"
         assert after is (JobState.CANCELLED if before in CANCELLABLE else before), (before, after)
 
-    def _release(self, seen: JobRecord, *, queue: str, bump_epoch: bool) -> bool:
-        """``dispatch.release``: QUEUED as seen (a new epoch for a requeue), then publish."""
+    def _release(self, seen: JobRecord, *, queue: str, bump_epoch: bool,
+                 tick: bool = False) -> bool:
+        """``dispatch.release``: QUEUED as seen (a new epoch for a requeue), then publish; the
+        tick's (``LiveTarget``, direct publish): the message and the record's note of it go
+        with the move, in one script."""
         epoch = seen.epoch + (1 if bump_epoch else 0)
         updates = encode(queue=queue, epoch=epoch, preempt=False, queued_at_s=time.time())
+        if tick:
+            task_id = f"{seen.job_id}.{seen.next_chunk}.{epoch}.{next(self.names)}"
+            updates.update(encode(published=seen.next_chunk, last_task_id=task_id))
+            moved = self._as_seen(seen, JobState.QUEUED, by="scheduler",
+                                  reason=f"released to {queue}", updates=updates,
+                                  push=(TICK_QUEUE, task_id), tick=True)
+            if moved:
+                self.bag.append(Message(seen.job_id, seen.next_chunk, epoch))
+            return moved
         moved = self._as_seen(seen, JobState.QUEUED, by="scheduler",
                               reason=f"released to {queue}", updates=updates)
         if moved:
@@ -347,11 +382,14 @@ class StoreInterleavings(RuleBasedStateMachine):
             self._new_job(num_chunks, atomic, released=job % 2 == 0)
 
     # the tick and the watchdog ----------------------------------------------------------------
-    @rule(action=st.sampled_from(TICK_ACTIONS), job=PICK)
+    @rule(action=st.sampled_from(TICK_ACTIONS), job=PICK, race=st.sampled_from(RACES))
     @_step
-    def tick_acts(self, action: str, job: int) -> None:
+    def tick_acts(self, action: str, job: int, race: str) -> None:
         # on the record as the tick read it last: whatever ran since (a worker's commit between
-        # the tick's read and its move is the race that once lost jobs) must fence the move
+        # the tick's read and its move is the race that once lost jobs) must fence the move;
+        # the tick's own writes go as its apply sends them and are folded into its kept
+        # snapshot unread, so another writer's write right before or after one (``race``) must
+        # still reach the snapshot
         states = TICK_SOURCES.get(action, LIVE)
         candidates = [r for r in self.view.values() if r.state in states]
         if action == "read every live record" or not candidates:  # a new tick: a new view
@@ -359,26 +397,40 @@ class StoreInterleavings(RuleBasedStateMachine):
             self._read(self.live)
             return
         seen = _pick(candidates, job)
+        if race.endswith("before"):
+            self._another_writer(seen.job_id, race)
         if action.startswith("release"):
-            self._release(seen, queue=CLASS_QUEUE, bump_epoch=action.endswith("epoch"))
+            self._release(seen, queue=CLASS_QUEUE, bump_epoch=action.endswith("epoch"),
+                          tick=True)
         elif action.startswith("requeue"):
             self._release(seen, queue=STANDBY if action.endswith("standby") else CLASS_QUEUE,
-                          bump_epoch=True)
+                          bump_epoch=True, tick=True)
         elif action == "watchdog requeue":  # lapsed or not: a slow worker is fenced as a dead one
             self._requeue_lost(seen)
         elif action == "suspend":
             self._as_seen(seen, JobState.SUSPENDED, by="scheduler",
-                          reason="overload convergence: held back")
+                          reason="overload convergence: held back", tick=True)
         elif action in ("expire", "fail"):
             ending = JobState.EXPIRED if action == "expire" else JobState.FAILED
             self._as_seen(seen, ending, by="scheduler", reason=action,
-                          updates=encode(error=action))
+                          updates=encode(error=action), tick=True)
         elif action == "preempt":
             self._flag_preempt(seen)
         elif action == "standby in place":
             self._update_as_seen(seen)
         else:  # a blind write of the job's level: it must not disturb the cursor
-            self.store.set_fields(seen.job_id, level=job % 3, level_mark_s=1.0)
+            self._tick_sends(lambda batch: batch.set_fields(seen.job_id, level=job % 3,
+                                                            level_mark_s=1.0))
+        if race.endswith("after"):
+            self._another_writer(seen.job_id, race)
+
+    def _another_writer(self, job_id: str, race: str) -> None:
+        """A blind write of the record by someone else: a worker's lease renewal (a MULTI: its
+        mark carries no revision) or a worker's note (a script: its mark carries one)."""
+        if race.startswith("lease"):
+            self.store.renew_lease(job_id, LEASE_S)
+        else:
+            self.store.set_fields(job_id, expert_version=f"v{next(self.names)}")
 
     # workers and the broker (each rule does the other's work when it has none of its own) -------
     @rule(msg=PICK, delivery=st.sampled_from(DELIVERIES), tick_reads_first=st.booleans())

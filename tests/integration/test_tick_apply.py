@@ -1,6 +1,6 @@
 """The tick applies its plan in pipelined batches: a convergence tick that suspends and levels
 thousands of jobs costs a few round trips to a real redis-server, each action still fenced on
-the record the tick saw."""
+the record the tick saw; and the next tick reads none of the records only the tick wrote."""
 
 from __future__ import annotations
 
@@ -16,10 +16,11 @@ from redis.connection import AbstractConnection
 from scheduler import PolicyConfig, plan_tick
 from scheduler.lifecycle import JobState
 from scheduler.plan import LevelMark
+from tasks import scripts
 from tasks.adapter import APPLY_BATCH, LiveTarget
 from tasks.apply import apply_plan
 from tasks.settings import Settings
-from tasks.snapshot import read_snapshot
+from tasks.snapshot import SnapshotCache, read_snapshot
 from tasks.spec import JobSpec
 from tasks.store import JobStore
 
@@ -54,10 +55,13 @@ def _world(client: redis.Redis, jobs: int) -> tuple[JobStore, list[str]]:
     return store, ids
 
 
-def _convergence(store: JobStore, ids: list[str]) -> tuple[Any, Any]:
-    """The tick's read, and a plan that suspends and levels every job it saw."""
+def _convergence(store: JobStore, ids: list[str], cache: SnapshotCache | None = None
+                 ) -> tuple[Any, Any]:
+    """The tick's read (from ``cache`` when given), and a plan that suspends and levels every
+    job it saw."""
     policy = PolicyConfig()
-    seen = read_snapshot(store, policy.new_cost_model(), policy, time.time())
+    seen = (cache.read(policy.new_cost_model(), policy, time.time()) if cache is not None
+            else read_snapshot(store, policy.new_cost_model(), policy, time.time()))
     plan = plan_tick(seen.snapshot, policy, time.time())
     plan = replace(plan, releases=(), requeues=(), retargets=(), preempt=(), standby=(),
                    expire=(), recoveries=(), failures=(), estimates=None,
@@ -76,7 +80,10 @@ def test_a_convergence_tick_costs_a_few_round_trips_and_stays_fenced(
     seen, plan = _convergence(store, ids)
     for job_id in ids[:MOVED]:
         store.request_cancel(job_id)
-    # when the plan is applied, counting what the client sends
+    # when the plan is applied (on a server that has its scripts: a first call loads one),
+    # counting what the client sends
+    for name in ("transition", "set_fields"):
+        redis_client.script_load(scripts.source(name))
     trips = RoundTrips(monkeypatch)
     target = LiveTarget(store, seen.records, Settings(), buffered=buffered)
     apply_plan(plan, target)
@@ -95,3 +102,30 @@ def test_a_convergence_tick_costs_a_few_round_trips_and_stays_fenced(
     assert all(records[j].state is JobState.CANCELLED for j in ids[:MOVED])
     assert all(records[j].state is JobState.SUSPENDED for j in ids[MOVED:])
     assert all(records[j].level == 1 for j in ids)
+
+
+def test_the_next_tick_reads_none_of_its_own_writes_but_each_one_written_by_another(
+        redis_client: redis.Redis) -> None:
+    # given a tick's cached read of many waiting jobs and a plan suspending and levelling all
+    store, ids = _world(redis_client, 300)
+    cache = SnapshotCache(store)
+    seen, plan = _convergence(store, ids, cache)
+    # when a worker writes one record between the tick's read and its apply (the tick's fences
+    # on state, epoch and seq still pass), the tick applies and folds its own writes, and
+    # another worker writes a second record right after
+    store.set_fields(ids[0], expert_version="v2")
+    target = LiveTarget(store, seen.records, Settings(), buffered=True)
+    apply_plan(plan, target)
+    target.flush()
+    assert len(target.written) == 2 * len(ids)
+    cache.fold_written(target.written)
+    store.renew_lease(ids[1], 30.0)
+    # then the next tick reads exactly those two records again, and holds what a full read does
+    policy = PolicyConfig()
+    now = time.time()
+    folded = cache.read(policy.new_cost_model(), policy, now)
+    assert (cache.full_reads, cache.changed) == (1, 2)
+    full = read_snapshot(store, policy.new_cost_model(), policy, now)
+    assert folded.records == full.records and folded.snapshot.jobs == full.snapshot.jobs
+    assert folded.records[ids[0]].expert_version == "v2"
+    assert all(r.state is JobState.SUSPENDED and r.level == 1 for r in folded.records.values())
