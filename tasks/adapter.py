@@ -43,11 +43,10 @@ from tasks.apply import apply_plan
 from tasks.context import WorkerContext
 from tasks.dispatch import (
     direct_publish,
-    message_for_release,
     publish_chunks,
+    queue_release,
     release,
     release_batch,
-    release_updates,
     requeue_from_checkpoint,
 )
 from tasks.heartbeat import Heartbeat
@@ -245,18 +244,13 @@ class LiveTarget:
                         atomic: bool | None = None, estimate_s: float | None = None) -> bool:
         """The move to QUEUED, and with it (direct publish, a plain chunk) the chunk's message
         and the record's note of it, in one script; else the publish follows the move."""
-        epoch, updates = release_updates(job, queue=queue, bump_epoch=bump_epoch,
-                                         atomic=atomic, estimate_s=estimate_s)
-        pushed = message_for_release(job, job.next_chunk, epoch, queue, direct=self._direct)
-        if pushed is not None:
-            updates.update(pushed[1])
-        self._batch.transition_as_seen(job, JobState.QUEUED, by="scheduler", reason=reason,
-                                       updates=updates,
-                                       push=(queue, pushed[0]) if pushed is not None else None)
+        epoch, pushed = queue_release(self._batch, job, queue, by="scheduler", reason=reason,
+                                      direct=self._direct, bump_epoch=bump_epoch,
+                                      atomic=atomic, estimate_s=estimate_s)
 
         def then(moved: bool) -> None:
             if moved:
-                if pushed is None:
+                if not pushed:
                     self._publish.append((job, job.next_chunk, epoch, queue))
                 if bump_epoch and job.last_task_id:
                     self._revoke.append(job.last_task_id)

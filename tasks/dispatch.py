@@ -21,7 +21,7 @@ from tasks import keys
 from tasks.record import JobRecord, encode
 from tasks.routing import BATCH_TASK, CHUNK_TASK, affinity_worker, class_queue_of
 from tasks.runtime import celery, current_settings, separate_broker
-from tasks.store import JobStore, NextMessage, mark_changed
+from tasks.store import JobStore, NextMessage, ScriptBatch, mark_changed
 
 if TYPE_CHECKING:
     from tasks.context import HopProfile
@@ -209,6 +209,23 @@ def release_updates(seen: JobRecord, *, queue: str, bump_epoch: bool = False,
     if estimate_s is not None and seen.first_estimate_s is None:
         updates.update(encode(first_estimate_s=estimate_s))
     return epoch, updates
+
+
+def queue_release(batch: ScriptBatch, job: JobRecord, queue: str, *, by: str, reason: str,
+                  direct: bool, bump_epoch: bool = False, atomic: bool | None = None,
+                  estimate_s: float | None = None) -> tuple[int, bool]:
+    """Queue on ``batch`` ``job``'s move to QUEUED on ``queue`` (:func:`release`'s fields),
+    with, when :func:`message_for_release` gives one, its chunk message and the record's note
+    in the same script. Returns the epoch it publishes under and whether the message went with
+    the move (else publish it once the move took effect)."""
+    epoch, updates = release_updates(job, queue=queue, bump_epoch=bump_epoch, atomic=atomic,
+                                     estimate_s=estimate_s)
+    pushed = message_for_release(job, job.next_chunk, epoch, queue, direct=direct)
+    if pushed is not None:
+        updates.update(pushed[1])
+    batch.transition_as_seen(job, JobState.QUEUED, by=by, reason=reason, updates=updates,
+                             push=None if pushed is None else (queue, pushed[0]))
+    return epoch, pushed is not None
 
 
 def message_for_release(job: JobRecord, chunk: int, epoch: int, queue: str, *, direct: bool

@@ -30,9 +30,8 @@ from tasks.admission import PublishedAdmission
 from tasks.affinity import WorkerDirectory, needs_directory, release_queue
 from tasks.dispatch import (
     direct_publish,
-    message_for_release,
     publish_chunks,
-    release_updates,
+    queue_release,
 )
 from tasks.errors import InvalidJob, Overloaded
 from tasks.record import JobRecord
@@ -143,7 +142,8 @@ class JobService:
                                               for p, d in kept]))
         out: list[Submitted] = []
         moves = ScriptBatch(self.store)
-        queued: list[tuple[JobRecord, str, int] | None] = []  # per move: a publish to follow
+        # per queued move, the publish that follows it once it took effect (None: no publish)
+        queued: list[tuple[JobRecord, int, int, str] | None] = []
         direct = direct_publish(self.settings)
         directory: WorkerDirectory | None = None
         for decision in decisions:
@@ -164,19 +164,11 @@ class JobService:
                     directory = WorkerDirectory.read(
                         self.store, mark_ttl_s=self.settings.broker.chunk_lease)
                 queue = release_queue(self.settings, record, record.queue, directory)
-                epoch, updates = release_updates(record, queue=queue)
-                # direct publish: the chunk's message goes in the move's own script
-                pushed = message_for_release(record, record.next_chunk, epoch, queue,
-                                             direct=direct)
-                if pushed is not None:
-                    updates.update(pushed[1])
-                moves.transition_as_seen(record, JobState.QUEUED, by="submit",
-                                         reason=f"admitted to {queue}", updates=updates,
-                                         push=None if pushed is None else (queue, pushed[0]))
-                queued.append(None if pushed is not None else (record, queue, epoch))
-        publish = [(record, record.next_chunk, epoch, queue)
-                   for item, moved in zip(queued, moves.execute(), strict=True)
-                   if item is not None and moved for record, queue, epoch in (item,)]
+                epoch, pushed = queue_release(moves, record, queue, by="submit",
+                                              reason=f"admitted to {queue}", direct=direct)
+                queued.append(None if pushed else (record, record.next_chunk, epoch, queue))
+        publish = [item for item, moved in zip(queued, moves.execute(), strict=True)
+                   if item is not None and moved]
         if publish:
             publish_chunks(self.store, publish)
         return out

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from app.bench.driver import Outcome, replay
-from app.bench.models_sim import models_config, residency_for
+from app.bench.models_sim import group_figures, models_config, residency_for
 from app.bench.models_workload import (
     Catalog,
     ModelJob,
@@ -34,7 +34,6 @@ from app.bench.models_workload import (
     generate_jobs,
     model_catalog,
 )
-from app.bench.report import percentile, wilson_interval
 from app.bench.sim_residency import Eviction
 from app.bench.simulate import ClusterSim, Shape, SimArrival, sim_policy
 from app.bench.workload import Arrival
@@ -264,12 +263,7 @@ def figures(jobs: Sequence[ModelJob], latency_s: dict[int, float | None]) -> dic
         met = sum(1 for j in picked if (done := latency_s.get(j.index)) is not None
                   and done <= j.slo_s + 1e-9)
         lat = sorted(v for j in picked if (v := latency_s.get(j.index)) is not None)
-        ci = wilson_interval(met, len(picked))
-        groups[name] = {"jobs": len(picked), "met": met,
-                        "attainment": met / len(picked) if picked else None,
-                        "ci95": list(ci) if ci else None,
-                        "p95_latency_s": percentile(lat, 95),
-                        "unfinished": len(picked) - len(lat)}
+        groups[name] = group_figures(len(picked), met, lat)
     return {"groups": groups}
 
 

@@ -135,6 +135,15 @@ def run_placement(workload: ModelsWorkload, placement: str, *, device_models: fl
         "host_budget_gb": int(host_models * median) / GB * workload.byte_scale ** -1}
 
 
+def group_figures(jobs: int, met: int, latencies_s: Sequence[float]) -> dict[str, Any]:
+    """One group's row (simulated or live): ``met`` of ``jobs`` within their deadline, with a
+    Wilson interval, and the p95 latency of the ``latencies_s`` of those that finished."""
+    ci = wilson_interval(met, jobs)
+    return {"jobs": jobs, "met": met, "attainment": met / jobs if jobs else None,
+            "ci95": list(ci) if ci else None, "p95_latency_s": percentile(list(latencies_s), 95),
+            "unfinished": jobs - len(latencies_s)}
+
+
 def placement_figures(trace: Sequence[SimArrival], result: SimResult, config: SimConfig,
                       warmup: int = 0) -> dict[str, Any]:
     """Over the jobs after the first ``warmup`` (a pool starts with empty memories; the
@@ -152,12 +161,7 @@ def placement_figures(trace: Sequence[SimArrival], result: SimResult, config: Si
                   and f <= a.deadline_s + 1e-9)
         lat = sorted(f - a.arrival_s for a in picked
                      if (f := result.finished_s[a.index]) is not None)
-        ci = wilson_interval(met, len(picked))
-        groups[name] = {"jobs": len(picked), "met": met,
-                        "attainment": met / len(picked) if picked else None,
-                        "ci95": list(ci) if ci else None,
-                        "p95_latency_s": percentile(lat, 95),
-                        "unfinished": len(picked) - len(lat)}
+        groups[name] = group_figures(len(picked), met, lat)
     res = result.residency or {}
     per_job = res.get("per_job", {})
     n = max(len(measured), 1)
