@@ -98,7 +98,11 @@ class JobView:
     """The job's own median seconds per cost unit over its commits (None: too few, or not
     gathered because its chunk is not long-running)."""
     parked_on: str | None = None
-    """The worker whose own (affinity) queue holds the job's next chunk."""
+    """The worker whose own (affinity or placement) queue holds the job's next chunk."""
+    reload_s: float = 0.0
+    """Seconds a worker that does not hold the job's model would spend loading it (0: the job
+    runs on no model). A chunk parked on a busy worker holding its model waits at least this
+    long before it moves to its class queue: until then, waiting costs less than the load."""
     load_s: float = 0.0
     """Seconds of model loading expected before the job's next chunk can run (no worker holds
     its base model or adapters: ``scheduler.placement.expected_load_s``); counted into its

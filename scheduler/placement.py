@@ -173,7 +173,7 @@ def place(need: ModelNeed, workers: Sequence[Holding], estimates: LoadEstimates,
     given a chunk this round). ``demand`` counts the queued jobs per base model; the Stepline
     policy charges a load that must evict a model the reload its queued jobs will pay when no
     other worker holds it (once: one reload serves them all)."""
-    cold = _cold_s(need, workers, estimates)
+    cold = cold_load_s(need, estimates)
     if policy is PlacementPolicy.OBLIVIOUS or not workers:
         return Placement(None, 0.0, cold, "class queue")
     warm_idle = [w for w in workers if w.idle and w.holds(need)]
@@ -200,9 +200,10 @@ def place(need: ModelNeed, workers: Sequence[Holding], estimates: LoadEstimates,
     return Placement(name, start, load, reason)
 
 
-def _cold_s(need: ModelNeed, workers: Sequence[Holding], estimates: LoadEstimates) -> float:
-    """The load a worker not holding the model pays (from disk, plus every adapter)."""
-    return estimates.load_s(need, Holding("", device=frozenset(), host=frozenset()))
+def cold_load_s(need: ModelNeed, estimates: LoadEstimates) -> float:
+    """The load a worker not holding the model pays (from disk, plus every adapter): what a
+    job parked where its model is would pay by moving (``JobView.reload_s``)."""
+    return estimates.load_s(need, Holding(""))
 
 
 def _displacement_s(need: ModelNeed, worker: Holding, estimates: LoadEstimates,
@@ -232,7 +233,7 @@ def expected_load_s(need: ModelNeed, workers: Sequence[Holding],
     """The load a job should expect before it runs: none when a worker holds it, else the
     cheapest load on any worker (counted into its deadline, admission and batching)."""
     if not workers:
-        return _cold_s(need, workers, estimates)
+        return cold_load_s(need, estimates)
     if any(w.holds(need) for w in workers):  # the common case, without an estimate per worker
         return 0.0
     return min(estimates.load_s(need, w) for w in workers)

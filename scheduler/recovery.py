@@ -64,6 +64,16 @@ class RecoveryConfig:
     affinity_max_wait_s: float | None = 0.3
     """A parked chunk moves to its class queue after this wait (None: affinity is off)."""
 
+    def parked_wait_s(self, job: JobView) -> float | None:
+        """How long ``job``'s chunk may stay parked on a busy worker (None: no limit): the
+        affinity wait, or for a job on a model the load it would pay elsewhere if that is
+        longer. Placement parks such a chunk where its model is when that start is sooner than
+        a load elsewhere; once it has waited as long as the load, moving costs no more than
+        waiting on (the ski-rental rule: never more than twice the better choice's wait)."""
+        if self.affinity_max_wait_s is None:
+            return None
+        return max(self.affinity_max_wait_s, job.reload_s)
+
 
 def plan_recoveries(
     jobs: Iterable[JobView], alive_workers: frozenset[str], cost: CostModel,
@@ -92,9 +102,10 @@ def _recovery_of(job: JobView, alive: frozenset[str], cost: CostModel, config: R
         return None if reason is None else Recovery(job.job_id, RecoveryCause.STUCK, reason)
     if job.state is not JobState.QUEUED:
         return None
-    if job.parked_on is not None and config.affinity_max_wait_s is not None:
+    max_wait_s = config.parked_wait_s(job) if job.parked_on is not None else None
+    if job.parked_on is not None and max_wait_s is not None:
         waited_s = now_s - job.waiting_since_s
-        if job.parked_on not in alive or waited_s >= config.affinity_max_wait_s:
+        if job.parked_on not in alive or waited_s >= max_wait_s:
             why = "gone" if job.parked_on not in alive else f"busy for {waited_s * 1000:.0f} ms"
             return Recovery(job.job_id, RecoveryCause.PARKED,
                             f"affinity: {job.parked_on} {why}; moved to {job.queue}")

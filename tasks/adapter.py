@@ -35,6 +35,8 @@ from tasks.affinity import (
     WorkerDirectory,
     common_prefix,
     expand_worker_queues,
+    keeps_model,
+    kept_queue,
     needs_directory,
     queued_demand,
     release_queue,
@@ -51,7 +53,7 @@ from tasks.dispatch import (
 )
 from tasks.heartbeat import Heartbeat
 from tasks.record import JobRecord, encode
-from tasks.routing import STANDBY, class_queue_of
+from tasks.routing import STANDBY, affinity_worker, class_queue_of
 from tasks.runtime import celery
 from tasks.settings import Settings
 from tasks.snapshot import SnapshotCache, learned_cost_model, read_snapshot
@@ -319,7 +321,7 @@ class LiveTarget:
         return self.store.request_preempt(job_id, state=job.state, epoch=job.epoch)
 
     def requeue(self, job_id: str, to_queue: str, reason: str) -> bool:
-        to_queue = self._placed(self.seen[job_id], to_queue)
+        to_queue = self._requeued(self.seen[job_id], to_queue)
         if self.buffered:
             return self._release_queued(self.seen[job_id], to_queue, reason=reason,
                                         bump_epoch=True)
@@ -340,9 +342,10 @@ class LiveTarget:
         if job.state is not JobState.QUEUED:
             return self._update(job, STANDBY)
         reason = "overload convergence: moved to standby"
+        queue = self._kept(job, STANDBY) or STANDBY
         if self.buffered:
-            return self._release_queued(job, STANDBY, reason=reason, bump_epoch=True)
-        return release(self.store, job, queue=STANDBY, by="scheduler", bump_epoch=True,
+            return self._release_queued(job, queue, reason=reason, bump_epoch=True)
+        return release(self.store, job, queue=queue, by="scheduler", bump_epoch=True,
                        reason=reason)
 
     def release(self, job_id: str, queue: str, atomic: bool,
@@ -357,17 +360,33 @@ class LiveTarget:
                        reason=f"released to {queue}", atomic=True if atomic else None,
                        estimate_s=estimate_s)
 
-    def _placed(self, job: JobRecord, queue: str) -> str:
-        """The queue a release or requeue of ``job`` to ``queue`` goes to
-        (:func:`~tasks.affinity.release_queue`: a worker's own queue where placement puts it);
-        the workers' heartbeats are read once per tick, when first needed."""
+    def _requeued(self, job: JobRecord, queue: str) -> str:
+        """The queue a queued chunk moved to ``queue`` goes to: the same worker's own queue for
+        it where the job is parked on a worker holding its model, else placed like a
+        release."""
+        return self._kept(job, queue) or self._placed(job, queue)
+
+    def _kept(self, job: JobRecord, queue: str) -> str | None:
+        """``job``'s worker's own queue for ``queue`` (:func:`~tasks.affinity.kept_queue`)."""
+        if affinity_worker(job.queue) is None or not keeps_model(self.settings, job.kind,
+                                                                 job.params):
+            return None
+        return kept_queue(job, queue, self._worker_directory(job))
+
+    def _worker_directory(self, job: JobRecord) -> WorkerDirectory | None:
         if self._directory is None and needs_directory(self.settings, job):
             busy = self._busy_free_in_s() if self._busy_free_in_s is not None else None
             self._directory = WorkerDirectory.read(
                 self.store, busy_free_in_s=busy,
                 demand=lambda: queued_demand(self.seen.values()),
                 mark_ttl_s=self.settings.broker.chunk_lease)
-        return release_queue(self.settings, job, queue, self._directory)
+        return self._directory
+
+    def _placed(self, job: JobRecord, queue: str) -> str:
+        """The queue a release or requeue of ``job`` to ``queue`` goes to
+        (:func:`~tasks.affinity.release_queue`: a worker's own queue where placement puts it);
+        the workers' heartbeats are read once per tick, when first needed."""
+        return release_queue(self.settings, job, queue, self._worker_directory(job))
 
     def release_batch(self, batch_id: str, releases: Sequence[Release], join: bool) -> None:
         self.flush()

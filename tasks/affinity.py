@@ -12,7 +12,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler.lifecycle import JobState
@@ -24,6 +24,7 @@ from scheduler.placement import (
     Placement,
     PlacementPolicy,
     assign,
+    cold_load_s,
     place,
 )
 from tasks import keys
@@ -31,8 +32,10 @@ from tasks.heartbeat import Heartbeat
 from tasks.record import JobRecord
 from tasks.routing import (
     AFFINITY_CLASSES,
+    OWN_QUEUE_CLASSES,
     affinity_queue,
     affinity_worker,
+    placed_queue,
     with_affinity,
 )
 from tasks.settings import Settings
@@ -72,7 +75,8 @@ def hop_queues(settings: Settings, worker: str, consuming: Iterable[str],
     entry of the job's class as it stands at commit time (the scheduler may have changed it)."""
     mine = set(consuming)
     keeps = params is not None and keeps_model(settings, kind, params)
-    return {cls: affinity_queue(worker, cls) for cls in AFFINITY_CLASSES
+    return {cls: affinity_queue(worker, cls)
+            for cls in (OWN_QUEUE_CLASSES if keeps else AFFINITY_CLASSES)
             if (keeps or applies(settings, kind, cls)) and affinity_queue(worker, cls) in mine}
 
 
@@ -98,6 +102,16 @@ def model_need(kind: JobKind | str, params: Mapping[str, Any]) -> ModelNeed | No
                          if isinstance(a, Mapping) and "name" in a)
     size = params.get("model_bytes") if prefix == "simulated" else None
     return ModelNeed(f"{prefix}:{model}", adapters, int(size) if isinstance(size, int) else 0)
+
+
+def reload_s(kind: JobKind | str, params: Mapping[str, Any]) -> float:
+    """Seconds a worker not holding the job's model would spend loading it, by this process's
+    learned load times (0: a job on no model): ``JobView.reload_s``."""
+    need = model_need(kind, params)
+    if need is None:
+        return 0.0
+    with _ESTIMATES_LOCK:
+        return cold_load_s(need, _ESTIMATES)
 
 
 def keeps_model(settings: Settings, kind: JobKind | str, params: Mapping[str, Any]) -> bool:
@@ -243,13 +257,11 @@ class WorkerDirectory:
                               for name, beat in self.bodies.items()}
         if self._demand is None and policy is PlacementPolicy.STEPLINE:
             self._demand = self.demand() if self.demand is not None else {}
-        # A chunk parked on a busy worker shares it chunk by chunk with the job there (both
-        # jobs' next chunks stay on it): only where it holds the model, or the two jobs'
-        # models would evict each other at every chunk.
-        workers = [h if h.idle or h.holds(need) else replace(h, free_in_s=math.inf)
-                   for name, h in self._holdings.items()
+        # A chunk placed on a busy worker waits in its placement queue, behind the next chunks
+        # of the jobs it runs (their own queue), for its free time as counted.
+        workers = [h for name, h in self._holdings.items()
                    if name not in self.picked
-                   and affinity_queue(name, class_queue) in self.bodies[name].queues]
+                   and placed_queue(name, class_queue) in self.bodies[name].queues]
         with _ESTIMATES_LOCK:
             chosen = place(need, workers, self.estimates, policy, self._demand)
         if chosen.worker is not None:
@@ -338,13 +350,28 @@ def release_queue(settings: Settings, job: JobRecord, class_queue: str,
         need = model_need(job.kind, job.params)
         assert need is not None
         chosen = directory.place(need, class_queue, placement_policy(settings))
-        worker = chosen.worker
-        if worker is not None:
-            log.debug("job %s: %s on %s (%s, start in %.2fs)", job.job_id, need.model, worker,
-                      chosen.reason, chosen.start_in_s)
+        if chosen.worker is None:
+            return class_queue
+        log.debug("job %s: %s on %s (%s, start in %.2fs)", job.job_id, need.model,
+                  chosen.worker, chosen.reason, chosen.start_in_s)
+        return placed_queue(chosen.worker, class_queue)
     else:
         return class_queue
     return affinity_queue(worker, class_queue) if worker else class_queue
+
+
+def kept_queue(job: JobRecord, queue: str, directory: WorkerDirectory | None) -> str | None:
+    """Where a queued chunk of a job parked on a worker goes when the tick moves it to
+    ``queue`` (a class change, standby): that worker's own queue for ``queue`` (its placement
+    queue while the job has not run yet), if the worker is alive and consumes it; None: no
+    worker keeps it."""
+    worker = affinity_worker(job.queue)
+    if worker is None or directory is None or queue not in OWN_QUEUE_CLASSES:
+        return None
+    beat = directory.bodies.get(worker)
+    own = placed_queue(worker, queue) if job.service_s == 0 and queue in AFFINITY_CLASSES \
+        else affinity_queue(worker, queue)
+    return own if beat is not None and own in beat.queues else None
 
 
 def expand_worker_queues(settings: Settings,

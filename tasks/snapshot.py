@@ -32,6 +32,7 @@ from scheduler import (
 from scheduler.errors import SchedulerError
 from scheduler.lifecycle import JobState
 from tasks import keys
+from tasks.affinity import reload_s
 from tasks.errors import JobNotFound
 from tasks.record import JobRecord, UnreadableRecord
 from tasks.routing import CONTROL, affinity_worker, class_queue_of
@@ -103,6 +104,7 @@ def job_view(r: JobRecord, failed_dependency: str | None = None,
         next_chunk_cost_units=(r.cost_units[r.next_chunk] if r.next_chunk < r.num_chunks
                                else 0.0),
         own_s_per_unit=own_s_per_unit, parked_on=affinity_worker(r.queue),
+        reload_s=reload_s(r.kind, r.params),
         published=published, failed_dependency=failed_dependency,
         shed_if_late=r.shed_if_late, estimated=r.first_estimate_s is not None,
         batch_group=r.batch_group, batch_id=r.batch, batch_growth=r.batch_growth,

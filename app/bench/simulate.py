@@ -51,6 +51,7 @@ from scheduler.placement import (
     LoadEstimates,
     LoadPriors,
     ModelNeed,
+    cold_load_s,
     expected_load_s,
     place,
     stage,
@@ -59,7 +60,13 @@ from scheduler.plan import Release
 from scheduler.queues import CLASS_QUEUE, NORMAL_WORKER_QUEUES, STANDBY_QUEUE
 from scheduler.recovery import Failure, Recovery
 from tasks.apply import apply_plan
-from tasks.routing import AFFINITY_CLASSES, affinity_queue
+from tasks.routing import (
+    AFFINITY_CLASSES,
+    OWN_QUEUE_CLASSES,
+    affinity_queue,
+    placed_queue,
+    with_affinity,
+)
 
 NOTE = ("simulated: a discrete-event model of the adapter, the workers and the Celery queues "
         "driving the real plan_tick on a virtual clock; chunk times are published H100 step "
@@ -71,34 +78,6 @@ GROUPS = ("urgent", "realtime", "interactive", "batch", "all")
 """Report rows: ``urgent`` is the realtime jobs with an SLO under 100 ms (stress test only)."""
 
 CLASS_TARGET_S = {SloClass.REALTIME: 1.0, SloClass.INTERACTIVE: 5.0, SloClass.BATCH: 60.0}
-OWN_QUEUE_CLASSES = (*AFFINITY_CLASSES, STANDBY_QUEUE)
-"""With residency, the queues a worker has its own queue in front of: the affinity classes,
-and standby too (a job moved to standby still has a worker holding its model: its next chunk
-waits there, behind everything else that worker has, rather than paying a load elsewhere)."""
-
-
-def placed_queue(worker: str, class_queue: str) -> str:
-    """``<worker>.<class>.placed``: where placement parks a job's chunk for ``worker``, taken
-    after the worker's own queue for the class (the next chunks of the jobs it runs) and before
-    the class queue: a job placed on a busy worker waits for the job there to finish rather
-    than sharing the worker with it chunk by chunk."""
-    return f"{affinity_queue(worker, class_queue)}.placed"
-
-
-def own_queues(worker: str, queues: tuple[str, ...]) -> tuple[str, ...]:
-    """``queues`` with ``worker``'s own queues right before each of
-    :data:`OWN_QUEUE_CLASSES`: ``realtime, w.interactive, w.interactive.placed, interactive,
-    w.batch, w.batch.placed, batch, w.standby, standby``."""
-    out: list[str] = []
-    for queue in queues:
-        if queue in OWN_QUEUE_CLASSES:
-            out.append(affinity_queue(worker, queue))
-            if queue in AFFINITY_CLASSES:
-                out.append(placed_queue(worker, queue))
-        out.append(queue)
-    return tuple(out)
-
-
 @dataclass(frozen=True, slots=True)
 class Shape:
     """One job type of the mix: chunks of ``units_per_chunk`` cost units at ``s_per_unit``."""
@@ -262,6 +241,7 @@ class _Job:
         "preempt",
         "preemptions",
         "queue",
+        "reload_s",
         "running_on",
         "service_s",
         "started_warm",
@@ -299,6 +279,8 @@ class _Job:
         """That queue (None: its class queue, or whichever queue ``queue`` names)."""
         self.load_s = 0.0
         """The load the planner is told to expect before its next chunk (``JobView.load_s``)."""
+        self.reload_s = 0.0
+        """The load a worker not holding its model would pay (``JobView.reload_s``)."""
         self.started_warm: bool | None = None
         """Whether its first chunk started on a worker holding its base (None: not started)."""
 
@@ -321,7 +303,7 @@ class _Job:
                 preempt_requested=self.preempt, epoch=self.epoch,
                 estimated=self.first_estimate_s is not None,
                 lease_until_s=self.lease_until_s, parked_on=self.parked_on,
-                load_s=self.load_s,
+                load_s=self.load_s, reload_s=self.reload_s,
             )
         return self.view
 
@@ -445,7 +427,7 @@ class ClusterSim:
             self.policy.recovery, affinity_max_wait_s=res.park_max_wait_s))
         for k, w in enumerate(self.workers):
             w.mem = WorkerMemory(res, random.Random(f"{res.seed}-{k}"))
-            w.consumes = own_queues(w.name, w.queues)
+            w.consumes = with_affinity(w.name, w.queues)
             for q in w.consumes:
                 self.queues.setdefault(q, deque())
 
@@ -547,19 +529,19 @@ class ClusterSim:
         job.view = None
         self._publish(job, job.parked_q or queue)
 
-    def _place(self, job: _Job, queue: str) -> None:
+    def _place(self, job: _Job, queue: str, bump_epoch: bool = False) -> None:
         """A release: with residency, :func:`scheduler.placement.place` chooses the worker whose
         own queue takes the chunk (None: the class queue), as the live release path does."""
         model = job.arrival.model
         if self.res is None or model is None or queue not in AFFINITY_CLASSES:
-            self._release(job, queue)
+            self._release(job, queue, bump_epoch)
             return
         need = self._need(job)
         workers = self._holdings(queue, need)
         placement = place(need, workers, self.estimates, self.res.placement, self.demand)
         if placement.worker is not None:
             self.counts["placed_on_worker"] += 1
-        self._release(job, queue, parked_on=placement.worker, placed=True)
+        self._release(job, queue, bump_epoch, parked_on=placement.worker, placed=True)
 
     def _need(self, job: _Job) -> ModelNeed:
         model = job.arrival.model or ""
@@ -827,6 +809,14 @@ class ClusterSim:
             waiting.append(job)
         self.demand = demand
         workers = self._holdings(None)
+        cold: dict[tuple[str, tuple[str, ...]], float] = {}
+        for job in waiting:  # what moving a parked chunk would cost: its parked wait
+            key = (job.arrival.model or "", job.arrival.adapters)
+            reload_s = cold.get(key)
+            if reload_s is None:
+                reload_s = cold[key] = cold_load_s(self._need(job), self.estimates)
+            if reload_s != job.reload_s:
+                job.reload_s, job.view = reload_s, None
         if res.loads_in_plan and not res.free_loads:
             expected: dict[tuple[str, tuple[str, ...]], float] = {}
             for job in waiting:
@@ -892,16 +882,23 @@ class ClusterSim:
         return True
 
     def requeue(self, job_id: str, to_queue: str, reason: str) -> bool:
+        """A queued chunk moved to ``to_queue`` (``tasks.affinity.requeue_queue``): it stays on
+        the worker it is parked on, else it is placed like a release."""
         job = self.live[job_id]
-        self._release(job, to_queue, bump_epoch=True, parked_on=self._keeps(job, to_queue),
-                      placed=job.service_s == 0 and to_queue in AFFINITY_CLASSES)
+        keeps = self._keeps(job, to_queue)
+        if keeps is None:
+            self._place(job, to_queue, bump_epoch=True)
+        else:
+            self._release(job, to_queue, bump_epoch=True, parked_on=keeps,
+                          placed=job.service_s == 0 and to_queue in AFFINITY_CLASSES)
         return True
 
     def _keeps(self, job: _Job, to_queue: str) -> str | None:
         """With residency, the worker a queued chunk moved to ``to_queue`` stays parked on: the
         one it is parked on, when that worker has its own queue for ``to_queue``."""
         w = self.by_name.get(job.parked_on or "")
-        if w is None or w.mem is None or affinity_queue(w.name, to_queue) not in w.consumes:
+        if w is None or w.mem is None or to_queue not in OWN_QUEUE_CLASSES \
+                or affinity_queue(w.name, to_queue) not in w.consumes:
             return None
         return w.name
 
@@ -923,7 +920,7 @@ class ClusterSim:
                 estimate_s: float | None = None) -> bool:
         job = self.live[job_id]
         job.atomic = job.atomic or atomic
-        self._release(job, queue)
+        self._place(job, queue)
         return True
 
     def release_batch(self, batch_id: str, releases: Sequence[Release], join: bool) -> None:
@@ -942,7 +939,7 @@ class ClusterSim:
             w = self.by_name[name]
             if w.queues != queues:
                 w.queues = queues
-                w.consumes = queues if w.mem is None else own_queues(name, queues)
+                w.consumes = queues if w.mem is None else with_affinity(name, queues)
                 if w.alive and w.job is None:
                     self.idle.pop(name, None)
                     self._wake(w)

@@ -27,11 +27,13 @@ from tasks.affinity import (
 )
 from tasks.heartbeat import Heartbeat
 from tasks.record import JobRecord
+from tasks.routing import affinity_worker, class_queue_of, with_affinity
 from tasks.runtime import current_settings
 from tasks.settings import Settings
 from tasks.submit import InvalidJob, validate_params
 
-QUEUES = ("realtime", "{w}.interactive", "interactive", "{w}.batch", "batch", "standby")
+QUEUES = ("realtime", "{w}.interactive", "{w}.interactive.placed", "interactive", "{w}.batch",
+          "{w}.batch.placed", "batch", "{w}.standby", "standby")
 MB = 1 << 20
 
 
@@ -142,7 +144,8 @@ def test_warm_placement_takes_an_idle_warm_worker_else_the_class_queue() -> None
     beats = {"w1": _beat("w1", {_sim_key("m1"): MB}, busy="other"), "w2": _beat("w2", {})}
     assert release_queue(settings, job, "interactive", _directory(**beats)) == "interactive"
     beats["w3"] = _beat("w3", {_sim_key("m1"): MB})
-    assert release_queue(settings, job, "interactive", _directory(**beats)) == "w3.interactive"
+    assert release_queue(settings, job, "interactive", _directory(**beats)) == \
+        "w3.interactive.placed"
 
 
 def test_stepline_placement_loads_on_a_worker_with_room_before_one_that_must_evict() -> None:
@@ -150,7 +153,7 @@ def test_stepline_placement_loads_on_a_worker_with_room_before_one_that_must_evi
     full = _beat("w1", {_sim_key("m1"): MB, _sim_key("m2"): MB})
     room = _beat("w2", {_sim_key("m4"): MB})
     assert release_queue(settings, job, "interactive", _directory(w1=full, w2=room)) == \
-        "w2.interactive"
+        "w2.interactive.placed"
 
 
 def test_stepline_placement_waits_for_a_warm_worker_soon_free_not_for_an_unknown_one() -> None:
@@ -158,15 +161,15 @@ def test_stepline_placement_waits_for_a_warm_worker_soon_free_not_for_an_unknown
     warm_busy = _beat("w1", {_sim_key("m1"): MB}, busy="other")
     cold_idle = _beat("w2", {})
     soon = _directory({"w1": 0.2}, w1=warm_busy, w2=cold_idle)
-    assert release_queue(settings, job, "interactive", soon) == "w1.interactive"
+    assert release_queue(settings, job, "interactive", soon) == "w1.interactive.placed"
     late = _directory({"w1": 3.0}, w1=warm_busy, w2=cold_idle)  # the load (0.5 s) is sooner
-    assert release_queue(settings, job, "interactive", late) == "w2.interactive"
+    assert release_queue(settings, job, "interactive", late) == "w2.interactive.placed"
     unknown = _directory({}, w1=warm_busy, w2=cold_idle)
-    assert release_queue(settings, job, "interactive", unknown) == "w2.interactive"
-    # a busy worker not holding the model: its job and this one would evict each other
+    assert release_queue(settings, job, "interactive", unknown) == "w2.interactive.placed"
+    # a busy worker not holding the model: the same load, after its work
     cold_busy = _beat("w1", {_sim_key("m2"): MB}, busy="other")
     swap = _directory({"w1": 0.01}, w1=cold_busy, w2=_beat("w2", {_sim_key("m3"): MB}))
-    assert release_queue(settings, job, "interactive", swap) == "w2.interactive"
+    assert release_queue(settings, job, "interactive", swap) == "w2.interactive.placed"
 
 
 def test_stepline_placement_evicts_the_model_no_queued_job_needs() -> None:
@@ -175,7 +178,7 @@ def test_stepline_placement_evicts_the_model_no_queued_job_needs() -> None:
     unwanted = _beat("w2", {_sim_key("m4"): MB, _sim_key("m5"): MB})
     directory = _directory(demand={"simulated:m2": 3, "simulated:m3": 1},
                            w1=wanted, w2=unwanted)
-    assert release_queue(settings, job, "interactive", directory) == "w2.interactive"
+    assert release_queue(settings, job, "interactive", directory) == "w2.interactive.placed"
 
 
 def test_one_directory_gives_each_worker_one_release() -> None:
@@ -183,7 +186,7 @@ def test_one_directory_gives_each_worker_one_release() -> None:
     directory = _directory(w1=_beat("w1", {_sim_key("m1"): MB}), w2=_beat("w2", {}))
     queues = [release_queue(settings, _sim("m1", f"j{i}"), "interactive", directory)
               for i in range(3)]
-    assert queues == ["w1.interactive", "w2.interactive", "interactive"]
+    assert queues == ["w1.interactive.placed", "w2.interactive.placed", "interactive"]
 
 
 @settings(max_examples=60, deadline=None)
@@ -204,8 +207,8 @@ def test_a_release_goes_only_to_an_alive_worker_that_consumes_its_own_queue(
     queue = release_queue(_placing(placement), _sim(model), "interactive", _directory(**beats))
     if queue == "interactive":
         return
-    worker = queue.removesuffix(".interactive")
-    assert f"{worker}.interactive" in beats[worker].queues
+    worker = queue.removesuffix(".interactive.placed")
+    assert f"{worker}.interactive.placed" in beats[worker].queues
     if placement == "warm":  # route-to-warm: only an idle worker that holds the model
         assert beats[worker].busy_job is None
         assert _sim_key(model) in beats[worker].residency["device"]
@@ -213,13 +216,62 @@ def test_a_release_goes_only_to_an_alive_worker_that_consumes_its_own_queue(
 
 # a job's chunks keep their worker --------------------------------------------------------------
 def test_a_job_on_a_model_hops_to_its_own_worker_unless_placement_is_oblivious() -> None:
-    mine = ("realtime", "w1.interactive", "interactive", "w1.batch", "batch")
+    mine = with_affinity("w1", ("realtime", "interactive", "batch", "standby"))
     params = _sim("m1").params
     assert hop_queues(_placing("stepline"), "w1", mine, "simulated", params) == \
-        {"interactive": "w1.interactive", "batch": "w1.batch"}
+        {"interactive": "w1.interactive", "batch": "w1.batch", "standby": "w1.standby"}
     assert hop_queues(_placing("warm"), "w1", mine, "simulated", params) != {}
     assert hop_queues(_placing("oblivious"), "w1", mine, "simulated", params) == {}
     assert hop_queues(_placing("stepline"), "w1", mine, "simulated", {"steps": 2}) == {}
+
+
+def test_a_queued_chunk_moved_by_the_tick_stays_on_the_worker_holding_its_model() -> None:
+    from tasks.affinity import kept_queue
+
+    directory = _directory(w1=_beat("w1", {_sim_key("m1"): MB}), w2=_beat("w2", {}))
+    placed = replace(_sim("m1", state=JobState.QUEUED), queue="w1.interactive.placed")
+    # not run yet: from its placement queue to the worker's placement queue of the new class
+    assert kept_queue(placed, "batch", directory) == "w1.batch.placed"
+    assert kept_queue(placed, "standby", directory) == "w1.standby"
+    hopped = replace(placed, queue="w1.interactive", service_s=0.4)
+    assert kept_queue(hopped, "batch", directory) == "w1.batch"
+    assert kept_queue(hopped, "realtime", directory) is None  # realtime: first free worker
+    gone = _directory(w2=_beat("w2", {}))
+    assert kept_queue(hopped, "batch", gone) is None  # placed again like a release
+    assert kept_queue(replace(hopped, queue="interactive"), "batch", directory) is None
+
+
+def test_a_workers_own_queues_name_it_and_their_class() -> None:
+    for worker in ("w1", "w1@host.example.org"):
+        own = with_affinity(worker, ("realtime", "interactive", "batch", "standby"))
+        assert own == ("realtime", f"{worker}.interactive", f"{worker}.interactive.placed",
+                       "interactive", f"{worker}.batch", f"{worker}.batch.placed", "batch",
+                       f"{worker}.standby", "standby")
+        assert [affinity_worker(q) for q in own] == [
+            None, worker, worker, None, worker, worker, None, worker, None]
+        assert [class_queue_of(q) for q in own] == [
+            "realtime", "interactive", "interactive", "interactive", "batch", "batch", "batch",
+            "standby", "standby"]
+    assert affinity_worker("w1.standby.placed") is None  # standby has no placement queue
+    assert affinity_worker("w1.realtime") is None
+
+
+def test_a_parked_chunk_of_a_job_on_a_model_waits_as_long_as_its_load_elsewhere() -> None:
+    from scheduler.recovery import RecoveryCause, RecoveryConfig, plan_recoveries
+    from tests.unit.test_scheduler_support import NOW_S, make_job, make_snapshot
+
+    def moved(reload_s: float, waited_s: float) -> bool:
+        job = make_job("p", state=JobState.QUEUED, work_s=1.0, queue="batch",
+                       parked_on="w1", waiting_since_s=NOW_S - waited_s, reload_s=reload_s)
+        snap = make_snapshot([job])
+        recoveries, _ = plan_recoveries(snap.jobs, frozenset({"w1"}), snap.cost,
+                                        RecoveryConfig(affinity_max_wait_s=0.3), NOW_S)
+        return any(r.cause is RecoveryCause.PARKED for r in recoveries)
+
+    assert moved(0.0, 0.5)  # no model: the affinity wait
+    assert not moved(0.0, 0.2)
+    assert not moved(8.0, 5.0)  # a load elsewhere would take 8 s: waiting 5 s is cheaper
+    assert moved(8.0, 8.5)
 
 
 # the simulated job's model params --------------------------------------------------------------
@@ -268,10 +320,10 @@ def test_a_worker_given_a_chunk_after_its_heartbeat_counts_busy() -> None:
     cold = _beat("w2", {})
     marked = WorkerDirectory({"w1": warm, "w2": cold}, placed_at_s={"w1": 5.0},
                              estimates=LoadEstimates())
-    assert release_queue(settings, job, "interactive", marked) == "w2.interactive"
+    assert release_queue(settings, job, "interactive", marked) == "w2.interactive.placed"
     stale_mark = WorkerDirectory({"w1": warm, "w2": cold}, placed_at_s={"w1": -1.0},
                                  estimates=LoadEstimates())
-    assert release_queue(settings, job, "interactive", stale_mark) == "w1.interactive"
+    assert release_queue(settings, job, "interactive", stale_mark) == "w1.interactive.placed"
 
 
 def test_without_the_ticks_estimate_a_busy_workers_heartbeat_tells_when_its_job_ends() -> None:
@@ -283,8 +335,8 @@ def test_without_the_ticks_estimate_a_busy_workers_heartbeat_tells_when_its_job_
     assert Heartbeat.decode(began.encode()) == began
     cold = _beat("w2", {})
     soon = WorkerDirectory({"w1": began, "w2": cold}, estimates=LoadEstimates(), now_s=10.05)
-    assert release_queue(settings, job, "interactive", soon) == "w1.interactive"
+    assert release_queue(settings, job, "interactive", soon) == "w1.interactive.placed"
     unknown = replace(began, left_s=None)
     assert unknown.free_in_s(10.05) is None
     late = WorkerDirectory({"w1": unknown, "w2": cold}, estimates=LoadEstimates(), now_s=10.05)
-    assert release_queue(settings, job, "interactive", late) == "w2.interactive"
+    assert release_queue(settings, job, "interactive", late) == "w2.interactive.placed"

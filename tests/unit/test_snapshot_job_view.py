@@ -29,7 +29,8 @@ def _live_record(**overrides: object) -> JobRecord:
     default."""
     values: dict[str, object] = dict(
         job_id="j1", kind=JobKind.SIMULATED, slo=SloClass.INTERACTIVE, tenant="acme",
-        params={"steps": 4, "step_ms": 10.0, "block_groups": 3, "batch_growth": 0.3},
+        params={"steps": 4, "step_ms": 10.0, "block_groups": 3, "batch_growth": 0.3,
+                "model": "m1"},
         submitted_at_s=100.0, deadline_at_s=160.0, num_chunks=4, cost_key="simulated",
         cost_units=(1.0, 2.0, 3.0, 4.0), state=JobState.RUNNING, next_chunk=1, seq=2, epoch=3,
         queue="w1.batch", updated_at_s=110.0, tier=Tier.GOLD, depends_on=("j0",),

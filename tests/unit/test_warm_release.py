@@ -12,7 +12,8 @@ from tasks.record import JobRecord
 from tasks.runtime import current_settings
 from tasks.settings import Settings
 
-QUEUES = ("realtime", "{w}.interactive", "interactive", "{w}.batch", "batch", "standby")
+QUEUES = ("realtime", "{w}.interactive", "{w}.interactive.placed", "interactive", "{w}.batch",
+          "{w}.batch.placed", "batch", "{w}.standby", "standby")
 
 
 def _beat(name: str, held: dict[str, int], busy: str | None = None) -> Heartbeat:
@@ -53,7 +54,7 @@ def test_release_queue_sends_an_image_job_to_a_warm_worker_and_else_to_its_class
     job = _image()
     assert needs_directory(settings, job)
     warm = WorkerDirectory({"b": _beat("b", {"diffusion:dit-tiny:cpu:seeded": 1})})
-    assert release_queue(settings, job, "interactive", warm) == "b.interactive"
+    assert release_queue(settings, job, "interactive", warm) == "b.interactive.placed"
     cold = WorkerDirectory({"b": _beat("b", {"diffusion:wan-tiny:cpu:seeded": 1})})
     assert release_queue(settings, job, "interactive", cold) == "interactive"
     # realtime has no affinity queue: a realtime release is never parked behind one worker
