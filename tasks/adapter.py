@@ -32,6 +32,7 @@ from scheduler.recovery import Failure, Recovery, RecoveryCause, RecoveryConfig
 from tasks import keys
 from tasks.admission import PublishedAdmission
 from tasks.affinity import (
+    ExpectedLoads,
     WorkerDirectory,
     common_prefix,
     expand_worker_queues,
@@ -102,11 +103,14 @@ class TickPhases:
 
 def run_tick(ctx: WorkerContext, now_s: float, cache: SnapshotCache | None = None,
              planner: IncrementalPlanner | None = None,
-             phases: TickPhases | None = None) -> TickPlan:
+             phases: TickPhases | None = None,
+             loads: ExpectedLoads | None = None) -> TickPlan:
     """One tick: read (from ``cache`` when given, folding in what changed; else every record),
     plan (with ``planner`` when given: it keeps per-job columns across ticks, found by the
     identity of the cache's unchanged views; its plans equal ``plan_tick``'s), check, apply in
-    pipelined batches. ``phases``, when given, gets each phase's seconds and what it read."""
+    pipelined batches. ``phases``, when given, gets each phase's seconds and what it read;
+    ``loads`` keeps the waiting model jobs' expected loads between ticks (:class:`ExpectedLoads`,
+    under the Stepline placement)."""
     store, settings = ctx.store, ctx.settings
     took = phases if phases is not None else TickPhases()
     started = time.perf_counter()
@@ -115,22 +119,24 @@ def run_tick(ctx: WorkerContext, now_s: float, cache: SnapshotCache | None = Non
     block_groups = settings.diffusion.block_groups
     seen = (cache.read(cost, policy, now_s, block_groups) if cache is not None
             else read_snapshot(store, cost, policy, now_s, block_groups))
+    snapshot = (loads if loads is not None else ExpectedLoads()).apply(
+        settings, seen.snapshot, seen.records, seen.heartbeats)
     read = time.perf_counter()
-    took.read_s, took.jobs = read - started, len(seen.snapshot.jobs)
+    took.read_s, took.jobs = read - started, len(snapshot.jobs)
     took.reread = cache.changed if cache is not None else took.jobs
-    plan = (planner.plan(seen.snapshot, policy, now_s) if planner is not None
-            else plan_tick(seen.snapshot, policy, now_s))
+    plan = (planner.plan(snapshot, policy, now_s) if planner is not None
+            else plan_tick(snapshot, policy, now_s))
     planned = time.perf_counter()
     took.plan_s = planned - read
     try:
-        check_plan_invariants(plan, seen.snapshot)
+        check_plan_invariants(plan, snapshot)
     except SchedulerError:
         log.exception("the plan broke an invariant; applying nothing this tick")
         return plan
     checked = time.perf_counter()
     took.check_s = checked - planned
     target = LiveTarget(store, seen.records, settings, buffered=True,
-                        busy_free_in_s=lambda: busy_free_in_s(seen.snapshot, now_s))
+                        busy_free_in_s=lambda: busy_free_in_s(snapshot, now_s))
     try:
         apply_plan(plan, target)
         target.flush()

@@ -12,11 +12,11 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from scheduler.lifecycle import JobState
-from scheduler.model import JobKind
+from scheduler.model import ClusterSnapshot, JobKind, JobView
 from scheduler.placement import (
     Holding,
     LoadEstimates,
@@ -25,6 +25,7 @@ from scheduler.placement import (
     PlacementPolicy,
     assign,
     cold_load_s,
+    expected_load_s,
     place,
 )
 from tasks import keys
@@ -32,6 +33,7 @@ from tasks.heartbeat import Heartbeat
 from tasks.record import JobRecord
 from tasks.routing import (
     AFFINITY_CLASSES,
+    CONTROL,
     OWN_QUEUE_CLASSES,
     affinity_queue,
     affinity_worker,
@@ -183,6 +185,56 @@ _ESTIMATES_LOCK = threading.Lock()
 def load_estimates() -> LoadEstimates:
     """This process's load-time estimates (the tick's, or an API's), learned from heartbeats."""
     return _ESTIMATES
+
+
+@dataclass
+class ExpectedLoads:
+    """The tick's ``JobView.load_s``: per waiting job on a model, the load placement expects
+    before its next chunk runs (none when a worker holds its model and adapters, else the
+    cheapest load on any alive worker: :func:`scheduler.placement.expected_load_s`), so that
+    its deadline, lateness and admission count a cold start, as the simulator's plans do. Kept
+    across ticks: a view whose load did not change is handed out as the same object (the
+    incremental planner finds its rows by identity)."""
+
+    _views: dict[str, tuple[JobView, float, JobView]] = field(default_factory=dict)
+
+    def apply(self, settings: Settings, snapshot: ClusterSnapshot,
+              records: Mapping[str, JobRecord], beats: Mapping[str, Heartbeat]
+              ) -> ClusterSnapshot:
+        """``snapshot`` with each waiting model job's ``load_s`` set (only under the Stepline
+        placement: the one that counts loads; a pass over the live jobs per tick)."""
+        if not settings.affinity.enabled \
+                or placement_policy(settings) is not PlacementPolicy.STEPLINE:
+            self._views.clear()
+            return snapshot
+        workers = [holding(name, beat, 0.0) for name, beat in beats.items()
+                   if CONTROL not in beat.queues]
+        memo: dict[ModelNeed, float] = {}
+        kept: dict[str, tuple[JobView, float, JobView]] = {}
+        jobs: list[JobView] | None = None
+        with _ESTIMATES_LOCK:
+            observe_loads(_ESTIMATES, beats.values())
+            for i, view in enumerate(snapshot.jobs):
+                if view.state is JobState.RUNNING or view.state.is_terminal:
+                    continue
+                record = records.get(view.job_id)
+                need = None if record is None else model_need(record.kind, record.params)
+                if need is None:
+                    continue
+                load_s = memo.get(need)
+                if load_s is None:
+                    load_s = memo[need] = expected_load_s(need, workers, _ESTIMATES)
+                if load_s == view.load_s:
+                    continue
+                held = self._views.get(view.job_id)
+                loaded = held[2] if held is not None and held[0] is view and held[1] == load_s \
+                    else replace(view, load_s=load_s)
+                kept[view.job_id] = (view, load_s, loaded)
+                if jobs is None:
+                    jobs = list(snapshot.jobs)
+                jobs[i] = loaded
+        self._views = kept
+        return snapshot if jobs is None else replace(snapshot, jobs=tuple(jobs))
 
 
 def common_prefix(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:

@@ -17,7 +17,7 @@ import math
 import statistics
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from scheduler import (
@@ -34,6 +34,7 @@ from scheduler.lifecycle import JobState
 from tasks import keys
 from tasks.affinity import reload_s
 from tasks.errors import JobNotFound
+from tasks.heartbeat import Heartbeat
 from tasks.record import JobRecord, UnreadableRecord
 from tasks.routing import CONTROL, affinity_worker, class_queue_of
 from tasks.settings.diffusion import DiffusionSettings
@@ -55,6 +56,8 @@ class Seen:
 
     snapshot: ClusterSnapshot
     records: Mapping[str, JobRecord]
+    heartbeats: Mapping[str, Heartbeat] = field(default_factory=dict)
+    """The workers' heartbeats the snapshot's worker views were read from."""
 
 
 def read_snapshot(store: JobStore, cost: CostModel, policy: PolicyConfig, now_s: float,
@@ -75,9 +78,10 @@ def read_snapshot(store: JobStore, cost: CostModel, policy: PolicyConfig, now_s:
     own = {job_id: own_s_per_unit(store, records[job_id]) for job_id in long_running}
     views = tuple(job_view(r, failed_deps.get(r.job_id), own.get(r.job_id),
                            diffusion_block_groups) for r in records.values())
-    snapshot = ClusterSnapshot(jobs=views, workers=worker_views(store), cost=cost,
+    beats = store.heartbeats()
+    snapshot = ClusterSnapshot(jobs=views, workers=worker_views(beats.values()), cost=cost,
                                state=load_policy_state(store), unreadable=tuple(unreadable))
-    return Seen(snapshot, records)
+    return Seen(snapshot, records, beats)
 
 
 def job_view(r: JobRecord, failed_dependency: str | None = None,
@@ -185,12 +189,8 @@ def own_median(r: JobRecord, commits: Iterable[tuple[int, float]]) -> float | No
     return float(statistics.median(rates)) if len(rates) >= OWN_MEDIAN_MIN_COMMITS else None
 
 
-def worker_views(store: JobStore) -> tuple[WorkerView, ...]:
+def worker_views(beats: Iterable[Any]) -> tuple[WorkerView, ...]:
     """Chunk workers from their heartbeats (scheduler workers, on ``control``, run ticks)."""
-    return _worker_views(store.heartbeats().values())
-
-
-def _worker_views(beats: Iterable[Any]) -> tuple[WorkerView, ...]:
     views = []
     for beat in beats:
         if CONTROL in beat.queues:
@@ -365,9 +365,10 @@ class SnapshotCache:
                 views[i] = replace(views[i], failed_dependency=failed.get(job_id),
                                    own_s_per_unit=own.get(job_id))
             jobs = tuple(views)
-        snapshot = ClusterSnapshot(jobs=jobs, workers=self._worker_views(), cost=cost,
+        beats = self._heartbeats()
+        snapshot = ClusterSnapshot(jobs=jobs, workers=worker_views(beats.values()), cost=cost,
                                    state=load_policy_state(self.store), unreadable=unreadable)
-        return Seen(snapshot, records)
+        return Seen(snapshot, records, beats)
 
     def _build(self) -> _Built:
         """The views in the full read's order (by id), the unreadable records, a copy of the
@@ -548,9 +549,9 @@ class SnapshotCache:
         return {job_id: own_median(self._records[job_id], self._commits[job_id].values())
                 for job_id in running}
 
-    def _worker_views(self) -> tuple[WorkerView, ...]:
-        """:func:`worker_views`: the heartbeats of the workers registered as live and of those
-        the last scan found, in two round trips (a scan every :attr:`heartbeat_scan_s`)."""
+    def _heartbeats(self) -> dict[str, Heartbeat]:
+        """The heartbeats of the workers registered as live and of those the last scan found,
+        in two round trips (a scan every :attr:`heartbeat_scan_s`)."""
         redis = self.store.redis
         now = time.monotonic()
         if now - self._scanned_at >= self.heartbeat_scan_s:
@@ -561,7 +562,7 @@ class SnapshotCache:
         registered, _ = pipe.execute()
         names = sorted({*self._scanned, *(keys.worker(n.decode()) for n in registered)})
         bodies = cast(list[bytes | None], redis.mget(names)) if names else []
-        return _worker_views(decode_heartbeats(names, bodies).values())
+        return decode_heartbeats(names, bodies)
 
 
 _Built = tuple[tuple[JobView, ...], tuple[tuple[str, str], ...], dict[str, JobRecord],

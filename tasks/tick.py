@@ -22,6 +22,7 @@ from redis.commands.core import Script
 from scheduler import IncrementalPlanner
 from tasks import keys, scripts
 from tasks.adapter import TickPhases, run_tick
+from tasks.affinity import ExpectedLoads
 from tasks.context import worker_context
 from tasks.routing import TICK_TASK
 from tasks.snapshot import SnapshotCache
@@ -47,7 +48,7 @@ def tick(self: Any) -> str:
     phases = TickPhases()
     with collector_paused():
         run_tick(ctx, now_s=time.time(), cache=cache, planner=held_planner(ctx.store),
-                 phases=phases)
+                 phases=phases, loads=held_loads(ctx.store))
     _record(ctx.store.redis, time.perf_counter() - started, phases)
     ctx.checkpoint_sweeper.maybe_start(time.time())
     return "ticked"
@@ -91,6 +92,12 @@ def snapshot_cache(store: JobStore) -> SnapshotCache:
 def held_planner(store: JobStore) -> IncrementalPlanner:
     """The worker's planner, kept between its ticks beside the snapshot cache (one per store)."""
     return IncrementalPlanner()
+
+
+@functools.cache
+def held_loads(store: JobStore) -> ExpectedLoads:
+    """The waiting jobs' expected loads, kept between the worker's ticks (one per store)."""
+    return ExpectedLoads()
 
 
 def _take_lease(client: redis.Redis, me: str, ttl_s: float) -> Lease:

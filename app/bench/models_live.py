@@ -7,9 +7,10 @@ can be compared.
 The two runs share the jobs (``app.bench.models_workload``, scaled by its ``time_scale`` and
 ``byte_scale``), the budgets (models of the catalog's median size), the placement policy
 (``scheduler.placement``), the eviction policy (the residency's ``lru`` or ``cost``), the tick
-interval, and how long a chunk may stay parked on a busy worker (``affinity.max_wait``). What
-the live stack does not do yet the simulator is told not to do either: count a job's expected
-load into its plan, and stage models into host memory. Load times: each live job declares
+interval, and how long a chunk may stay parked on a busy worker (``affinity.max_wait``, or its
+load elsewhere when longer); under the Stepline placement both count a waiting job's expected
+load into its plan. What the live stack does not do yet the simulator is told not to do
+either: stage models into host memory. Load times: each live job declares
 draws of its model's disk and host load times and of its adapters' (the simulator draws one per
 load from the same distributions); the live worker pays the draws of the job that loads it.
 """
@@ -120,8 +121,8 @@ def run_sim(setup: LiveSetup, placement: str, jobs: Sequence[ModelJob],
     """The jobs through ``ClusterSim`` under ``placement``: the figures of :func:`figures`."""
     device, host = setup.budgets(catalog)
     residency = residency_for(placement, catalog, device, host, setup.park_max_wait_s)
-    residency = replace(residency, eviction=EVICTION[placement], loads_in_plan=False,
-                        stage=False)
+    residency = replace(residency, eviction=EVICTION[placement],
+                        loads_in_plan=placement == "stepline", stage=False)
     config = models_config(setup.workload, residency, jobs, setup.tick_s)
     trace = sim_trace(jobs)
     result = ClusterSim(config, trace, sim_policy(config, "stepline")).run()

@@ -128,7 +128,8 @@ if stop then
   return reply('preempted')
 end
 if options.then_continue then return reply('continue') end
-local class = string.match(h[8], '([^.]+)$')
+-- the class behind the job's queue: 'interactive' for it, w.interactive or w.interactive.placed
+local class = string.match((string.gsub(h[8], '%.placed$', '')), '([^.]+)$')
 local target = (options.hop_queues or {})[class] or class
 redis.call('HSET', job, 'state', STATE.QUEUED, 'queue', target, 'queued_at', now)
 local why = 'next chunk ' .. nxt .. ' on ' .. target

@@ -278,6 +278,25 @@ def test_a_hop_commit_pushes_the_next_message_and_a_stop_or_a_stale_one_pushes_n
     assert redis_client.llen("w1.interactive") == 1 and redis_client.llen("interactive") == 0
 
 
+def test_a_job_placed_on_a_worker_hops_to_that_workers_own_queue_for_its_class(
+        redis_client: redis.Redis) -> None:
+    # given a batch job placement parked in a worker's placement queue
+    store = JobStore(redis_client)
+    job_id, _ = _create(store)
+    store.transition(job_id, JobState.QUEUED, by="test")
+    store.set_fields(job_id, queue="w1@h.x.batch.placed")
+    job = store.claim_chunk(job_id, 0, 0, "w1@h.x", lease_s=5)
+    assert not isinstance(job, str)
+    # when its first chunk commits on that worker
+    hop = store.commit_chunk(job_id, chunk=0, epoch=0, seq=job.seq, complete=True,
+                             checkpoint=b"s", service_s=0.01, worker="w1@h.x",
+                             hop_queues={"interactive": "w1@h.x.interactive",
+                                         "batch": "w1@h.x.batch"})
+    # then its next chunk waits in the worker's own queue for its class, batch
+    assert hop.status is CommitStatus.HOP
+    assert store.record(job_id).queue == "w1@h.x.batch"
+
+
 def test_pipelined_claims_and_commits_survive_a_server_that_forgot_its_scripts(
         redis_client: redis.Redis) -> None:
     # given a queued job and a Redis that lost its script cache (restarted, SCRIPT FLUSH)

@@ -274,6 +274,34 @@ def test_a_parked_chunk_of_a_job_on_a_model_waits_as_long_as_its_load_elsewhere(
     assert moved(8.0, 8.5)
 
 
+def test_the_ticks_waiting_jobs_on_a_model_no_worker_holds_count_its_load() -> None:
+    from tasks.affinity import ExpectedLoads
+    from tasks.snapshot import job_view
+    from tests.unit.test_scheduler_support import make_snapshot
+
+    # given a worker holding m1 that measured a 3 s load of mx from disk
+    recent = [{"model": "simulated:mx", "tier": "disk", "s": 3.0, "at": 7_000_001.5}]
+    beats = {"w1": _beat("w1", {_sim_key("m1"): MB}, recent=recent)}
+    records = {r.job_id: r for r in (
+        _sim("mx", "cold"), _sim("m1", "warm"),
+        replace(_sim("mx", "running", state=JobState.RUNNING), running_on="w1"),
+        replace(_sim("mx", "plain"), params={"steps": 2, "step_ms": 100.0}))}
+    snapshot = make_snapshot([job_view(r) for r in records.values()])
+    loads = ExpectedLoads()
+    # when the Stepline placement's tick reads it
+    planned = loads.apply(_placing("stepline"), snapshot, records, beats)
+    # then the cold job expects the load, the warm one, the running one and one on no model none
+    load = {v.job_id: v.load_s for v in planned.jobs}
+    assert load == {"cold": pytest.approx(3.0), "warm": 0.0, "running": 0.0, "plain": 0.0}
+    # the next tick hands out the same view objects (the incremental planner's rows)
+    again = loads.apply(_placing("stepline"), snapshot, records, beats)
+    assert all(a is b for a, b in zip(planned.jobs, again.jobs, strict=True))
+    # once a worker holds mx, its load is gone; other placements count no loads
+    beats["w2"] = _beat("w2", {_sim_key("mx"): MB})
+    assert loads.apply(_placing("stepline"), snapshot, records, beats) is snapshot
+    assert ExpectedLoads().apply(_placing("warm"), snapshot, records, beats) is snapshot
+
+
 # the simulated job's model params --------------------------------------------------------------
 def test_simulated_model_params_are_validated_and_stored_only_with_a_model() -> None:
     plain = validate_params("simulated", {"steps": 2})
