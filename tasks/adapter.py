@@ -8,6 +8,7 @@ job that committed, finished or moved since is left alone and planned again next
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -27,18 +28,22 @@ from scheduler import (
 from scheduler.errors import SchedulerError
 from scheduler.lifecycle import JobState
 from scheduler.model import ClusterSnapshot
+from scheduler.placement import PlacementPolicy
 from scheduler.plan import LevelMark, Release
 from scheduler.recovery import Failure, Recovery, RecoveryCause, RecoveryConfig
 from tasks import keys
 from tasks.admission import PublishedAdmission
 from tasks.affinity import (
     ExpectedLoads,
+    PlacementView,
     WorkerDirectory,
     common_prefix,
     expand_worker_queues,
     keeps_model,
     kept_queue,
     needs_directory,
+    placement_policy,
+    publish_placement_view,
     queued_demand,
     release_queue,
 )
@@ -135,14 +140,19 @@ def run_tick(ctx: WorkerContext, now_s: float, cache: SnapshotCache | None = Non
         return plan
     checked = time.perf_counter()
     took.check_s = checked - planned
-    target = LiveTarget(store, seen.records, settings, buffered=True,
-                        busy_free_in_s=lambda: busy_free_in_s(snapshot, now_s))
+    free_in_s = functools.cache(lambda: busy_free_in_s(snapshot, now_s))
+    target = LiveTarget(store, seen.records, settings, buffered=True, busy_free_in_s=free_in_s)
     try:
         apply_plan(plan, target)
         target.flush()
     finally:
         if cache is not None:  # its own writes, folded: next tick reads none of them again
             cache.fold_written(target.written)
+    if settings.affinity.enabled and placement_policy(settings) is PlacementPolicy.STEPLINE:
+        # what a submit before the next tick places by (a few ticks' life: then heartbeats)
+        publish_placement_view(store, PlacementView(
+            now_s, free_in_s(), queued_demand(seen.records.values())),
+            ttl_s=max(5 * settings.scheduler.origin_detection_interval, 1.0))
     advance_expert_updates(store, settings, now_s)
     took.apply_s = time.perf_counter() - checked
     return plan

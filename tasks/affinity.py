@@ -7,6 +7,8 @@ long is the tick's to move back to its class queue (``scheduler.recovery``).
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import math
 import threading
@@ -247,6 +249,47 @@ def common_prefix(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
 
 
 # the first chunk ------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class PlacementView:
+    """What the tick knows for placement and a submit does not (:data:`tasks.keys.
+    PLACEMENT_VIEW`): when each worker with work of its own is expected free (its running job's
+    remaining work and every job parked on it: ``tasks.adapter.busy_free_in_s``) and the queued
+    jobs per model, as of ``at_s``. A submit between two ticks places by it, as the tick does,
+    rather than by the heartbeats alone (which count only a busy worker's running job)."""
+
+    at_s: float
+    free_in_s: Mapping[str, float]
+    demand: Mapping[str, int]
+
+    def encode(self) -> str:
+        return json.dumps({"at": self.at_s, "free": dict(self.free_in_s),
+                           "demand": dict(self.demand)}, separators=(",", ":"))
+
+    @classmethod
+    def decode(cls, raw: bytes | str | None) -> PlacementView | None:
+        """The view, or None for none or one that cannot be read (placement then goes by the
+        heartbeats)."""
+        if raw is None:
+            return None
+        try:
+            body = json.loads(raw)
+            return cls(float(body["at"]),
+                       {str(k): float(v) for k, v in body["free"].items()},
+                       {str(k): int(v) for k, v in body["demand"].items()})
+        except (ValueError, KeyError, TypeError, AttributeError):
+            log.warning("unreadable placement view; placing by the heartbeats")
+            return None
+
+    def free_at(self, now_s: float) -> dict[str, float]:
+        """Each worker's free time as of ``now_s`` (what ran since the tick is done)."""
+        gone = max(now_s - self.at_s, 0.0)
+        return {name: max(free - gone, 0.0) for name, free in self.free_in_s.items()}
+
+
+def publish_placement_view(store: JobStore, view: PlacementView, ttl_s: float) -> None:
+    store.redis.set(keys.PLACEMENT_VIEW, view.encode(), px=max(1, int(ttl_s * 1000)))
+
+
 @dataclass
 class WorkerDirectory:
     """The alive workers' heartbeats, read once and used for several release decisions."""
@@ -276,8 +319,15 @@ class WorkerDirectory:
              mark_ttl_s: float = 10.0) -> WorkerDirectory:
         bodies = store.heartbeats()
         names = sorted(bodies)
-        marks = store.redis.mget([keys.placed(n) for n in names]) if names else []
+        from_tick = busy_free_in_s is None
+        *marks, raw = store.redis.mget([*(keys.placed(n) for n in names),
+                                         keys.PLACEMENT_VIEW if from_tick else keys.placed("")])
         placed = {n: float(m) for n, m in zip(names, marks, strict=True) if m is not None}
+        if from_tick and (view := PlacementView.decode(raw)) is not None:
+            # a submit: the last tick's free times and demand (a tick passes its own)
+            busy_free_in_s = view.free_at(time.time())
+            if demand is None:
+                demand = functools.partial(dict, view.demand)
         directory = cls(bodies, busy_free_in_s=busy_free_in_s or {}, demand=demand,
                         placed_at_s=placed, store=store, mark_ttl_s=mark_ttl_s)
         with _ESTIMATES_LOCK:

@@ -93,6 +93,9 @@ WORKER_PREFIX = PREFIX + "worker:"
 WORKERS_LIVE = PREFIX + "workers:live"
 """Worker name → when its heartbeat lapses (ms): the tick reads heartbeats by name, without a
 scan of the keyspace."""
+PLACEMENT_VIEW = PREFIX + "placement"
+"""The last tick's view for placement (JSON, expiring): per worker the seconds until the work
+that stays on it ends, and the queued jobs per model; a submit places by it between ticks."""
 WORKER_QUEUES = PREFIX + "workers:queues"
 """What the adapter last told each worker to consume (so consumers are not churned)."""
 AUTOSCALE_EVENTS = PREFIX + "autoscale:events"

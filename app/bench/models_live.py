@@ -175,6 +175,7 @@ def run_live(setup: LiveSetup, placement: str, jobs: Sequence[ModelJob], catalog
             wall_s = time.monotonic() - started
             latencies = _latencies(service, jobs, outcomes)
             moves = _moves(service, outcomes)
+            missed = _missed(service, jobs, outcomes, latencies, setup.warmup)
             beats = service.store.heartbeats().values()
             residency = [b.residency for b in beats if b.residency]
     finally:
@@ -198,6 +199,7 @@ def run_live(setup: LiveSetup, placement: str, jobs: Sequence[ModelJob], catalog
         "device_budget_bytes": device,
         "wall_s": wall_s,
         "moves": moves,
+        "missed": missed,
     }
 
 
@@ -225,6 +227,31 @@ def _moves(service: Any, outcomes: Sequence[Outcome]) -> dict[str, int]:
                 key = f"{event.get('to')}: {reason.split(';')[0].split(' on ')[0][:40]}"
             counts[key] = counts.get(key, 0) + 1
     return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def _missed(service: Any, jobs: Sequence[ModelJob], outcomes: Sequence[Outcome],
+            latencies: dict[int, float | None], warmup: float,
+            limit: int = 20) -> list[dict[str, Any]]:
+    """The first ``limit`` measured jobs that missed their deadline, each with its trail of
+    state changes (seconds after submit, state, by whom, reason): where a miss came from."""
+    by_index = {job.index: outcome for job, outcome in zip(jobs, outcomes, strict=True)}
+    out: list[dict[str, Any]] = []
+    for job in measured(jobs, warmup):
+        done = latencies.get(job.index)
+        outcome = by_index.get(job.index)
+        if (done is not None and done <= job.slo_s + 1e-9) or outcome is None \
+                or outcome.job_id is None:
+            continue
+        events = service.store.events(outcome.job_id)
+        t0 = float(events[0].get("ts", 0.0)) if events else 0.0
+        out.append({"index": job.index, "model": job.model, "slo": job.slo.value,
+                    "slo_s": job.slo_s, "latency_s": done, "adapters": list(job.adapters),
+                    "trail": [(round(float(e.get("ts", 0.0)) - t0, 3), e.get("to"), e.get("by"),
+                               str(e.get("reason", ""))[:80])
+                              for e in events if e.get("kind") == "state"]})
+        if len(out) >= limit:
+            break
+    return out
 
 
 def _wait_for_workers(service: Any, count: int, timeout_s: float = 120.0) -> None:

@@ -7,6 +7,7 @@ than its budget (tensor bytes, measured, in the heartbeats)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -93,3 +94,46 @@ def test_stepline_placement_loads_each_model_once_where_oblivious_placement_relo
         assert residency["peak_device_bytes"] <= BUDGET
         assert len(residency["device"]) <= 2
     assert max(peaks) <= BUDGET
+
+
+def test_a_submit_places_by_the_last_ticks_view_of_the_work_parked_on_each_worker(
+    redis_client: redis.Redis,
+) -> None:
+    from tasks.affinity import PlacementView, publish_placement_view, release_queue
+    from tasks.affinity import WorkerDirectory as Directory
+    from tasks.record import JobRecord
+    from tasks.routing import with_affinity
+    from tasks.store import write_heartbeat
+
+    settings = current_settings()
+    settings = settings.model_copy(update={"affinity": settings.affinity.model_copy(
+        update={"placement": "stepline"})})
+    store = JobStore(redis_client)
+    def read() -> Directory:
+        """Two idle workers by their heartbeats (written after any placement so far): w1 holds
+        m1, w2 holds nothing."""
+        pipe = redis_client.pipeline()
+        for name, device in (("w1@view", {"simulated:m1": MODEL_BYTES}), ("w2@view", {})):
+            write_heartbeat(pipe, Heartbeat(
+                name=name, ts=time.time() + 1.0,
+                queues=with_affinity(name, ("interactive", "batch")),
+                residency={"device": device, "host": {}, "budget_bytes": BUDGET}), lease_s=30.0)
+        pipe.execute()
+        return Directory.read(store)
+
+    job = JobRecord(job_id="j-view", kind="simulated", slo=SloClass.INTERACTIVE, tenant="t",
+                    params=_params("m1"), submitted_at_s=0.0, deadline_at_s=60.0, num_chunks=1,
+                    cost_key="simulated", cost_units=(0.05,), state=JobState.PENDING,
+                    queue="interactive", next_chunk=0, seq=0, epoch=0, updated_at_s=0.0)
+    # when no tick has published a view, the submit sees w1 idle and warm
+    assert release_queue(settings, job, "interactive", read()) == \
+        "w1@view.interactive.placed"
+    # but once the tick counted 30 s of work parked on w1, a load on w2 starts sooner
+    publish_placement_view(store, PlacementView(time.time(), {"w1@view": 30.0},
+                                                {"simulated:m1": 3}), ttl_s=10.0)
+    assert release_queue(settings, job, "interactive", read()) == \
+        "w2@view.interactive.placed"
+    # a view that cannot be read is ignored: placement goes by the heartbeats
+    redis_client.set("sl:placement", b"{not json")
+    assert release_queue(settings, job, "interactive", read()) == \
+        "w1@view.interactive.placed"
