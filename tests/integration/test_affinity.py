@@ -48,8 +48,9 @@ def test_a_text_jobs_chunks_all_run_on_one_worker_while_another_is_idle(
     wait_for_workers(redis_client, ["w1", "w2"])
     service = JobService(JobStore(redis_client), current_settings())
     queues = _heartbeat(redis_client, "w1@test")["queues"]
-    assert queues == ["realtime", "w1@test.interactive", "interactive", "w1@test.batch", "batch",
-                      "standby"]
+    assert queues == ["realtime", "w1@test.interactive", "w1@test.interactive.placed",
+                      "interactive", "w1@test.batch", "w1@test.batch.placed", "batch",
+                      "w1@test.standby", "standby"]
 
     job_id, _ = service.submit(JobSpec(kind="text", slo=SloClass.INTERACTIVE, params=TEXT,
                                        deadline_s=300))
@@ -185,7 +186,7 @@ def test_an_image_job_is_released_to_the_idle_worker_that_holds_its_model(
 
     # then its release went to w1's own queue, and w1 ran its first step without a load
     assert _finished_and_first_released_to(service.store, job_id) == \
-        "admitted to w1@test.interactive"
+        "admitted to w1@test.interactive.placed"
     assert _commits(service.store, job_id)[0]["by"] == "w1@test"
 
 
