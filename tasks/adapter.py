@@ -43,6 +43,7 @@ from tasks.affinity import (
     kept_queue,
     needs_directory,
     placement_policy,
+    placement_rates,
     publish_placement_view,
     queued_demand,
     release_queue,
@@ -122,6 +123,7 @@ def run_tick(ctx: WorkerContext, now_s: float, cache: SnapshotCache | None = Non
     policy = policy_config(settings, store)
     cost = learned_cost_model(store, policy)
     block_groups = settings.diffusion.block_groups
+    read_at_s = time.time()  # placements after this are not in the snapshot's free times
     seen = (cache.read(cost, policy, now_s, block_groups) if cache is not None
             else read_snapshot(store, cost, policy, now_s, block_groups))
     snapshot = (loads if loads is not None else ExpectedLoads()).apply(
@@ -141,7 +143,8 @@ def run_tick(ctx: WorkerContext, now_s: float, cache: SnapshotCache | None = Non
     checked = time.perf_counter()
     took.check_s = checked - planned
     free_in_s = functools.cache(lambda: busy_free_in_s(snapshot, now_s))
-    target = LiveTarget(store, seen.records, settings, buffered=True, busy_free_in_s=free_in_s)
+    target = LiveTarget(store, seen.records, settings, buffered=True, busy_free_in_s=free_in_s,
+                        counted_until_s=read_at_s, rate=snapshot.cost.seconds_per_unit)
     try:
         apply_plan(plan, target)
         target.flush()
@@ -151,7 +154,8 @@ def run_tick(ctx: WorkerContext, now_s: float, cache: SnapshotCache | None = Non
     if settings.affinity.enabled and placement_policy(settings) is PlacementPolicy.STEPLINE:
         # what a submit before the next tick places by (a few ticks' life: then heartbeats)
         publish_placement_view(store, PlacementView(
-            now_s, free_in_s(), queued_demand(seen.records.values())),
+            read_at_s, free_in_s(), queued_demand(seen.records.values()),
+            placement_rates(seen.records.values(), snapshot.cost.seconds_per_unit)),
             ttl_s=max(5 * settings.scheduler.origin_detection_interval, 1.0))
     advance_expert_updates(store, settings, now_s)
     took.apply_s = time.perf_counter() - checked
@@ -213,11 +217,17 @@ class LiveTarget:
 
     def __init__(self, store: JobStore, seen: Mapping[str, JobRecord],
                  settings: Settings, *, buffered: bool = False,
-                 busy_free_in_s: Callable[[], Mapping[str, float]] | None = None) -> None:
+                 busy_free_in_s: Callable[[], Mapping[str, float]] | None = None,
+                 counted_until_s: float | None = None,
+                 rate: Callable[[str], float] | None = None) -> None:
         self.store, self.seen, self.settings = store, seen, settings
         self._directory: WorkerDirectory | None = None
         self._busy_free_in_s = busy_free_in_s
         """When the busy workers free up (the tick's snapshot knows), read for a placement."""
+        self._counted_until_s = counted_until_s
+        """When the snapshot ``busy_free_in_s`` comes from was read."""
+        self._rate = rate
+        """Seconds per cost unit by cost key (the tick's cost model)."""
         self.buffered = buffered
         self._direct = direct_publish(settings)
         self._batch = ScriptBatch(store)
@@ -395,7 +405,8 @@ class LiveTarget:
             self._directory = WorkerDirectory.read(
                 self.store, busy_free_in_s=busy,
                 demand=lambda: queued_demand(self.seen.values()),
-                mark_ttl_s=self.settings.broker.chunk_lease)
+                mark_ttl_s=self.settings.broker.chunk_lease,
+                counted_until_s=self._counted_until_s, rate=self._rate)
         return self._directory
 
     def _placed(self, job: JobRecord, queue: str) -> str:

@@ -13,7 +13,8 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -30,6 +31,7 @@ from scheduler.placement import (
     expected_load_s,
     place,
 )
+from scheduler.policy import PolicyConfig
 from tasks import keys
 from tasks.heartbeat import Heartbeat
 from tasks.record import JobRecord
@@ -260,10 +262,14 @@ class PlacementView:
     at_s: float
     free_in_s: Mapping[str, float]
     demand: Mapping[str, int]
+    rates: Mapping[str, float] = field(default_factory=dict)
+    """Seconds per cost unit of the cost keys of the jobs placed by model (the tick's learned
+    cost model): what a placed job's remaining work takes."""
 
     def encode(self) -> str:
         return json.dumps({"at": self.at_s, "free": dict(self.free_in_s),
-                           "demand": dict(self.demand)}, separators=(",", ":"))
+                           "demand": dict(self.demand), "rates": dict(self.rates)},
+                          separators=(",", ":"))
 
     @classmethod
     def decode(cls, raw: bytes | str | None) -> PlacementView | None:
@@ -275,7 +281,8 @@ class PlacementView:
             body = json.loads(raw)
             return cls(float(body["at"]),
                        {str(k): float(v) for k, v in body["free"].items()},
-                       {str(k): int(v) for k, v in body["demand"].items()})
+                       {str(k): int(v) for k, v in body["demand"].items()},
+                       {str(k): float(v) for k, v in body.get("rates", {}).items()})
         except (ValueError, KeyError, TypeError, AttributeError):
             log.warning("unreadable placement view; placing by the heartbeats")
             return None
@@ -284,6 +291,26 @@ class PlacementView:
         """Each worker's free time as of ``now_s`` (what ran since the tick is done)."""
         gone = max(now_s - self.at_s, 0.0)
         return {name: max(free - gone, 0.0) for name, free in self.free_in_s.items()}
+
+
+def _mark_work(member: bytes | str) -> float:
+    """The seconds of work a placement mark's member (``<work>:<nonce>``) records."""
+    text = member.decode() if isinstance(member, bytes) else member
+    try:
+        return max(float(text.split(":", 1)[0]), 0.0)
+    except ValueError:
+        return 0.0
+
+
+_PRIOR_COST = PolicyConfig().new_cost_model()
+"""The cost model's priors: a placed job's work where no learned rate is at hand."""
+
+
+def placement_rates(records: Iterable[JobRecord],
+                    rate: Callable[[str], float]) -> dict[str, float]:
+    """Seconds per cost unit of each cost key among the jobs placed by model."""
+    return {key: rate(key) for key in {r.cost_key for r in records
+                                       if r.kind in RESIDENT_PREFIXES and "model" in r.params}}
 
 
 def publish_placement_view(store: JobStore, view: PlacementView, ttl_s: float) -> None:
@@ -302,9 +329,15 @@ class WorkerDirectory:
     demand: Callable[[], Mapping[str, int]] | None = None
     """The queued jobs per model (:func:`model_need`'s names), read when first needed."""
     estimates: LoadEstimates = field(default_factory=load_estimates)
-    placed_at_s: Mapping[str, float] = field(default_factory=dict)
-    """When placement last gave each worker a chunk (:func:`tasks.keys.placed`): a worker
-    whose heartbeat is older than that counts busy, free at an unknown time."""
+    placed: Mapping[str, Sequence[tuple[float, float]]] = field(default_factory=dict)
+    """Per worker, the chunks placement gave it lately (:func:`tasks.keys.placed`): when, and
+    the seconds of work (load and run) each brought. Those given after what ``busy_free_in_s``
+    and the worker's heartbeat counted add to its free time."""
+    counted_until_s: float = -math.inf
+    """``busy_free_in_s`` counts the jobs placed up to this time (the tick's read, or the
+    published view's)."""
+    rate: Callable[[str], float] = field(default_factory=lambda: _PRIOR_COST.seconds_per_unit)
+    """Seconds per cost unit of a cost key (the tick's cost model; else the priors)."""
     store: JobStore | None = None
     """Where a placement on a worker is marked for the next directory (None: not marked)."""
     mark_ttl_s: float = 10.0
@@ -316,20 +349,34 @@ class WorkerDirectory:
     @classmethod
     def read(cls, store: JobStore, busy_free_in_s: Mapping[str, float] | None = None,
              demand: Callable[[], Mapping[str, int]] | None = None,
-             mark_ttl_s: float = 10.0) -> WorkerDirectory:
+             mark_ttl_s: float = 10.0, counted_until_s: float | None = None,
+             rate: Callable[[str], float] | None = None) -> WorkerDirectory:
+        """The heartbeats and placement marks; a tick passes what its snapshot counted
+        (``busy_free_in_s`` as of ``counted_until_s``, its ``rate``), a submit reads the last
+        tick's published view for them (:class:`PlacementView`)."""
         bodies = store.heartbeats()
         names = sorted(bodies)
-        from_tick = busy_free_in_s is None
-        *marks, raw = store.redis.mget([*(keys.placed(n) for n in names),
-                                         keys.PLACEMENT_VIEW if from_tick else keys.placed("")])
-        placed = {n: float(m) for n, m in zip(names, marks, strict=True) if m is not None}
-        if from_tick and (view := PlacementView.decode(raw)) is not None:
-            # a submit: the last tick's free times and demand (a tick passes its own)
-            busy_free_in_s = view.free_at(time.time())
+        now = time.time()
+        pipe = store.redis.pipeline(transaction=False)
+        for name in names:
+            pipe.zrangebyscore(keys.placed(name), now - mark_ttl_s, "+inf", withscores=True)
+        pipe.get(keys.PLACEMENT_VIEW)
+        *marks, raw = pipe.execute()
+        placed = {n: [(at, _mark_work(m)) for m, at in got]
+                  for n, got in zip(names, marks, strict=True) if got}
+        counted = -math.inf if counted_until_s is None else counted_until_s
+        view = PlacementView.decode(raw) if busy_free_in_s is None else None
+        if view is not None:  # a submit: the last tick's free times, demand and rates
+            busy_free_in_s, counted = view.free_at(now), view.at_s
             if demand is None:
                 demand = functools.partial(dict, view.demand)
+            if rate is None and view.rates:
+                rates = dict(view.rates)
+                rate = lambda key: rates.get(key) or _PRIOR_COST.seconds_per_unit(key)  # noqa: E731
         directory = cls(bodies, busy_free_in_s=busy_free_in_s or {}, demand=demand,
-                        placed_at_s=placed, store=store, mark_ttl_s=mark_ttl_s)
+                        placed=placed, counted_until_s=counted, store=store,
+                        mark_ttl_s=mark_ttl_s,
+                        rate=rate or _PRIOR_COST.seconds_per_unit)
         with _ESTIMATES_LOCK:
             observe_loads(directory.estimates, directory.bodies.values())
         return directory
@@ -338,22 +385,30 @@ class WorkerDirectory:
         """When a worker is expected free of the work that stays on it: the tick's estimate
         where it has one (the running job's remaining work and the jobs parked on it), else
         0 for an idle worker, its heartbeat's for a busy one (when its running job's work
-        ends), or inf. A worker given a chunk after its heartbeat was written counts busy."""
-        placed = self.placed_at_s.get(name)
-        if placed is not None and (beat.ts is None or beat.ts < placed):
-            return math.inf
+        ends), or inf; plus the work of every chunk placement gave it since both were
+        written (the marks)."""
         if name in self.busy_free_in_s:  # the tick's: parked work counted, busy or idle
-            return self.busy_free_in_s[name]
-        if beat.busy_job is None:
-            return 0.0
-        told = beat.free_in_s(self.now_s if self.now_s is not None else time.time())
-        return math.inf if told is None else told
+            base, since = self.busy_free_in_s[name], self.counted_until_s
+        else:  # the heartbeat's: its running job (a chunk given before it may be running)
+            since = max(self.counted_until_s, -math.inf if beat.ts is None else beat.ts)
+            if beat.busy_job is None:
+                base = 0.0
+            else:
+                told = beat.free_in_s(self.now_s if self.now_s is not None else time.time())
+                base = math.inf if told is None else told
+        return base + sum(work for at, work in self.placed.get(name, ()) if at > since)
 
-    def place(self, need: ModelNeed, class_queue: str, policy: PlacementPolicy) -> Placement:
+    def work_s(self, job: JobRecord) -> float:
+        """Seconds of work ``job`` has left (its remaining cost units at its key's rate)."""
+        return sum(job.cost_units[job.next_chunk:]) * self.rate(job.cost_key)
+
+    def place(self, need: ModelNeed, class_queue: str, policy: PlacementPolicy,
+              work_s: float = 0.0) -> Placement:
         """Where ``need``'s chunk goes among the alive workers consuming their own queue for
-        ``class_queue`` (:func:`scheduler.placement.place`): idle ones, and busy ones that
-        hold its model; the chosen worker is then counted busy for the rest of this
-        directory's releases."""
+        ``class_queue`` (:func:`scheduler.placement.place`), each free when the work that
+        stays on it ends; the chosen worker then has this job's load and ``work_s`` more
+        work, for the rest of this directory's releases and (marked) for the next
+        directory's."""
         if self._holdings is None:
             self._holdings = {name: holding(name, beat, self._free_in_s(name, beat))
                               for name, beat in self.bodies.items()}
@@ -362,18 +417,28 @@ class WorkerDirectory:
         # A chunk placed on a busy worker waits in its placement queue, behind the next chunks
         # of the jobs it runs (their own queue), for its free time as counted.
         workers = [h for name, h in self._holdings.items()
-                   if name not in self.picked
-                   and placed_queue(name, class_queue) in self.bodies[name].queues]
+                   if placed_queue(name, class_queue) in self.bodies[name].queues]
         with _ESTIMATES_LOCK:
             chosen = place(need, workers, self.estimates, policy, self._demand)
         if chosen.worker is not None:
-            self.picked.add(chosen.worker)
+            busy_s = work_s if work_s > 0.0 else math.inf  # no estimate: busy, free unknown
             if self.store is not None:
-                self.store.redis.set(keys.placed(chosen.worker), repr(time.time()),
-                                     px=max(1, int(self.mark_ttl_s * 1000)))
-            after = assign(workers, chosen, need, math.inf)  # its chunk's length: not known
+                self._mark(chosen.worker, chosen.load_s + busy_s)
+            after = assign(workers, chosen, need, busy_s)
             self._holdings.update((h.name, h) for h in after)
         return chosen
+
+    def _mark(self, worker: str, work_s: float) -> None:
+        """Note that ``worker`` was given ``work_s`` seconds of work now (expiring after
+        ``mark_ttl_s``, by when its heartbeat and the tick count it)."""
+        assert self.store is not None
+        now = time.time()
+        key = keys.placed(worker)
+        pipe = self.store.redis.pipeline(transaction=False)
+        pipe.zadd(key, {f"{work_s!r}:{uuid.uuid4().hex[:8]}": now})
+        pipe.zremrangebyscore(key, "-inf", now - self.mark_ttl_s)
+        pipe.pexpire(key, max(1, int(self.mark_ttl_s * 1000)))
+        pipe.execute()
 
     @property
     def alive(self) -> set[str]:
@@ -451,7 +516,8 @@ def release_queue(settings: Settings, job: JobRecord, class_queue: str,
     elif keeps_model(settings, job.kind, job.params):
         need = model_need(job.kind, job.params)
         assert need is not None
-        chosen = directory.place(need, class_queue, placement_policy(settings))
+        chosen = directory.place(need, class_queue, placement_policy(settings),
+                                 directory.work_s(job))
         if chosen.worker is None:
             return class_queue
         log.debug("job %s: %s on %s (%s, start in %.2fs)", job.job_id, need.model,

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from scheduler.lifecycle import JobState, SloClass
 from scheduler.model import JobKind
-from scheduler.placement import Holding, LoadEstimates, ModelNeed
+from scheduler.placement import Holding, LoadEstimates, ModelNeed, PlacementPolicy
 from tasks.affinity import (
     WorkerDirectory,
     holding,
@@ -181,12 +181,20 @@ def test_stepline_placement_evicts_the_model_no_queued_job_needs() -> None:
     assert release_queue(settings, job, "interactive", directory) == "w2.interactive.placed"
 
 
-def test_one_directory_gives_each_worker_one_release() -> None:
+def test_releases_queue_on_a_warm_worker_while_its_work_ends_sooner_than_a_load() -> None:
+    # given w1 holding m1 and w2 empty; each m1 job has 0.2 s of work, a load takes 0.5 s
     settings = _placing("stepline")
     directory = _directory(w1=_beat("w1", {_sim_key("m1"): MB}), w2=_beat("w2", {}))
     queues = [release_queue(settings, _sim("m1", f"j{i}"), "interactive", directory)
-              for i in range(3)]
-    assert queues == ["w1.interactive.placed", "w2.interactive.placed", "interactive"]
+              for i in range(4)]
+    # then the first three wait on w1 (free at 0, 0.2, 0.4 s), the fourth loads on w2
+    assert queues == ["w1.interactive.placed"] * 3 + ["w2.interactive.placed"]
+    # a job whose work is not known leaves its worker busy until it says otherwise
+    unknown = _directory(w1=_beat("w1", {_sim_key("m1"): MB}), w2=_beat("w2", {}))
+    assert unknown.place(ModelNeed("simulated:m1"), "interactive", PlacementPolicy.STEPLINE,
+                         work_s=0.0).worker == "w1"
+    assert unknown.place(ModelNeed("simulated:m1"), "interactive", PlacementPolicy.STEPLINE,
+                         work_s=0.0).worker == "w2"
 
 
 @settings(max_examples=60, deadline=None)
@@ -342,16 +350,29 @@ def test_a_workers_free_time_is_the_work_that_stays_on_it() -> None:
     assert free == {"w1": pytest.approx(1.5), "w2": 0.0, "w3": pytest.approx(3.0)}
 
 
-def test_a_worker_given_a_chunk_after_its_heartbeat_counts_busy() -> None:
+def test_a_chunk_placed_after_a_workers_heartbeat_counts_toward_its_free_time() -> None:
     settings, job = _placing("stepline"), _sim("m1")
     warm = _beat("w1", {_sim_key("m1"): MB})  # written at ts 0.0
     cold = _beat("w2", {})
-    marked = WorkerDirectory({"w1": warm, "w2": cold}, placed_at_s={"w1": 5.0},
-                             estimates=LoadEstimates())
+    estimates = LoadEstimates()
+    estimates.observe("simulated:m1", "disk", 0.5)
+    # 3 s of work given to w1 after its heartbeat: a 0.5 s load on w2 starts sooner
+    marked = WorkerDirectory({"w1": warm, "w2": cold}, placed={"w1": [(5.0, 3.0)]},
+                             estimates=estimates)
     assert release_queue(settings, job, "interactive", marked) == "w2.interactive.placed"
-    stale_mark = WorkerDirectory({"w1": warm, "w2": cold}, placed_at_s={"w1": -1.0},
-                                 estimates=LoadEstimates())
+    # 0.1 s of it: w1 still starts sooner
+    short = WorkerDirectory({"w1": warm, "w2": cold}, placed={"w1": [(5.0, 0.1)]},
+                            estimates=estimates)
+    assert release_queue(settings, job, "interactive", short) == "w1.interactive.placed"
+    # given before the heartbeat was written: the heartbeat counts it
+    stale_mark = WorkerDirectory({"w1": warm, "w2": cold}, placed={"w1": [(-1.0, 3.0)]},
+                                 estimates=estimates)
     assert release_queue(settings, job, "interactive", stale_mark) == "w1.interactive.placed"
+    # the tick's free times count the chunks placed up to its read: only later ones add
+    tick = WorkerDirectory({"w1": warm, "w2": cold}, busy_free_in_s={"w1": 0.2},
+                           placed={"w1": [(5.0, 3.0)]}, counted_until_s=6.0,
+                           estimates=estimates)
+    assert release_queue(settings, job, "interactive", tick) == "w1.interactive.placed"
 
 
 def test_without_the_ticks_estimate_a_busy_workers_heartbeat_tells_when_its_job_ends() -> None:
