@@ -58,10 +58,11 @@ def applies(settings: Settings, kind: str, class_queue: str) -> bool:
 
 # the worker side ------------------------------------------------------------------------------
 def consume_in_affinity_order(consumer: Any, worker: str) -> tuple[str, ...]:
-    """Make ``consumer`` take its queues as ``realtime, <w>.interactive, interactive, <w>.batch,
-    batch, standby``. Kombu's redis transport (``queue_order_strategy=priority``) reads queues in
-    the order they were added, so the queues after the first change are cancelled and re-added
-    in order. Returns the queues now consumed."""
+    """Make ``consumer`` take its queues as ``realtime, <w>.interactive, <w>.interactive.placed,
+    interactive, <w>.batch, <w>.batch.placed, batch, <w>.standby, standby``. Kombu's redis
+    transport (``queue_order_strategy=priority``) reads queues in the order they were added, so
+    the queues after the first change are cancelled and re-added in order. Returns the queues
+    now consumed."""
     current = tuple(q.name for q in consumer.task_consumer.queues)
     wanted = with_affinity(worker, tuple(q for q in current if affinity_worker(q) is None))
     keep = common_prefix(current, wanted)
@@ -201,6 +202,8 @@ class ExpectedLoads:
     incremental planner finds its rows by identity)."""
 
     _views: dict[str, tuple[JobView, float, JobView]] = field(default_factory=dict)
+    _needs: dict[str, tuple[JobRecord, ModelNeed | None]] = field(default_factory=dict)
+    """Per job, its record as last seen and what it needs (kept while the record is)."""
 
     def apply(self, settings: Settings, snapshot: ClusterSnapshot,
               records: Mapping[str, JobRecord], beats: Mapping[str, Heartbeat]
@@ -210,11 +213,13 @@ class ExpectedLoads:
         if not settings.affinity.enabled \
                 or placement_policy(settings) is not PlacementPolicy.STEPLINE:
             self._views.clear()
+            self._needs.clear()
             return snapshot
         workers = [holding(name, beat, 0.0) for name, beat in beats.items()
                    if CONTROL not in beat.queues]
         memo: dict[ModelNeed, float] = {}
         kept: dict[str, tuple[JobView, float, JobView]] = {}
+        needs: dict[str, tuple[JobRecord, ModelNeed | None]] = {}
         jobs: list[JobView] | None = None
         with _ESTIMATES_LOCK:
             observe_loads(_ESTIMATES, beats.values())
@@ -222,7 +227,12 @@ class ExpectedLoads:
                 if view.state is JobState.RUNNING or view.state.is_terminal:
                     continue
                 record = records.get(view.job_id)
-                need = None if record is None else model_need(record.kind, record.params)
+                if record is None:
+                    continue
+                known = self._needs.get(view.job_id)
+                need = known[1] if known is not None and known[0] is record \
+                    else model_need(record.kind, record.params)
+                needs[view.job_id] = (record, need)
                 if need is None:
                     continue
                 load_s = memo.get(need)
@@ -237,7 +247,7 @@ class ExpectedLoads:
                 if jobs is None:
                     jobs = list(snapshot.jobs)
                 jobs[i] = loaded
-        self._views = kept
+        self._views, self._needs = kept, needs
         return snapshot if jobs is None else replace(snapshot, jobs=tuple(jobs))
 
 
