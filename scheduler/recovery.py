@@ -82,18 +82,21 @@ def plan_recoveries(
     """The recoveries and failures of this tick, from the snapshot's facts alone."""
     recoveries: list[Recovery] = []
     failures: list[Failure] = []
+    jobs = tuple(jobs)
+    running_batches = frozenset(job.batch_id for job in jobs
+                                if job.batch_id is not None and job.state is JobState.RUNNING)
     for job in jobs:
         if job.failed_dependency is not None and job.state is JobState.PENDING:
             failures.append(Failure(job.job_id, job.failed_dependency))
             continue
-        recovery = _recovery_of(job, alive_workers, cost, config, now_s)
+        recovery = _recovery_of(job, alive_workers, cost, config, now_s, running_batches)
         if recovery is not None:
             recoveries.append(recovery)
     return tuple(recoveries), tuple(failures)
 
 
 def _recovery_of(job: JobView, alive: frozenset[str], cost: CostModel, config: RecoveryConfig,
-                 now_s: float) -> Recovery | None:
+                 now_s: float, running_batches: frozenset[str] = frozenset()) -> Recovery | None:
     if job.state is JobState.RUNNING:
         if job.lease_until_s is not None and job.lease_until_s < now_s:
             return Recovery(job.job_id, RecoveryCause.LOST,
@@ -109,7 +112,11 @@ def _recovery_of(job: JobView, alive: frozenset[str], cost: CostModel, config: R
             why = "gone" if job.parked_on not in alive else f"busy for {waited_s * 1000:.0f} ms"
             return Recovery(job.job_id, RecoveryCause.PARKED,
                             f"affinity: {job.parked_on} {why}; moved to {job.queue}")
+    # A job released into a running batch (a joiner) is carried by the batch's next message,
+    # published when the step under way ends, however long that step takes (a first step
+    # that loads its model takes seconds): it is unpublished only once its batch stops.
     if (job.published is not None and job.published != (job.next_chunk, job.epoch)
+            and not (job.batch_id is not None and job.batch_id in running_batches)
             and now_s - job.waiting_since_s >= config.unpublished_after_s):
         return Recovery(job.job_id, RecoveryCause.UNPUBLISHED,
                         f"chunk {job.next_chunk} epoch {job.epoch} was never published")

@@ -175,11 +175,6 @@ def _schedule(store: JobStore, job_ids: list[str]) -> list[list[tuple[str, int]]
     return [[(job_id, chunk) for _, job_id, chunk in members] for members in ordered]
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known bug, open: a job the tick releases into the running batch of a lone image job is "
-    "not always taken at the batch's next step; the healer then finds its chunk 'never "
-    "published' and it runs alone (seen on a 2-core VM at 8 ms steps, also before the "
-    "placement queues; passed on CI before)"))
 def test_a_job_that_joins_mid_way_finishes_with_the_output_its_batch_schedule_predicts(
     processes: Processes, redis_client: redis.Redis
 ) -> None:

@@ -72,6 +72,18 @@ def test_a_queued_job_whose_message_was_never_published_is_republished_after_a_l
     assert _causes([fresh, old, sent, unknown]) == {"b": RecoveryCause.UNPUBLISHED}
 
 
+def test_a_job_released_into_a_running_batch_waits_for_its_step_however_long() -> None:
+    # given a job joined into batch b1 long ago, whose lead runs a long first step (a load)
+    joiner = make_job("j", state=JobState.QUEUED, queue="interactive", batch_id="b1",
+                      waiting_since_s=NOW_S - 8.0, next_chunk=0, epoch=0, published=(-1, -1))
+    lead = running("l", "w0", lease_until_s=NOW_S + 5, chunk_running_since_s=NOW_S - 8.0,
+                   batch_id="b1")
+    # then it is not unpublished while its batch runs; once the batch stopped, it is
+    assert _causes([joiner, lead]) == {}
+    assert _causes([joiner, replace(lead, batch_id="b2")]) == {"j": RecoveryCause.UNPUBLISHED}
+    assert _causes([joiner]) == {"j": RecoveryCause.UNPUBLISHED}
+
+
 def test_a_parked_chunk_moves_after_the_wait_or_when_its_worker_is_gone() -> None:
     waiting = make_job("a", state=JobState.QUEUED, queue="batch", parked_on="w0",
                        waiting_since_s=NOW_S - 0.1, published=(0, 0))
