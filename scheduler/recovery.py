@@ -9,7 +9,8 @@ store cannot read is failed with its reason, once. Each becomes an action of the
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -83,8 +84,12 @@ def plan_recoveries(
     recoveries: list[Recovery] = []
     failures: list[Failure] = []
     jobs = tuple(jobs)
-    running_batches = frozenset(job.batch_id for job in jobs
-                                if job.batch_id is not None and job.state is JobState.RUNNING)
+
+    @functools.cache
+    def running_batches() -> frozenset[str]:  # a pass over the jobs only when a joiner waits
+        return frozenset(job.batch_id for job in jobs
+                         if job.batch_id is not None and job.state is JobState.RUNNING)
+
     for job in jobs:
         if job.failed_dependency is not None and job.state is JobState.PENDING:
             failures.append(Failure(job.job_id, job.failed_dependency))
@@ -96,7 +101,8 @@ def plan_recoveries(
 
 
 def _recovery_of(job: JobView, alive: frozenset[str], cost: CostModel, config: RecoveryConfig,
-                 now_s: float, running_batches: frozenset[str] = frozenset()) -> Recovery | None:
+                 now_s: float, running_batches: Callable[[], frozenset[str]] = frozenset
+                 ) -> Recovery | None:
     if job.state is JobState.RUNNING:
         if job.lease_until_s is not None and job.lease_until_s < now_s:
             return Recovery(job.job_id, RecoveryCause.LOST,
@@ -116,8 +122,8 @@ def _recovery_of(job: JobView, alive: frozenset[str], cost: CostModel, config: R
     # published when the step under way ends, however long that step takes (a first step
     # that loads its model takes seconds): it is unpublished only once its batch stops.
     if (job.published is not None and job.published != (job.next_chunk, job.epoch)
-            and not (job.batch_id is not None and job.batch_id in running_batches)
-            and now_s - job.waiting_since_s >= config.unpublished_after_s):
+            and now_s - job.waiting_since_s >= config.unpublished_after_s
+            and not (job.batch_id is not None and job.batch_id in running_batches())):
         return Recovery(job.job_id, RecoveryCause.UNPUBLISHED,
                         f"chunk {job.next_chunk} epoch {job.epoch} was never published")
     return None

@@ -154,7 +154,7 @@ def run_tick(ctx: WorkerContext, now_s: float, cache: SnapshotCache | None = Non
     if settings.affinity.enabled and placement_policy(settings) is PlacementPolicy.STEPLINE:
         # what a submit before the next tick places by (a few ticks' life: then heartbeats)
         publish_placement_view(store, PlacementView(
-            read_at_s, free_in_s(), queued_demand(seen.records.values()),
+            read_at_s, free_in_s(), target.demand(),
             placement_rates(seen.records.values(), snapshot.cost.seconds_per_unit)),
             ttl_s=max(5 * settings.scheduler.origin_detection_interval, 1.0))
     advance_expert_updates(store, settings, now_s)
@@ -228,6 +228,8 @@ class LiveTarget:
         """When the snapshot ``busy_free_in_s`` comes from was read."""
         self._rate = rate
         """Seconds per cost unit by cost key (the tick's cost model)."""
+        self.demand = functools.cache(lambda: queued_demand(self.seen.values()))
+        """The queued jobs per model among the records seen, counted once when first read."""
         self.buffered = buffered
         self._direct = direct_publish(settings)
         self._batch = ScriptBatch(store)
@@ -404,8 +406,7 @@ class LiveTarget:
             busy = self._busy_free_in_s() if self._busy_free_in_s is not None else None
             self._directory = WorkerDirectory.read(
                 self.store, busy_free_in_s=busy,
-                demand=lambda: queued_demand(self.seen.values()),
-                mark_ttl_s=self.settings.broker.chunk_lease,
+                demand=self.demand, mark_ttl_s=self.settings.broker.chunk_lease,
                 counted_until_s=self._counted_until_s, rate=self._rate)
         return self._directory
 

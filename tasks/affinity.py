@@ -320,7 +320,7 @@ def placement_rates(records: Iterable[JobRecord],
                     rate: Callable[[str], float]) -> dict[str, float]:
     """Seconds per cost unit of each cost key among the jobs placed by model."""
     return {key: rate(key) for key in {r.cost_key for r in records
-                                       if r.kind in RESIDENT_PREFIXES and "model" in r.params}}
+                                       if model_need(r.kind, r.params) is not None}}
 
 
 def publish_placement_view(store: JobStore, view: PlacementView, ttl_s: float) -> None:
