@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
 from scheduler.lifecycle import JobState
 from scheduler.model import ClusterSnapshot, JobKind, JobView
 from scheduler.placement import (
@@ -30,6 +32,7 @@ from scheduler.placement import (
     cold_load_s,
     expected_load_s,
     place,
+    stage,
 )
 from scheduler.policy import PolicyConfig
 from tasks import keys
@@ -145,7 +148,8 @@ def holding(name: str, beat: Heartbeat, free_in_s: float) -> Holding:
     r = beat.residency
     device_bytes = _tier(r, "device")
     device = frozenset(m for k in device_bytes if (m := resident_model(k)) is not None)
-    host = frozenset(m for k in _tier(r, "host") if (m := resident_model(k)) is not None)
+    host = frozenset(m for k in (*_tier(r, "host"), *_staging(r))
+                     if (m := resident_model(k)) is not None)  # being staged: host soon
     adapters: set[str] = set()
     held = r.get("adapters")
     for key, names in (held.items() if isinstance(held, Mapping) else ()):
@@ -165,6 +169,63 @@ def holding(name: str, beat: Heartbeat, free_in_s: float) -> Holding:
 def _tier(residency: Mapping[str, Any], tier: str) -> dict[str, int]:
     held = residency.get(tier)
     return {str(k): int(v) for k, v in held.items()} if isinstance(held, Mapping) else {}
+
+
+def _staging(residency: Mapping[str, Any]) -> list[str]:
+    """The residency keys a worker is reading into host memory now (asked by the tick)."""
+    keys_ = residency.get("staging")
+    return [str(k) for k in keys_] if isinstance(keys_, list) else []
+
+
+# staging into host memory ---------------------------------------------------------------------
+class StageRequest(BaseModel):
+    """The tick's ask to one worker: read the model a job of ``kind`` with ``params`` runs on
+    into host memory ahead of its queued jobs (``keys.stage``; the worker's stager thread)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: JobKind
+    params: dict[str, Any]
+
+
+UNLIMITED_HOST_SLOTS = 1_000
+"""Host slots of a worker whose host budget is unlimited."""
+
+
+def host_slots(beat: Heartbeat, model_bytes: float) -> int:
+    """How many more models of ``model_bytes`` a worker can stage into host memory: none when
+    it runs no stager (its heartbeat's ``residency.stager``) or has no host tier."""
+    r = beat.residency
+    budget = r.get("host_budget_bytes", 0)
+    if not r.get("stager") or budget == 0 or model_bytes <= 0:
+        return 0
+    if not isinstance(budget, int):
+        return UNLIMITED_HOST_SLOTS
+    used = sum(_tier(r, "host").values()) + len(_staging(r)) * model_bytes
+    return max(0, int((budget - used) // model_bytes))
+
+
+def mean_model_bytes(beats: Iterable[Heartbeat], needs: Iterable[ModelNeed]) -> float:
+    """The size a model to stage is taken to have: the mean of the models the workers hold
+    (measured), else of the waiting jobs' declared sizes; 0 when neither is known."""
+    held = [b for beat in beats for tier in ("device", "host")
+            for k, b in _tier(beat.residency, tier).items() if resident_model(k) is not None]
+    if not held:
+        held = [need.bytes for need in needs if need.bytes > 0]
+    return sum(held) / len(held) if held else 0.0
+
+
+def push_stage_requests(store: JobStore, asked: Sequence[tuple[str, StageRequest]],
+                        ttl_s: float) -> None:
+    """Hand each worker its staging requests (expiring: a worker that never pops them is gone)."""
+    if not asked:
+        return
+    pipe = store.redis.pipeline(transaction=False)
+    for worker, request in asked:
+        key = keys.stage(worker)
+        pipe.rpush(key, request.model_dump_json())
+        pipe.pexpire(key, max(1, int(ttl_s * 1000)))
+    pipe.execute()
 
 
 def observe_loads(estimates: LoadEstimates, beats: Iterable[Heartbeat]) -> None:
@@ -437,6 +498,37 @@ class WorkerDirectory:
             after = assign(workers, chosen, need, busy_s)
             self._holdings.update((h.name, h) for h in after)
         return chosen
+
+    def stage_models(self, waiting: Iterable[JobRecord], min_queued: int
+                     ) -> list[tuple[str, StageRequest]]:
+        """Which models to read into which worker's host memory now
+        (:func:`scheduler.placement.stage`: a model with ``min_queued`` or more jobs waiting
+        that no worker holds, to the worker free soonest with host room), each as a request
+        naming one waiting job's parameters (how the worker builds it). Counts this
+        directory's placements so far; a model a worker is staging already counts as held."""
+        demand = self._demand if self._demand is not None else (
+            self.demand() if self.demand is not None else {})
+        if min_queued <= 0 or not any(n >= min_queued for n in demand.values()):
+            return []
+        example: dict[str, JobRecord] = {}
+        needs: list[ModelNeed] = []
+        for job in waiting:
+            need = model_need(job.kind, job.params)
+            if need is not None and need.model not in example:
+                example[need.model] = job
+                needs.append(need)
+        size = mean_model_bytes(self.bodies.values(), needs)
+        slots = {name: n for name, beat in self.bodies.items()
+                 if (n := host_slots(beat, size)) > 0}
+        if not slots:
+            return []
+        holdings = self._holdings or {name: holding(name, beat, self._free_in_s(name, beat))
+                                      for name, beat in self.bodies.items()}
+        with _ESTIMATES_LOCK:
+            pairs = stage(demand, list(holdings.values()), self.estimates, min_queued, slots)
+        return [(worker, StageRequest(kind=example[model].kind,
+                                      params=dict(example[model].params)))
+                for worker, model in pairs if model in example]
 
     def _mark(self, worker: str, work_s: float) -> None:
         """Note that ``worker`` was given ``work_s`` seconds of work now (expiring after

@@ -1,7 +1,9 @@
 """What a worker process holds between tasks: its store client, checkpoint cache and heartbeat.
 
 The heartbeat thread advertises the worker (``sl:worker:<name>``) and renews the lease of the
-chunk it is running, so the scheduler can tell a slow step from a dead worker.
+chunk it is running, so the scheduler can tell a slow step from a dead worker. A worker with a
+host-memory tier also runs a stager thread: it pops the tick's requests to read a model into
+host memory ahead of its queued jobs (``keys.stage``) and reads it there beside the chunks.
 """
 
 from __future__ import annotations
@@ -15,7 +17,10 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from tasks import keys
+from tasks.affinity import StageRequest, model_need
 from tasks.artifacts import ArtifactStore
 from tasks.checkpoint_objects import CheckpointObjects, CheckpointSweeper
 from tasks.heartbeat import Heartbeat
@@ -98,6 +103,10 @@ class WorkerContext:
     _models_set: bool = False
     _versions: VersionSync | None = None
     _beat: threading.Thread | None = None
+    _stager: threading.Thread | None = None
+    _staging: str | None = None
+    """The model the stager thread has popped a request for and reads now (advertised at
+    once, before the residency starts the read)."""
     _stop: threading.Event = field(default_factory=threading.Event)
     _wake: threading.Event = field(default_factory=threading.Event)
     """Set to beat now rather than at the period's end (the models held changed)."""
@@ -239,6 +248,61 @@ class WorkerContext:
             self._beat = threading.Thread(target=self._heartbeat_loop, daemon=True, name="hb")
             self._beat.start()
 
+    def start_stager(self) -> None:
+        """Start popping the tick's staging requests, where this worker has a host tier and
+        staging is on (``residency.stage_min_queued``)."""
+        r = self.settings.residency
+        if self._stager is None and r.host_memory_budget_bytes != 0 and r.stage_min_queued > 0:
+            self._stager = threading.Thread(target=self._stager_loop, daemon=True,
+                                            name="stager")
+            self._stager.start()
+
+    def _stager_loop(self) -> None:
+        key = keys.stage(self.name)
+        while not self._stop.is_set():
+            try:
+                got = self.store.redis.blpop([key], timeout=1)
+            except Exception:  # a Redis outage: staging is advisory, try again shortly
+                log.debug("reading staging requests of %s failed", self.name, exc_info=True)
+                self._stop.wait(1.0)
+                continue
+            if got is not None:
+                self.stage(got[1])
+
+    def stage(self, raw: bytes | str) -> bool:
+        """Carry out one staging request: read its model into this worker's host memory (the
+        runner's ``stage``), beside whatever chunk runs; the heartbeat says it is staging from
+        the start, and what it holds once done. False when nothing was staged."""
+        try:
+            request = StageRequest.model_validate_json(raw)
+        except ValidationError as e:
+            log.warning("worker %s: a staging request is not valid, dropped: %s", self.name, e)
+            return False
+        runner = self.runner(request.kind.value)
+        stage = getattr(runner, "stage", None)
+        need = model_need(request.kind, request.params)
+        if stage is None or need is None:
+            return False
+        model = need.model
+        self._staging = model
+        try:
+            self.heartbeat_once()  # the tick counts it as held from now: asked once
+        except Exception:
+            log.debug("heartbeat of %s failed", self.name, exc_info=True)
+        started_s = time.perf_counter()
+        try:
+            staged = bool(stage(request.params))
+        except Exception:  # e.g. a recipe this worker does not have: its chunk will say so
+            log.warning("worker %s: staging %s failed", self.name, model, exc_info=True)
+            staged = False
+        finally:
+            self._staging = None
+            self._wake.set()  # placement reads the host tier from the heartbeat: beat now
+        if staged:
+            log.info("worker %s staged %s into host memory in %.2fs", self.name, model,
+                     time.perf_counter() - started_s)
+        return staged
+
     def heartbeat_once(self) -> None:
         lease_s = self.settings.broker.chunk_lease
         beat = Heartbeat(
@@ -249,7 +313,7 @@ class WorkerContext:
                         "hit_rate": round(self.cache.hit_rate, 4)},
             experts=self.experts, hop_profile=self.profile.as_dict(),
             expert_cache=self.expert_cache, warm=self.warm, warmed=tuple(self.warmed),
-            residency=self.models().summary() if self._models_set else {},
+            residency=self._residency_summary(),
             chunk_since=self.chunk_since, left_s=self.left_s,
         )
         pipe = self.store.redis.pipeline(transaction=False)
@@ -260,6 +324,18 @@ class WorkerContext:
                 pipe.hset(keys.job(job_id), mapping=lease)  # type: ignore[arg-type]
                 mark_changed(pipe, job_id)
         pipe.execute()
+
+    def _residency_summary(self) -> dict[str, Any]:
+        """The heartbeat's ``residency``: what the models' residency holds, and whether this
+        worker stages (``stager``) and what (``staging``, residency keys' model part)."""
+        if not self._models_set:
+            return {}
+        summary = self.models().summary()
+        if self._stager is not None:
+            summary["stager"] = True
+            if self._staging is not None and self._staging not in summary["staging"]:
+                summary["staging"] = [*summary["staging"], self._staging]
+        return summary
 
     def _heartbeat_loop(self) -> None:
         period_s = self.settings.broker.chunk_lease / 3

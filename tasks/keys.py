@@ -144,12 +144,20 @@ def worker(name: str) -> str:
 
 
 PLACED_PREFIX = PREFIX + "placed:"
-"""Per worker, when placement last gave it a chunk (Unix seconds; expires): until a heartbeat
-written after that says otherwise, the next placement counts it busy."""
+"""Per worker, the chunks placement gave it lately (a sorted set, expiring: member
+``<seconds of work>:<nonce>``, score when): work its free time counts until the tick's snapshot
+or its heartbeat does."""
+STAGE_PREFIX = PREFIX + "stage:"
+"""Per worker, the models the tick asks it to read into host memory ahead of their jobs (a list
+of JSON requests ``{"kind", "params"}``, expiring; the worker's stager thread pops them)."""
 
 
 def placed(worker_name: str) -> str:
     return PLACED_PREFIX + worker_name
+
+
+def stage(worker_name: str) -> str:
+    return STAGE_PREFIX + worker_name
 
 
 def expert_record(model: str) -> str:

@@ -31,6 +31,7 @@ def _advertise(sender: Any = None, **_: Any) -> None:
     if set(ctx.queues) & set(WORK_QUEUES):
         # on the consumer's thread: no chunk runs before the models are warm
         ctx.warm_up()
+        ctx.start_stager()
     else:
         ctx.warm = True  # the scheduler's worker runs ticks, never a model
     ctx.heartbeat_once()

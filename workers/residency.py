@@ -19,6 +19,12 @@ Models acquired inside :meth:`ModelResidency.in_use` (the worker's bracket aroun
 chunks) are pinned until the bracket closes: a running chunk's or batch's model is never
 evicted. A model that cannot fit beside the pinned ones raises :class:`ModelMemoryError`.
 
+A model whose jobs are queued can be **staged**: read from disk straight into the host tier by a
+background thread (:meth:`ModelResidency.stage`, asked by the scheduler's placement), so that
+the chunk that needs it pays a move from host memory instead of a build. Staging never touches
+the device tier, and a chunk that needs a model being staged waits for that read rather than
+starting a second one.
+
 On a CPU-only worker the device and the host are the same memory; the host tier is then a second
 budget of models kept beyond the device budget, and a reload from it costs next to nothing. On a
 GPU a diffusion model's modules move with ``.to("cpu")`` and back.
@@ -26,6 +32,7 @@ GPU a diffusion model's modules move with ``.to("cpu")`` and back.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -41,9 +48,10 @@ if TYPE_CHECKING:  # the residency itself never loads torch: a simulated worker 
     import torch
     from torch import nn
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 Tier = Literal["device", "host", "disk"]
-LoadSource = Literal["device", "host", "disk", "adapter"]
+LoadSource = Literal["device", "host", "disk", "adapter", "stage"]
 Policy = Literal["lru", "cost"]
 POLICIES: tuple[Policy, ...] = ("lru", "cost")
 RECENT_LOADS = 16
@@ -135,6 +143,9 @@ class _Counters:
     peak_device_bytes: int = 0
     adapter_loads: int = 0
     adapter_load_s: float = 0.0
+    staged: int = 0
+    """Models read into the host tier ahead of their jobs (:meth:`ModelResidency.stage`)."""
+    stage_s: float = 0.0
 
 
 class ModelResidency:
@@ -168,6 +179,8 @@ class ModelResidency:
         self._load_lock = threading.Lock()
         self._loading: str | None = None
         """The model being moved back from host memory or built: no tier evicts it."""
+        self._staging: dict[str, threading.Event] = {}
+        """Models being read into the host tier (:meth:`stage`): set when each read ends."""
         self.counters = _Counters()
         self._refused = 0
         self.recent: deque[LoadRecord] = deque(maxlen=RECENT_LOADS)
@@ -179,10 +192,13 @@ class ModelResidency:
         ``build``; room is made by evicting unpinned models first (when its size is known) and
         after. Inside :meth:`in_use` it stays pinned until the bracket closes. Loads run one at
         a time and outside the state lock: a heartbeat reading :meth:`summary` never waits for
-        a build."""
+        a build. A model being staged is waited for (then moved from host memory)."""
         with self._lock:
             if (hit := self._hit(key)) is not None:
                 return hit  # type: ignore[no-any-return]
+            staging = self._staging.get(key)
+        if staging is not None:
+            staging.wait()
         with self._load_lock:
             with self._lock:
                 if (hit := self._hit(key)) is not None:  # loaded meanwhile by another thread
@@ -218,6 +234,53 @@ class ModelResidency:
                 self._make_room(0, keep=key, what=key)
                 self._pin_in_scope(key)
                 return entry.value  # type: ignore[no-any-return]
+
+    def stage(self, key: str, build: Callable[[], Any], kind: Resident) -> bool:
+        """Read model ``key`` into the host tier ahead of its jobs (``build``, then
+        ``kind.to_host``), evicting host-tier models by the policy to fit; the device tier is
+        not touched. Runs on the caller's thread, beside chunks (a worker's stager thread);
+        loads by :meth:`acquire` go on meanwhile. False, and nothing held, when there is no
+        host tier, the model is held or being loaded already, it does not fit the host budget,
+        or its build fails (logged: staging is advisory, the job's chunk builds it then)."""
+        if kind.to_host is None or not self._host_tier():
+            return False
+        with self._lock:
+            if key in self._entries or key in self._staging or key == self._loading:
+                return False
+            if not self._fits_host(self._last_bytes(key)):
+                return False
+            done = self._staging[key] = threading.Event()
+        try:
+            started_s = self._timer_s()
+            try:
+                value = build()
+                kind.to_host(value)
+                size = tensor_bytes(kind.tensors(value))
+            except Exception:
+                log.warning("staging %s into host memory failed", key, exc_info=True)
+                return False
+            seconds = self._timer_s() - started_s
+            with self._lock:
+                if key in self._entries or not self._fits_host(size):
+                    return False  # built meanwhile by a chunk that could not wait, or too big
+                now_s = self._clock_s()
+                self._count_use(key, now_s)  # staged for queued jobs: a use is expected
+                entry = _Entry(key, value, kind, build, "host", size, now_s)
+                self._entries[key] = entry
+                costs = self._costs.setdefault(key, {})
+                costs["disk"], costs["bytes"] = seconds, size
+                self.counters.staged += 1
+                self.counters.stage_s += seconds
+                self.recent.append(LoadRecord(key, "stage", seconds, size, now_s))
+                self._make_room(0, keep=key, what=None)
+                return True
+        finally:
+            with self._lock:
+                self._staging.pop(key, None)
+            done.set()
+
+    def _fits_host(self, size: int) -> bool:
+        return self.host_budget_bytes is None or size <= self.host_budget_bytes
 
     def _hit(self, key: str) -> Any | None:
         """``key``'s model if it is on the device (counted as a use), else None."""
@@ -342,6 +405,9 @@ class ModelResidency:
                              if names and k in self._entries},
                 "adapter_loads": c.adapter_loads,
                 "adapter_load_s": round(c.adapter_load_s, 6),
+                "staging": sorted(self._staging),
+                "staged": c.staged,
+                "stage_s": round(c.stage_s, 6),
                 "recent": [r.as_dict() for r in self.recent],
             }
 

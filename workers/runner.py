@@ -81,6 +81,16 @@ class JobRunner(Protocol):
         ...
 
 
+class StagingRunner(Protocol):
+    """A runner whose jobs' models can be read into host memory ahead of them."""
+
+    def stage(self, params: Mapping[str, Any]) -> bool:
+        """Read the model a job with these parameters runs on into the host tier of the
+        process's residency (``workers.residency.ModelResidency.stage``), on the caller's
+        thread; False when nothing was staged (held already, no host room, no model)."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class BatchItem:
     """One job's next chunk inside a batched task: what :meth:`JobRunner.run_chunk` would get."""

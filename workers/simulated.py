@@ -110,6 +110,14 @@ class SimulatedRunner:
             self.models.note_adapters(key, model.adapters)
         return model
 
+    def stage(self, params: Mapping[str, Any]) -> bool:
+        """Read the job's model into host memory ahead of it: its declared load time (a read
+        from disk), its bytes allocated; its chunk then pays ``host_load_ms`` instead."""
+        if not uses_model(params):
+            return False
+        return self.models.stage(model_key(str(params["model"])), lambda: _build(params),
+                                 SIMULATED_RESIDENT)
+
     def plan(self, params: Mapping[str, Any]) -> ChunkPlan:
         steps = int(params["steps"])
         # A simulated step's cost is known exactly, so its unit is the second.

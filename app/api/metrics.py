@@ -184,7 +184,9 @@ class StoreCollector(Collector):
 
 def residency_metrics(beats: Mapping[str, Heartbeat]) -> Iterator[Metric]:
     """Per worker, from its heartbeat's ``residency``: bytes of the models it holds per tier,
-    and its model loads and their seconds per source tier (cumulative, so counters)."""
+    and its model loads and their seconds per source tier (cumulative, so counters): ``disk``
+    and ``host`` for a base model a chunk needed, ``adapter`` for a LoRA adapter loaded onto
+    one, ``stage`` for a model read into host memory ahead of its jobs."""
     resident = GaugeMetricFamily("stepline_worker_resident_bytes",
                                  "Measured tensor bytes of the models a worker holds",
                                  labels=["worker", "tier"])
@@ -203,6 +205,11 @@ def residency_metrics(beats: Mapping[str, Heartbeat]) -> Iterator[Metric]:
             loads.add_metric([name, str(source)], float(count))
         for source, spent in dict(beat.residency.get("load_s") or {}).items():
             seconds.add_metric([name, str(source)], float(spent))
+        for source, count_key, seconds_key in (("adapter", "adapter_loads", "adapter_load_s"),
+                                               ("stage", "staged", "stage_s")):
+            if count_key in beat.residency:
+                loads.add_metric([name, source], float(beat.residency[count_key]))
+                seconds.add_metric([name, source], float(beat.residency.get(seconds_key, 0.0)))
     yield resident
     yield loads
     yield seconds

@@ -9,8 +9,9 @@ The two runs share the jobs (``app.bench.models_workload``, scaled by its ``time
 (``scheduler.placement``), the eviction policy (the residency's ``lru`` or ``cost``), the tick
 interval, and how long a chunk may stay parked on a busy worker (``affinity.max_wait``, or its
 load elsewhere when longer); under the Stepline placement both count a waiting job's expected
-load into its plan. What the live stack does not do yet the simulator is told not to do
-either: stage models into host memory. Load times: each live job declares
+load into its plan; with a host tier, both stage a model whose queue builds into host memory
+(``scheduler.placement.stage``; live: the tick asks a worker's stager thread). Load times: each
+live job declares
 draws of its model's disk and host load times and of its adapters' (the simulator draws one per
 load from the same distributions); the live worker pays the draws of the job that loads it.
 """
@@ -51,6 +52,8 @@ COST_KEY = "simulated"
 CLASSES = (SloClass.INTERACTIVE, SloClass.BATCH)
 EVICTION: dict[str, Eviction] = {"oblivious": "lru", "warm": "lru", "stepline": "cost"}
 """The residency policy each placement runs with (as the simulator's comparison pairs them)."""
+STAGE_MIN_QUEUED = 2
+"""Jobs waiting for a model no worker holds before it is staged (both sides)."""
 NOTE = ("live: real worker processes of the simulated device (model bytes real, load and step "
         "times declared and slept), the real tick and release placement; sim: ClusterSim on "
         "the same jobs, budgets and policies")
@@ -122,7 +125,9 @@ def run_sim(setup: LiveSetup, placement: str, jobs: Sequence[ModelJob],
     device, host = setup.budgets(catalog)
     residency = residency_for(placement, catalog, device, host, setup.park_max_wait_s)
     residency = replace(residency, eviction=EVICTION[placement],
-                        loads_in_plan=placement == "stepline", stage=False)
+                        loads_in_plan=placement == "stepline",
+                        stage=placement == "stepline" and host > 0,
+                        stage_min_queued=STAGE_MIN_QUEUED)
     config = models_config(setup.workload, residency, jobs, setup.tick_s)
     trace = sim_trace(jobs)
     result = ClusterSim(config, trace, sim_policy(config, "stepline")).run()
@@ -132,6 +137,8 @@ def run_sim(setup: LiveSetup, placement: str, jobs: Sequence[ModelJob],
                    {j.index: (None if (f := finished[j.index]) is None
                               else f - j.arrival_s) for j in jobs}) | {
         "base_loads_per_100": 100.0 * res.get("base_loads", 0) / max(len(jobs), 1),
+        "host_loads_per_100": 100.0 * res.get("host_loads", 0) / max(len(jobs), 1),
+        "staged_per_100": 100.0 * res.get("staged", 0) / max(len(jobs), 1),
         "adapter_loads_per_100": 100.0 * res.get("adapter_loads", 0) / max(len(jobs), 1),
         "load_share_of_capacity": float(res.get("load_s", 0.0)) / max(result.capacity_s, 1e-9),
     }
@@ -147,6 +154,7 @@ def run_live(setup: LiveSetup, placement: str, jobs: Sequence[ModelJob], catalog
         "STEPLINE_RESIDENCY__MEMORY_BUDGET_BYTES": str(device),
         "STEPLINE_RESIDENCY__HOST_MEMORY_BUDGET_BYTES": str(host),
         "STEPLINE_RESIDENCY__POLICY": EVICTION[placement],
+        "STEPLINE_RESIDENCY__STAGE_MIN_QUEUED": str(STAGE_MIN_QUEUED),
         "STEPLINE_AFFINITY__PLACEMENT": placement,
         "STEPLINE_AFFINITY__MAX_WAIT": str(setup.park_max_wait_s),
         # every placement keeps a job's chunks on its worker, as the simulator's do
@@ -189,8 +197,12 @@ def run_live(setup: LiveSetup, placement: str, jobs: Sequence[ModelJob], catalog
     load_s = sum(float(r.get("load_s", {}).get(t, 0.0)) for r in residency
                  for t in ("disk", "host")) + sum(float(r.get("adapter_load_s", 0.0))
                                                   for r in residency)
+    per_100 = 100.0 / max(len(jobs), 1)
     return figures(measured(jobs, setup.warmup), latencies) | {
-        "base_loads_per_100": 100.0 * loads / max(len(jobs), 1),
+        "base_loads_per_100": per_100 * loads,
+        "host_loads_per_100": per_100 * sum(int(r.get("loads", {}).get("host", 0))
+                                            for r in residency),
+        "staged_per_100": per_100 * sum(int(r.get("staged", 0)) for r in residency),
         "adapter_loads_per_100": 100.0 * sum(int(r.get("adapter_loads", 0)) for r in residency)
         / max(len(jobs), 1),
         "load_share_of_capacity": load_s / max(wall_s * setup.workload.workers, 1e-9),

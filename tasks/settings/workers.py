@@ -27,3 +27,8 @@ class ResidencySettings(BaseModel):
     ``lru``: the least recently used."""
     reuse_half_life: Seconds = Field(default=300.0, gt=0, le=86400)
     """Half-life of the decayed use count behind the ``cost`` policy's expected reuse."""
+    stage_min_queued: int = Field(default=2, ge=0, le=100_000)
+    """Under the Stepline placement, a model with at least this many jobs waiting that no worker
+    holds (device or host) is read into the host memory of a worker with host room ahead of its
+    jobs (``scheduler.placement.stage``; 0: never). Needs a host tier
+    (``host_memory_budget_bytes`` not 0)."""

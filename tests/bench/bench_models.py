@@ -249,6 +249,7 @@ def run_live(args: argparse.Namespace) -> None:
                 for name in ("all", "interactive", "batch") if g[name]["jobs"])
                 + f"  p95 {g['all']['p95_latency_s']:.2f} s"
                 f"  base loads/100 {f['base_loads_per_100']:.1f}"
+                f" (from host {f['host_loads_per_100']:.1f}, staged {f['staged_per_100']:.1f})"
                 f"  adapter loads/100 {f['adapter_loads_per_100']:.1f}"
                 f"  loading {_pct(f['load_share_of_capacity'])} % of capacity")
         print(f"     {placement:9} live - sim attainment: {row['attainment_gap_points']:+.1f} "

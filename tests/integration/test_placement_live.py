@@ -137,3 +137,57 @@ def test_a_submit_places_by_the_last_ticks_view_of_the_work_parked_on_each_worke
     redis_client.set("sl:placement", b"{not json")
     assert release_queue(settings, job, "interactive", read()) == \
         "w1@view.interactive.placed"
+
+
+def test_the_tick_stages_a_model_whose_queue_builds_into_a_workers_host_memory(
+    processes: Processes, redis_client: redis.Redis
+) -> None:
+    # given one worker busy with a long job on m0, its device holding one model and its host
+    # memory four, and the scheduler placing by residency
+    processes.env.update({
+        "STEPLINE_AFFINITY__PLACEMENT": "stepline", "STEPLINE_WARM_START": "false",
+        "STEPLINE_RESIDENCY__MEMORY_BUDGET_BYTES": str(MODEL_BYTES),
+        "STEPLINE_RESIDENCY__HOST_MEMORY_BUDGET_BYTES": str(4 * MODEL_BYTES),
+        "STEPLINE_BROKER__CHUNK_LEASE": "3"})
+    processes.worker("w1")
+    wait_for_workers(redis_client, ["w1"])
+    processes.scheduler()
+    store = JobStore(redis_client)
+    settings = current_settings()
+    service = JobService(store, settings.model_copy(update={
+        "affinity": settings.affinity.model_copy(update={"placement": "stepline"})}))
+
+    def submit(model: str, step_ms: float) -> str:
+        params = {**_params(model), "step_ms": step_ms, "load_ms": 1500.0, "host_load_ms": 20.0}
+        job_id, _ = service.submit(JobSpec(kind="simulated", slo=SloClass.BATCH, params=params,
+                                           deadline_s=300))
+        return job_id
+
+    long_job = submit("m0", 8000.0)
+    wait_for(lambda: store.state(long_job) is JobState.RUNNING, 30, "the long job running")
+    # when three jobs of m1, which no worker holds, queue behind it
+    queued = [submit("m1", 50.0) for _ in range(3)]
+
+    # then the tick asks the worker to read m1 into host memory while the long job runs, and
+    # m1's first chunk moves it from there instead of reading it from disk
+    def staged() -> Heartbeat | None:
+        beat = store.heartbeats().get("w1@test")
+        return beat if beat is not None and beat.residency.get("staged") else None
+
+    beat = wait_for(staged, 30, "m1 staged")
+    assert beat.busy_job == long_job  # type: ignore[attr-defined]  # read beside its chunk
+    assert "simulated:m1" in beat.residency["host"]  # type: ignore[attr-defined]
+    for job_id in [long_job, *queued]:
+        wait_for(lambda j=job_id: store.state(j) is JobState.DONE, 60, f"job {job_id}")
+
+    def settled() -> dict[str, Any] | None:
+        beat = store.heartbeats().get("w1@test")
+        return beat.residency if beat is not None and beat.busy_job is None \
+            and beat.chunks_run >= 4 else None
+
+    residency = wait_for(settled, 30, "the worker's last heartbeat")
+    assert residency["loads"] == {"disk": 1, "host": 1}, residency  # type: ignore[index]
+    assert residency["staged"] == 1  # type: ignore[index]
+    assert max(b for b in residency["device"].values()) <= MODEL_BYTES  # type: ignore[index]
+    assert "asked w1@test to stage" in processes.log("scheduler")
+    assert "w1@test staged simulated:m1 into host memory" in processes.log("w1")

@@ -16,9 +16,11 @@ from scheduler.lifecycle import JobState, SloClass
 from scheduler.model import JobKind
 from scheduler.placement import Holding, LoadEstimates, ModelNeed, PlacementPolicy
 from tasks.affinity import (
+    StageRequest,
     WorkerDirectory,
     holding,
     hop_queues,
+    host_slots,
     model_need,
     needs_directory,
     observe_loads,
@@ -389,3 +391,45 @@ def test_without_the_ticks_estimate_a_busy_workers_heartbeat_tells_when_its_job_
     assert unknown.free_in_s(10.05) is None
     late = WorkerDirectory({"w1": unknown, "w2": cold}, estimates=LoadEstimates(), now_s=10.05)
     assert release_queue(settings, job, "interactive", late) == "w2.interactive.placed"
+
+
+# staging into host memory ----------------------------------------------------------------------
+def test_a_model_whose_queue_builds_is_staged_on_the_worker_free_soonest_with_host_room() -> None:
+    # given m2 with three jobs waiting and held by no worker, m3 with one, m1 held
+    waiting = [_sim("m2", "a"), _sim("m2", "b", JobState.QUEUED), _sim("m2", "c"),
+               _sim("m3", "d"), _sim("m1", "e"), _sim("m1", "f")]
+    stager = {"stager": True, "host_budget_bytes": 4 * MB}
+    directory = _directory(
+        {"w1": 5.0, "w2": 1.0}, queued_demand(waiting),
+        w1=_beat("w1", {_sim_key("m1"): MB}, **stager),
+        w2=_beat("w2", {_sim_key("m4"): MB}, **stager),
+        w3=_beat("w3", {}, host_budget_bytes=4 * MB))  # no stager thread: never asked
+    # when the tick asks which models to stage
+    asked = directory.stage_models(waiting, min_queued=2)
+    # then m2 goes to w2 (free soonest, host room), with a waiting job's params to build it
+    assert [(w, r.params["model"]) for w, r in asked] == [("w2", "m2")]
+    assert asked[0][1].kind is JobKind.SIMULATED and asked[0][1].params["model_bytes"] == MB
+    # and nothing when the queue is short, or no worker has host room
+    assert directory.stage_models(waiting, min_queued=4) == []
+    assert directory.stage_models(waiting, min_queued=0) == []
+    full = _directory({}, queued_demand(waiting), w1=_beat(
+        "w1", {}, stager=True, host_budget_bytes=MB, host={_sim_key("m5"): MB}))
+    assert full.stage_models(waiting, min_queued=2) == []
+
+
+def test_a_model_a_worker_is_staging_counts_as_held_in_its_host_memory() -> None:
+    waiting = [_sim("m2", "a"), _sim("m2", "b")]
+    beat = _beat("w1", {}, stager=True, host_budget_bytes=None, staging=[_sim_key("m2")])
+    assert holding("w1", beat, 0.0).host == {"simulated:m2"}
+    assert _directory({}, queued_demand(waiting), w1=beat).stage_models(waiting, 2) == []
+    # an unlimited host tier has room for more
+    assert host_slots(beat, MB) > 1 and host_slots(_beat("w2", {}), MB) == 0
+
+
+def test_a_stage_request_is_validated_before_a_worker_reads_anything() -> None:
+    request = StageRequest(kind=JobKind.SIMULATED, params={"model": "m1", "model_bytes": MB})
+    assert StageRequest.model_validate_json(request.model_dump_json()) == request
+    with pytest.raises(ValueError, match="kind"):
+        StageRequest.model_validate_json('{"kind": "teleport", "params": {}}')
+    with pytest.raises(ValueError, match="extra"):
+        StageRequest.model_validate_json('{"kind": "simulated", "params": {}, "x": 1}')

@@ -3,6 +3,7 @@ policy against LRU, measured bytes, and a rebuilt model bit-identical to the one
 
 from __future__ import annotations
 
+import threading
 from contextlib import ExitStack, suppress
 from dataclasses import dataclass, field
 
@@ -54,7 +55,7 @@ def test_bytes_are_measured_per_storage_so_tied_weights_count_once() -> None:
     assert tensor_bytes([shared, shared[:5]]) == 160
 
 
-OPS = st.lists(st.tuples(st.sampled_from(["acquire", "pin", "unpin"]),
+OPS = st.lists(st.tuples(st.sampled_from(["acquire", "pin", "unpin", "stage"]),
                          st.sampled_from(sorted(SIZES))), max_size=40)
 
 
@@ -77,6 +78,12 @@ def test_any_sequence_keeps_both_budgets_and_never_evicts_a_pinned_model(
                 # refused only when the pinned models leave it no room
                 held = sum(SIZES[k] for k in pinned_before if k != key)
                 assert held + SIZES[key] > budget
+        elif op == "stage":  # read into the host tier ahead of its jobs
+            held_before = r.tier_of(key)
+            staged = r.stage(key, lambda key=key: _build(key), FAKE)  # type: ignore[misc]
+            assert staged == (held_before == "disk" and host != 0
+                              and (host is None or SIZES[key] <= host))
+            assert r.tier_of(key) == ("host" if staged else held_before)
         elif op == "pin":
             stack = ExitStack()
             stack.enter_context(r.pinned(key))
@@ -126,6 +133,73 @@ def test_an_evicted_model_goes_to_host_memory_and_returns_from_there() -> None:
     assert summary["loads"] == {"disk": 3, "host": 1}
     assert [load["tier"] for load in summary["recent"]] == ["disk", "disk", "disk", "host"]
     assert summary["recent"][-1]["bytes"] == SIZES["a"]
+
+
+def test_a_staged_model_waits_in_host_memory_and_its_first_use_moves_it_back() -> None:
+    r = ModelResidency(budget_bytes=800, host_budget_bytes=500)
+    r.acquire("b", lambda: _build("b"), FAKE)  # the device holds b
+    built: list[str] = []
+
+    def build_a() -> FakeModel:
+        built.append("a")
+        return _build("a")
+
+    assert r.stage("a", build_a, FAKE)
+    assert r.tier_of("a") == "host" and r.tier_of("b") == "device"  # the device untouched
+    assert not r.stage("a", build_a, FAKE)  # held already: nothing read again
+    r.acquire("a", build_a, FAKE)
+    assert built == ["a"] and r.tier_of("a") == "device"  # moved back, not built again
+    summary = r.summary()
+    assert summary["staged"] == 1 and summary["loads"] == {"disk": 1, "host": 1}
+    assert [load["tier"] for load in summary["recent"]] == ["disk", "stage", "host"]
+
+
+def test_staging_needs_a_host_tier_with_room_and_a_failed_read_holds_nothing() -> None:
+    none = ModelResidency(budget_bytes=800, host_budget_bytes=0)
+    assert not none.stage("a", lambda: _build("a"), FAKE)
+    assert none.tier_of("a") == "disk"
+    small = ModelResidency(budget_bytes=800, host_budget_bytes=250)
+    assert not small.stage("a", lambda: _build("a"), FAKE)  # 300 bytes: does not fit
+    assert small.tier_of("a") == "disk" and small.tier_bytes("host") == 0
+
+    def broken() -> FakeModel:
+        raise OSError("weights unreadable")
+
+    assert not small.stage("c", broken, FAKE)
+    assert small.tier_of("c") == "disk" and small.summary()["staging"] == []
+    full = ModelResidency(budget_bytes=800, host_budget_bytes=700, policy="lru")
+    assert full.stage("a", lambda: _build("a"), FAKE) and full.stage("e", lambda: _build("e"),
+                                                                     FAKE)
+    assert full.stage("c", lambda: _build("c"), FAKE)  # 900 bytes: the oldest staged goes
+    assert full.tier_of("a") == "disk" and full.tier_bytes("host") <= 700
+
+
+def test_a_chunk_that_needs_a_model_being_staged_waits_for_that_read() -> None:
+    r = ModelResidency(budget_bytes=800, host_budget_bytes=None)
+    reading, release = threading.Event(), threading.Event()
+    builds: list[str] = []
+
+    def slow_read() -> FakeModel:
+        builds.append("stage")
+        reading.set()
+        release.wait(10)
+        return _build("a")
+
+    stager = threading.Thread(target=r.stage, args=("a", slow_read, FAKE))
+    stager.start()
+    assert reading.wait(10)
+    assert r.summary()["staging"] == ["a"]
+    got: list[FakeModel] = []
+    chunk = threading.Thread(target=lambda: got.append(
+        r.acquire("a", lambda: builds.append("chunk") or _build("a"), FAKE)))
+    chunk.start()
+    chunk.join(0.2)
+    assert chunk.is_alive()  # waits for the read under way instead of starting its own
+    release.set()
+    stager.join(10)
+    chunk.join(10)
+    assert builds == ["stage"] and got and r.tier_of("a") == "device"
+    assert r.summary()["loads"]["host"] == 1
 
 
 def test_a_dropped_model_is_released_and_forget_drops_an_owners_models() -> None:
@@ -202,9 +276,10 @@ def test_the_heartbeat_carries_the_residency_both_ways() -> None:
 def test_metrics_show_each_workers_resident_bytes_and_loads() -> None:
     from app.api.metrics import residency_metrics
 
-    r = ModelResidency(budget_bytes=900, policy="lru")
+    r = ModelResidency(budget_bytes=900, host_budget_bytes=500, policy="lru")
     for key in ("a", "b", "c"):
         r.acquire(key, lambda key=key: _build(key), FAKE)  # type: ignore[misc]
+    assert r.stage("e", lambda: _build("e"), FAKE)  # a ahead of it in host memory goes
     beats = {"w1@h": Heartbeat(name="w1@h", residency=r.summary()), "w2@h": Heartbeat("w2@h")}
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for metric in residency_metrics(beats) for s in metric.samples}
@@ -214,4 +289,8 @@ def test_metrics_show_each_workers_resident_bytes_and_loads() -> None:
                     (("source", "disk"), ("worker", "w1@h")))] == 3
     assert ("stepline_worker_model_load_seconds_total",
             (("source", "disk"), ("worker", "w1@h"))) in samples
+    assert samples[("stepline_worker_model_loads_total",
+                    (("source", "stage"), ("worker", "w1@h")))] == 1
+    assert samples[("stepline_worker_resident_bytes", (("tier", "host"), ("worker", "w1@h")))
+                   ] == SIZES["e"]
     assert not any("w2@h" in dict(labels).values() for _, labels in samples)

@@ -211,6 +211,15 @@ def load_components(recipe: DiffusionRecipe, device: str = "cpu") -> DiffusionCo
                                        DIFFUSION_RESIDENT)
 
 
+def stage_components(recipe: DiffusionRecipe, device: str = "cpu") -> bool:
+    """Build the recipe's modules into the residency's host tier ahead of its jobs (moved to
+    host memory; :func:`load_components` moves them back to ``device``); False when nothing was
+    staged (held already, no host tier or room)."""
+    return process_residency().stage(component_key(recipe, device),
+                                     lambda: build_components(recipe, device),
+                                     DIFFUSION_RESIDENT)
+
+
 def clear_component_cache() -> None:
     """Forget every built model (tests use it to play a fresh worker process)."""
     process_residency().clear()

@@ -37,6 +37,7 @@ from workers.diffusion.components import (
     load_components,
     model_evaluations,
     scheduler_baseline,
+    stage_components,
 )
 from workers.diffusion.families import FAMILIES, PipelineFamily, decode_job
 from workers.diffusion.lora import apply_adapters
@@ -111,6 +112,11 @@ class DiffusionRunner:
 
     def components(self, params: Mapping[str, Any]) -> DiffusionComponents:
         return load_components(self.recipe(params), self.device)
+
+    def stage(self, params: Mapping[str, Any]) -> bool:
+        """Build the job's base model into host memory ahead of it (its adapters load on the
+        device with its first chunk)."""
+        return stage_components(self.recipe(params), self.device)
 
     def transformer(self, params: Mapping[str, Any]) -> Any:
         """The resident transformer with the job's adapters, at its scales, the only ones
