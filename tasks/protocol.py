@@ -126,10 +126,11 @@ def _claim(ctx: WorkerContext, delivery: Delivery
     return [*members, *joiners], claims, blobs
 
 
-def _held(ctx: WorkerContext, members: Sequence[BatchMember]) -> dict[str, int]:
-    """The sequence number of each member's state this worker holds in memory."""
-    return {job_id: seq for job_id, _, _ in members
-            if (seq := ctx.cache.seq_of(job_id)) is not None}
+def _held(ctx: WorkerContext, members: Sequence[BatchMember]) -> dict[str, tuple[int, str]]:
+    """The sequence number and commit id of each member's state this worker holds in
+    memory."""
+    return {job_id: held for job_id, _, _ in members
+            if (held := ctx.cache.held(job_id)) is not None}
 
 
 def _flag_stop(ctx: WorkerContext, job: JobRecord) -> str | None:
@@ -440,7 +441,7 @@ def _settle(ctx: WorkerContext, attempt: Attempt, commit: Commit,
     ctx.chunks_run += 1
     if commit.status is CommitStatus.HOP:
         assert attempt.result is not None
-        ctx.cache.put(job.job_id, commit.seq, attempt.result.state)
+        ctx.cache.put(job.job_id, commit.seq, commit.commit_id, attempt.result.state)
         if commit.published is None:
             hops.setdefault(commit.queue, []).append((job.job_id, commit.next_chunk, job.epoch))
     else:
@@ -569,12 +570,14 @@ def load_state(
     ctx: WorkerContext, job: JobRecord, runner: JobRunner, params: dict[str, Any],
     blob: bytes | None = None,
 ) -> Checkpoint | None:
-    """The job's state at ``job.seq``: from this worker's memory, else the durable checkpoint
-    (``blob`` when the claim brought it, else read from Redis; fetched from the object store
-    and checked when Redis holds a reference), replayed up to ``job.seq``."""
+    """The job's state at ``job.seq``: from this worker's memory (only the very state its
+    record names, by sequence number and commit id: the state of a commit a failover lost may
+    sit there under the same sequence number), else the durable checkpoint (``blob`` when the
+    claim brought it, else read from Redis; fetched from the object store and checked when
+    Redis holds a reference), replayed up to ``job.seq``."""
     if job.seq == 0:
         return None
-    cached = ctx.cache.get(job.job_id, job.seq)
+    cached = ctx.cache.get(job.job_id, job.seq, job.commit_id)
     if cached is not None:
         return cached
     if blob is None:

@@ -113,6 +113,11 @@ class JobRecord:
     lease_until_s: float | None = None
     ckpt_seq: int | None = None
     ckpt_chunk: int | None = None
+    commit_id: str | None = None
+    """The id its worker gave the commit that made the job's state at ``seq`` (unique per
+    commit; None before the first). A commit a Redis failover loses is replayed, and the replay
+    may reach the same ``seq`` with another state (a chunk stopped inside advances ``seq``, not
+    ``next_chunk``): only this id tells a worker's in-memory state from the job's."""
     published: int | None = None
     """The last chunk index published to a queue."""
     last_task_id: str | None = None
@@ -297,6 +302,7 @@ _FIELDS: dict[str, tuple[str, _Codec]] = {
     "lease_until_s": ("lease_until", _OPT_FLOAT),
     "ckpt_seq": ("ckpt_seq", _OPT_INT),
     "ckpt_chunk": ("ckpt_chunk", _OPT_INT),
+    "commit_id": ("commit_id", _OPT_TEXT),
     "published": ("published", _OPT_INT),
     "last_task_id": ("last_task_id", _OPT_TEXT),
     "queued_at_s": ("queued_at", _OPT_FLOAT),

@@ -47,7 +47,7 @@ def _commit_call(request: CommitRequest) -> tuple[list[str], list[Any]]:
         request.chunk, request.epoch, request.seq, int(request.complete),
         int(request.checkpoint is not None), request.checkpoint or b"",
         repr(request.service_s), repr(time.time()), request.worker, request.task_id,
-        _commit_options(request),
+        _commit_options(request), request.commit_id,
     ]
     return keys_, args
 
@@ -75,7 +75,8 @@ def _claim_call(request: ClaimRequest, now: str) -> tuple[list[str], list[Any]]:
     held = "" if request.cached_seq is None else request.cached_seq
     return ([keys.job(job_id), keys.job_events(job_id), keys.job_checkpoint(job_id),
              keys.CHANGES],
-            [request.chunk, request.epoch, request.worker, now, request.lease_s, held])
+            [request.chunk, request.epoch, request.worker, now, request.lease_s, held,
+             request.cached_commit])
 
 
 def _as_request(request: CommitRequest | tuple[str, Mapping[str, Any]]) -> CommitRequest:
@@ -93,13 +94,15 @@ def _joiners(raw: Any) -> list[tuple[str, int, int]]:
     return joiners
 
 
-def _commit_of(reply: Any) -> Commit:
+def _commit_of(reply: Any, commit_id: str) -> Commit:
+    """A commit script's reply; ``commit_id`` the request's, kept when the commit landed."""
     status = CommitStatus(_text(reply[0]))
     if len(reply) < 4:
         return Commit(status)
     return Commit(status, seq=int(reply[1]), next_chunk=int(reply[2]), queue=_text(reply[3]),
                   published=_text(reply[4]) or None if len(reply) > 4 else None,
-                  replaced=bytes(reply[5]) or None if len(reply) > 5 else None)
+                  replaced=bytes(reply[5]) or None if len(reply) > 5 else None,
+                  commit_id=commit_id)
 
 
 def _claimed(reply: Any) -> tuple[JobRecord | str, bytes | None]:
@@ -183,6 +186,9 @@ class Commit:
     """The object-store reference (:mod:`tasks.checkpoint_objects`) that the commit's
     checkpoint took the place of in Redis: nothing reads its object any more. None: the
     commit wrote no checkpoint, or replaced one kept in Redis itself."""
+    commit_id: str = ""
+    """The id of the state the commit made (``CommitRequest.commit_id``; '' when it did not
+    land): with ``seq``, what a worker keeping that state in memory holds it under."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,9 +209,11 @@ class NextMessage:
 @dataclass(frozen=True, slots=True)
 class ClaimRequest:
     """A worker's claim of one chunk message: the message's fence (job, chunk, epoch), who
-    claims it and for how long, and the sequence number of the job's state the worker holds in
-    memory (-1: it holds none, so the claim brings the durable checkpoint; None: it wants
-    none)."""
+    claims it and for how long, and the sequence number and commit id of the job's state the
+    worker holds in memory (-1: it holds none, so the claim brings the durable checkpoint;
+    None: it wants none). The claim brings the checkpoint unless both match the record's: a
+    sequence number alone is not a state's identity once a failover has lost a commit and
+    its replay reached that sequence number again (:attr:`JobRecord.commit_id`)."""
 
     job_id: str
     chunk: int
@@ -213,6 +221,7 @@ class ClaimRequest:
     worker: str
     lease_s: float
     cached_seq: int | None = -1
+    cached_commit: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,6 +260,10 @@ class CommitRequest:
     yielded: bool = False
     """The chunk (``complete`` False) yielded for work its worker takes first, not for a flag:
     the job stays in flight and hops with the same next chunk (``checkpoint`` required)."""
+    commit_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    """This commit's id, unique: the record keeps it as the id of the state the job is at
+    (:attr:`JobRecord.commit_id`), so a worker's memory of a commit a failover lost is never
+    taken for the state its replay made at the same sequence number."""
 
     def with_checkpoint(self, checkpoint: bytes) -> CommitRequest:
         """The same commit carrying the job's durable state (the store asked for one)."""
@@ -731,19 +744,22 @@ class JobStore:
 
     def claim_with_state(
         self, job_id: str, chunk: int, epoch: int, worker: str, lease_s: float, *,
-        cached_seq: int | None = -1,
+        cached_seq: int | None = -1, cached_commit: str = "",
     ) -> tuple[JobRecord | str, bytes | None]:
         """:meth:`claim` of ``ClaimRequest(job_id, chunk, epoch, worker, lease_s,
-        cached_seq)``."""
-        return self.claim(ClaimRequest(job_id, chunk, epoch, worker, lease_s, cached_seq))
+        cached_seq, cached_commit)``."""
+        return self.claim(ClaimRequest(job_id, chunk, epoch, worker, lease_s, cached_seq,
+                                       cached_commit))
 
     def claim_chunks(
         self, members: Sequence[tuple[str, int, int]], worker: str, lease_s: float, *,
-        take_joiners_of: str | None = None, cached_seqs: Mapping[str, int] | None = None,
+        take_joiners_of: str | None = None,
+        cached_seqs: Mapping[str, tuple[int, str]] | None = None,
     ) -> tuple[list[JobRecord | str], list[tuple[str, int, int]], dict[str, bytes]]:
         """:meth:`claim` of each (job id, chunk, epoch), in one round trip; each job is fenced
-        on its own and comes with its checkpoint unless ``cached_seqs`` says the caller holds
-        its state (a job missing from it: none held). With ``take_joiners_of``, that batch's
+        on its own and comes with its checkpoint unless ``cached_seqs`` (job id → sequence
+        number and commit id of the state held) says the caller holds its state (a job missing
+        from it: none held). With ``take_joiners_of``, that batch's
         joiners are taken in the same round trip, the batch going on (:meth:`take_joiners`);
         returns (claims, joiners, checkpoints by job id)."""
         pipe = _ScriptPipeline(self.redis)
@@ -751,7 +767,8 @@ class JobStore:
         now = repr(time.time())
         held = cached_seqs or {}
         for job_id, chunk, epoch in members:
-            request = ClaimRequest(job_id, chunk, epoch, worker, lease_s, held.get(job_id, -1))
+            seq, commit_id = held.get(job_id, (-1, ""))
+            request = ClaimRequest(job_id, chunk, epoch, worker, lease_s, seq, commit_id)
             pipe.script(self._claim, *_claim_call(request, now))
         replies = pipe.execute()
         joiners = _joiners(replies.pop(0)) if take_joiners_of is not None else []
@@ -790,13 +807,13 @@ class JobStore:
         queue (pushing ``request.next_message`` there when given) or, atomic, keeps running."""
         keys_, args = _commit_call(request)
         if not self.commit_replicas:
-            return _commit_of(self._commit(keys=keys_, args=args))
+            return _commit_of(self._commit(keys=keys_, args=args), request.commit_id)
         pipe = _ScriptPipeline(self.redis)
         pipe.script(self._commit, keys_, args)
         self._wait_for_replicas(pipe)
         reply, replicas = pipe.execute()
         self._check_replicas([request.job_id], replicas)
-        return _commit_of(reply)
+        return _commit_of(reply, request.commit_id)
 
     def _wait_for_replicas(self, pipe: _ScriptPipeline) -> None:
         """``WAIT`` on the commit's own connection (WAIT counts that client's writes), last."""
@@ -842,7 +859,8 @@ class JobStore:
         joiners = _joiners(replies.pop()) if take_joiners_of is not None else []
         if timing is not None:
             replies.pop()
-        return [_commit_of(reply) for reply in replies], joiners
+        return [_commit_of(reply, request.commit_id)
+                for reply, request in zip(replies, commits, strict=True)], joiners
 
     def keep_first_estimate(self, job_id: str, estimate_s: float) -> None:
         """Record the scheduler's first estimate of the job's whole service time, once, and

@@ -2,7 +2,7 @@
 -- claiming worker; the worker reads nothing else before it runs.
 --
 -- KEYS: job, events, ckpt, changes
--- ARGV: chunk, epoch, worker, now, lease_s, held_seq
+-- ARGV: chunk, epoch, worker, now, lease_s, held_seq, held_commit
 -- Needs: lifecycle, _events
 --
 -- job       hash    the job record (sl:job:<id>)
@@ -16,9 +16,13 @@
 -- lease_s   number  how long the claim holds without a renewal
 -- held_seq  string  the sequence number of the job's state the worker holds in memory
 --                   ('': it wants no checkpoint; -1: it holds none)
+-- held_commit string the id of the commit that made the state it holds (the record's
+--                   commit_id): a sequence number alone may name two states, the one of a
+--                   commit a failover lost and the one its replay reached
 --
 -- Returns {'stale', why}, {'missing'}, or {'ok', the record as claimed (HGETALL)} and, unless
--- the worker holds the job's state (or there is none yet, sequence 0), the checkpoint.
+-- the worker holds the job's state (both its seq and its commit id; or there is none yet,
+-- sequence 0), the checkpoint.
 
 local job = KEYS[1]
 local events = KEYS[2]
@@ -30,6 +34,7 @@ local worker = ARGV[3]
 local now = ARGV[4]
 local lease_s = ARGV[5]
 local held_seq = ARGV[6]
+local held_commit = ARGV[7]
 
 if redis.call('EXISTS', job) == 0 then return {'missing'} end
 local h = redis.call('HMGET', job, 'state', 'epoch', 'next_chunk', 'num_chunks')
@@ -50,6 +55,8 @@ if state ~= STATE.RUNNING then
   event(events, 'state', state, STATE.RUNNING, worker, 'chunk ' .. chunk, now)
 end
 local record = redis.call('HGETALL', job)
-local seq = redis.call('HGET', job, 'seq')
-if held_seq == '' or seq == held_seq or seq == '0' then return {'ok', record} end
+local seq, commit_id = unpack(redis.call('HMGET', job, 'seq', 'commit_id'))
+if held_seq == '' or seq == '0' or (seq == held_seq and commit_id == held_commit) then
+  return {'ok', record}
+end
 return {'ok', record, redis.call('GET', ckpt)}

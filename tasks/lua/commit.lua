@@ -7,7 +7,7 @@
 --
 -- KEYS: job, ckpt, events, active, done, timings, changes
 -- ARGV: chunk, epoch, seq, complete, has_ckpt, checkpoint, service_s, now, worker, task_id,
---       options
+--       options, commit_id
 -- Needs: lifecycle, _events
 --
 -- job         hash    the job record (sl:job:<id>)
@@ -42,6 +42,11 @@
 --                               worker takes first, not for a flag: unless a flag is raised the
 --                               job stays in flight and hops with the same next chunk, resumed
 --                               from the checkpoint (which it must carry)
+-- commit_id   string  this commit's id, unique (the worker's): the record keeps it as the id
+--                     of the state the job is at. A commit a failover loses is replayed, and
+--                     the replay may reach the same seq with another state (a chunk stopped
+--                     inside advances seq, not next_chunk); the claim hands the checkpoint to
+--                     a worker unless both the seq and this id of the state it holds match
 --
 -- Returns {'stale'}, {'needs_checkpoint'} (the job must stop here: send one), or {status, seq,
 -- next chunk, queue, published task id, replaced reference} with status 'done', 'cancelled',
@@ -67,6 +72,7 @@ local now = ARGV[8]
 local worker = ARGV[9]
 local task_id = ARGV[10]
 local options = cjson.decode(ARGV[11])
+local commit_id = ARGV[12]
 local REFERENCE_MAGIC = 'slckref:'
 
 local h = redis.call('HMGET', job, 'state', 'epoch', 'seq', 'next_chunk', 'num_chunks',
@@ -84,7 +90,8 @@ local yielded = not ran_whole and options.yielded == true
 local stop = cancel or h[6] == '1' or (not ran_whole and not yielded)
 if (stop or yielded) and not last and has_ckpt ~= '1' then return {'needs_checkpoint'} end
 local new_seq = tonumber(seq) + 1
-redis.call('HSET', job, 'seq', new_seq, 'next_chunk', nxt, 'updated_at', now)
+redis.call('HSET', job, 'seq', new_seq, 'next_chunk', nxt, 'commit_id', commit_id,
+           'updated_at', now)
 redis.call('HINCRBYFLOAT', job, 'service_s', service_s)
 local replaced = ''
 if has_ckpt == '1' then

@@ -228,8 +228,12 @@ def test_a_claim_brings_the_checkpoint_unless_the_worker_holds_that_state(
     again, blob = store.claim_with_state(job_id, 1, 0, "w2", lease_s=5, cached_seq=-1)
     assert not isinstance(again, str) and again.seq == hop.seq and blob == b"state-1"
     assert store.claim_with_state(job_id, 1, 0, "w2", lease_s=5, cached_seq=0)[1] == b"state-1"
-    # one holding this very state gets none, nor does a plain claim, nor a stale one
-    assert store.claim_with_state(job_id, 1, 0, "w1", lease_s=5, cached_seq=hop.seq)[1] is None
+    # one holding this very state (its seq and commit) gets none, nor does a plain claim, nor a
+    # stale one
+    assert store.claim_with_state(job_id, 1, 0, "w1", lease_s=5, cached_seq=hop.seq,
+                                  cached_commit=hop.commit_id)[1] is None
+    assert store.claim_with_state(job_id, 1, 0, "w1", lease_s=5, cached_seq=hop.seq,
+                                  cached_commit="another")[1] == b"state-1"
     assert store.claim_with_state(job_id, 1, 0, "w1", lease_s=5, cached_seq=None)[1] is None
     stale, blob = store.claim_with_state(job_id, 0, 0, "w1", lease_s=5)
     assert isinstance(stale, str) and blob is None
@@ -237,7 +241,7 @@ def test_a_claim_brings_the_checkpoint_unless_the_worker_holds_that_state(
     claims, _, blobs = store.claim_chunks([(job_id, 1, 0)], "w3", 5.0)
     assert not isinstance(claims[0], str) and blobs == {job_id: b"state-1"}
     claims, _, blobs = store.claim_chunks([(job_id, 1, 0)], "w3", 5.0,
-                                          cached_seqs={job_id: hop.seq})
+                                          cached_seqs={job_id: (hop.seq, hop.commit_id)})
     assert not isinstance(claims[0], str) and blobs == {}
 
 
