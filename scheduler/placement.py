@@ -136,11 +136,32 @@ class LoadEstimates:
         self.observe(name, tier, seconds)
 
     def estimate(self, name: str, tier: LoadTier) -> float:
+        """Seconds a load of ``name`` from ``tier`` takes: its own measured loads from that
+        tier; else its own from the other base tier (disk or host), scaled by the priors'
+        ratio of the two; else the mean of every load measured from ``tier``; else the prior,
+        scaled as the loads measured from the other tiers compare with their priors. A tier
+        never measured is never judged by an absolute prior beside measured ones: on a pool
+        whose loads all take a tenth of the priors, a prior host load would look four times a
+        disk load, and a model kept in host memory would never be chosen to learn otherwise."""
         own = self._own.get((name, tier))
         if own is not None:
             return own
+        if tier != "adapter":
+            other: LoadTier = "host" if tier == "disk" else "disk"
+            theirs = self._own.get((name, other))
+            if theirs is not None:
+                return theirs * self.priors.of(tier) / self.priors.of(other)
         n = self._tier_n.get(tier, 0)
-        return self._tier_sum[tier] / n if n else self.priors.of(tier)
+        if n:
+            return self._tier_sum[tier] / n
+        return self.priors.of(tier) * self._measured_scale()
+
+    def _measured_scale(self) -> float:
+        """How the loads measured so far compare with the priors (the mean ratio of each
+        measured tier's mean to its prior; 1 before any load)."""
+        ratios = [self._tier_sum[t] / n / self.priors.of(t)
+                  for t, n in self._tier_n.items() if n and self.priors.of(t) > 0.0]
+        return sum(ratios) / len(ratios) if ratios else 1.0
 
     def load_s(self, need: ModelNeed, worker: Holding) -> float:
         """Seconds ``worker`` spends loading before it can run ``need``'s chunk."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -146,3 +147,21 @@ def test_a_cold_jobs_expected_load_counts_into_its_remaining_time() -> None:
     snapshot = make_snapshot(cold)
     assert exact(IncrementalPlanner().plan(snapshot, policy, NOW_S)) == exact(
         plan_tick(snapshot, policy, NOW_S))
+
+
+def test_a_tier_never_measured_is_estimated_at_the_scale_of_the_measured_loads() -> None:
+    # given a pool whose disk loads take a tenth of the prior, and no load from host yet
+    estimates = LoadEstimates()
+    priors = estimates.priors
+    estimates.observe("m1", "disk", priors.disk_s / 10)
+    estimates.observe("m2", "disk", priors.disk_s / 10)
+    # then a host load is estimated at the priors' ratio to it, not at its absolute prior
+    assert estimates.estimate("m1", "host") == pytest.approx(priors.host_s / 10)
+    assert estimates.estimate("m3", "host") == pytest.approx(priors.host_s / 10)
+    assert estimates.estimate("m3", "host") < estimates.estimate("m3", "disk")
+    assert estimates.estimate("x", "adapter") == pytest.approx(priors.adapter_s / 10)
+    # and a model's own measured load from host is its estimate once there is one
+    estimates.observe("m1", "host", 0.05)
+    assert estimates.estimate("m1", "host") == 0.05
+    assert estimates.estimate("m1", "disk") == pytest.approx(priors.disk_s / 10)
+    assert LoadEstimates().estimate("m", "host") == priors.host_s  # nothing measured: priors
