@@ -187,13 +187,22 @@ class Placement:
     reason: str
 
 
+WAIT_SHARE = 0.5
+"""Of a job's slack, the share it may spend waiting for a worker that holds its model rather
+than load it elsewhere sooner (the rest absorbs error in the free-time estimates)."""
+
+
 def place(need: ModelNeed, workers: Sequence[Holding], estimates: LoadEstimates,
           policy: PlacementPolicy = PlacementPolicy.STEPLINE,
-          demand: Mapping[str, int] | None = None) -> Placement:
+          demand: Mapping[str, int] | None = None, slack_s: float = 0.0) -> Placement:
     """Where ``need``'s chunk should go among ``workers`` (the alive ones, minus any already
     given a chunk this round). ``demand`` counts the queued jobs per base model; the Stepline
     policy charges a load that must evict a model the reload its queued jobs will pay when no
-    other worker holds it (once: one reload serves them all)."""
+    other worker holds it (once: one reload serves them all). ``slack_s``: how long the job
+    can wait and still meet its deadline (its deadline less now and its remaining work); it
+    waits for a worker that holds its model while that wait stays within ``WAIT_SHARE`` of
+    it, though a load elsewhere would start it sooner: the load's seconds are worker time
+    every other job loses, the wait costs this one nothing it needs."""
     cold = cold_load_s(need, estimates)
     if policy is PlacementPolicy.OBLIVIOUS or not workers:
         return Placement(None, 0.0, cold, "class queue")
@@ -205,6 +214,7 @@ def place(need: ModelNeed, workers: Sequence[Holding], estimates: LoadEstimates,
     queued = demand or {}
     holders = _holders(workers) if queued else {}
     best: tuple[float, float, bool, str] | None = None  # (start, load, evicts, name)
+    warm: tuple[float, str] | None = None
     for w in workers:
         if not math.isfinite(w.free_in_s):
             continue
@@ -214,8 +224,12 @@ def place(need: ModelNeed, workers: Sequence[Holding], estimates: LoadEstimates,
         candidate = (start, load, w.full_for(need), w.name)
         if best is None or candidate < best:
             best = candidate
+        if load == 0.0 and (warm is None or (start, w.name) < warm):
+            warm = (start, w.name)
     if best is None:
         return Placement(None, 0.0, cold, "class queue: no worker's free time is known")
+    if best[1] > 0.0 and warm is not None and warm[0] <= WAIT_SHARE * slack_s:
+        return Placement(warm[1], warm[0], 0.0, "warm: waits for it within its slack")
     start, load, _, name = best
     reason = "warm" if load == 0.0 else "cold: the soonest start counting its load"
     return Placement(name, start, load, reason)

@@ -100,6 +100,18 @@ def plan_recoveries(
     return tuple(recoveries), tuple(failures)
 
 
+def _affords_waiting(job: JobView, cost: CostModel, now_s: float) -> bool:
+    """Whether a chunk parked where its model is may wait on past the load it would pay
+    elsewhere: while its slack (its deadline less now and its remaining work) still covers
+    twice that load, moving later still leaves it time to load elsewhere and finish, and
+    every second it waits instead is a load's worker time no other job loses (placement
+    parks it there on the same terms: ``scheduler.placement.place``'s ``slack_s``)."""
+    if job.reload_s <= 0.0:
+        return False
+    left_s = job.remaining_cost_units * cost.seconds_per_unit(job.cost_key)
+    return job.deadline_s - now_s - left_s >= 2.0 * job.reload_s
+
+
 def _recovery_of(job: JobView, alive: frozenset[str], cost: CostModel, config: RecoveryConfig,
                  now_s: float, running_batches: Callable[[], frozenset[str]] = frozenset
                  ) -> Recovery | None:
@@ -114,7 +126,8 @@ def _recovery_of(job: JobView, alive: frozenset[str], cost: CostModel, config: R
     max_wait_s = config.parked_wait_s(job) if job.parked_on is not None else None
     if job.parked_on is not None and max_wait_s is not None:
         waited_s = now_s - job.waiting_since_s
-        if job.parked_on not in alive or waited_s >= max_wait_s:
+        if job.parked_on not in alive or (
+                waited_s >= max_wait_s and not _affords_waiting(job, cost, now_s)):
             why = "gone" if job.parked_on not in alive else f"busy for {waited_s * 1000:.0f} ms"
             return Recovery(job.job_id, RecoveryCause.PARKED,
                             f"affinity: {job.parked_on} {why}; moved to {job.queue}")

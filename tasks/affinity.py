@@ -474,12 +474,12 @@ class WorkerDirectory:
         return sum(job.cost_units[job.next_chunk:]) * self.rate(job.cost_key)
 
     def place(self, need: ModelNeed, class_queue: str, policy: PlacementPolicy,
-              work_s: float = 0.0) -> Placement:
+              work_s: float = 0.0, slack_s: float = 0.0) -> Placement:
         """Where ``need``'s chunk goes among the alive workers consuming their own queue for
-        ``class_queue`` (:func:`scheduler.placement.place`), each free when the work that
-        stays on it ends; the chosen worker then has this job's load and ``work_s`` more
-        work, for the rest of this directory's releases and (marked) for the next
-        directory's."""
+        ``class_queue`` (:func:`scheduler.placement.place`, the job's ``slack_s`` with it),
+        each free when the work that stays on it ends; the chosen worker then has this job's
+        load and ``work_s`` more work, for the rest of this directory's releases and (marked)
+        for the next directory's."""
         if self._holdings is None:
             self._holdings = {name: holding(name, beat, self._free_in_s(name, beat))
                               for name, beat in self.bodies.items()}
@@ -490,7 +490,7 @@ class WorkerDirectory:
         workers = [h for name, h in self._holdings.items()
                    if placed_queue(name, class_queue) in self.bodies[name].queues]
         with _ESTIMATES_LOCK:
-            chosen = place(need, workers, self.estimates, policy, self._demand)
+            chosen = place(need, workers, self.estimates, policy, self._demand, slack_s)
         if chosen.worker is not None:
             busy_s = work_s if work_s > 0.0 else math.inf  # no estimate: busy, free unknown
             if self.store is not None:
@@ -618,8 +618,10 @@ def release_queue(settings: Settings, job: JobRecord, class_queue: str,
     elif keeps_model(settings, job.kind, job.params):
         need = model_need(job.kind, job.params)
         assert need is not None
-        chosen = directory.place(need, class_queue, placement_policy(settings),
-                                 directory.work_s(job))
+        work_s = directory.work_s(job)
+        now_s = directory.now_s if directory.now_s is not None else time.time()
+        chosen = directory.place(need, class_queue, placement_policy(settings), work_s,
+                                 slack_s=job.deadline_at_s - now_s - work_s)
         if chosen.worker is None:
             return class_queue
         log.debug("job %s: %s on %s (%s, start in %.2fs)", job.job_id, need.model,

@@ -538,7 +538,9 @@ class ClusterSim:
             return
         need = self._need(job)
         workers = self._holdings(queue, need)
-        placement = place(need, workers, self.estimates, self.res.placement, self.demand)
+        slack_s = job.arrival.deadline_s - self.now - self._remaining_est_s(job)
+        placement = place(need, workers, self.estimates, self.res.placement, self.demand,
+                          slack_s=slack_s)
         if placement.worker is not None:
             self.counts["placed_on_worker"] += 1
         self._release(job, queue, bump_epoch, parked_on=placement.worker, placed=True)

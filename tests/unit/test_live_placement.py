@@ -270,9 +270,10 @@ def test_a_parked_chunk_of_a_job_on_a_model_waits_as_long_as_its_load_elsewhere(
     from scheduler.recovery import RecoveryCause, RecoveryConfig, plan_recoveries
     from tests.unit.test_scheduler_support import NOW_S, make_job, make_snapshot
 
-    def moved(reload_s: float, waited_s: float) -> bool:
+    def moved(reload_s: float, waited_s: float, slack_s: float = 10.0) -> bool:
         job = make_job("p", state=JobState.QUEUED, work_s=1.0, queue="batch",
-                       parked_on="w1", waiting_since_s=NOW_S - waited_s, reload_s=reload_s)
+                       parked_on="w1", waiting_since_s=NOW_S - waited_s, reload_s=reload_s,
+                       deadline_s=NOW_S + 1.0 + slack_s)
         snap = make_snapshot([job])
         recoveries, _ = plan_recoveries(snap.jobs, frozenset({"w1"}), snap.cost,
                                         RecoveryConfig(affinity_max_wait_s=0.3), NOW_S)
@@ -281,7 +282,10 @@ def test_a_parked_chunk_of_a_job_on_a_model_waits_as_long_as_its_load_elsewhere(
     assert moved(0.0, 0.5)  # no model: the affinity wait
     assert not moved(0.0, 0.2)
     assert not moved(8.0, 5.0)  # a load elsewhere would take 8 s: waiting 5 s is cheaper
-    assert moved(8.0, 8.5)
+    assert moved(8.0, 8.5)  # 10 s of slack left: moving now still makes its deadline
+    # with slack for twice the load, waiting on costs no job anything: it stays
+    assert not moved(8.0, 8.5, slack_s=16.5)
+    assert moved(8.0, 8.5, slack_s=15.5)
 
 
 def test_the_ticks_waiting_jobs_on_a_model_no_worker_holds_count_its_load() -> None:
@@ -433,3 +437,19 @@ def test_a_stage_request_is_validated_before_a_worker_reads_anything() -> None:
         StageRequest.model_validate_json('{"kind": "teleport", "params": {}}')
     with pytest.raises(ValueError, match="extra"):
         StageRequest.model_validate_json('{"kind": "simulated", "params": {}, "x": 1}')
+
+
+def test_a_release_with_slack_waits_for_the_busy_warm_worker_an_urgent_one_loads() -> None:
+    settings = _placing("stepline")
+
+    def released(deadline_at_s: float) -> str:
+        directory = _directory({"w1": 20.0}, {"simulated:m1": 1},
+                               w1=_beat("w1", {_sim_key("m1"): MB}, busy="x"),
+                               w2=_beat("w2", {}))
+        directory.now_s = 100.0
+        job = replace(_sim("m1"), deadline_at_s=deadline_at_s)
+        return release_queue(settings, job, "interactive", directory)
+
+    # w1 holds m1 but is busy for 20 s; w2 is idle and loads it in 0.5 s
+    assert released(deadline_at_s=130.0) == "w2.interactive.placed"  # 20 s > half its slack
+    assert released(deadline_at_s=160.0) == "w1.interactive.placed"  # 20 s < half of ~60 s

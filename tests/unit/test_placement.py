@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler.placement import (
+    WAIT_SHARE,
     Holding,
     LoadEstimates,
     ModelNeed,
@@ -165,3 +166,33 @@ def test_a_tier_never_measured_is_estimated_at_the_scale_of_the_measured_loads()
     assert estimates.estimate("m1", "host") == 0.05
     assert estimates.estimate("m1", "disk") == pytest.approx(priors.disk_s / 10)
     assert LoadEstimates().estimate("m", "host") == priors.host_s  # nothing measured: priors
+
+
+@settings(max_examples=150, deadline=None)
+@given(pools(), needs, demands, st.floats(0.0, 300.0))
+def test_with_slack_a_job_waits_for_a_warm_worker_only_within_its_share_of_it(
+        workers: tuple[Holding, ...], need: ModelNeed, demand: dict[str, int],
+        slack_s: float) -> None:
+    estimates = LoadEstimates()
+    alone = place(need, workers, estimates, PlacementPolicy.STEPLINE, demand)
+    placement = place(need, workers, estimates, PlacementPolicy.STEPLINE, demand, slack_s)
+    if placement == alone:
+        return
+    # it chose a worker holding its model (no load) over a sooner start with a load, and
+    # that worker's expected start leaves the job at least half its slack
+    assert alone.load_s > 0.0 and placement.load_s == 0.0
+    chosen = next(w for w in workers if w.name == placement.worker)
+    assert estimates.load_s(need, chosen) == 0.0
+    assert placement.start_in_s <= WAIT_SHARE * slack_s + 1e-9
+    assert placement.start_in_s >= alone.start_in_s - 1e-9
+
+
+def test_a_job_with_slack_waits_for_the_busy_warm_worker_an_urgent_one_loads_elsewhere() -> None:
+    warm = Holding("warm", 20.0, frozenset({"m1"}))
+    cold = Holding("cold", 0.0, frozenset({"m2"}))
+    need = ModelNeed("m1")
+    urgent = place(need, (warm, cold), LoadEstimates(), PlacementPolicy.STEPLINE, slack_s=30.0)
+    assert urgent.worker == "cold" and urgent.load_s > 0.0  # 20 s is more than half its slack
+    patient = place(need, (warm, cold), LoadEstimates(), PlacementPolicy.STEPLINE,
+                    slack_s=60.0)
+    assert patient.worker == "warm" and patient.load_s == 0.0 and patient.start_in_s == 20.0
