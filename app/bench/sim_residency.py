@@ -11,8 +11,9 @@ disk; the host tier evicts by the same policy. The model a chunk is about to use
 victim (one chunk at a time: it is the only one in use).
 
 Adapters are small next to a base (100 MB-1 GB against 1-20 GB) and are kept by count:
-``adapter_slots`` per worker, least recently used first out; a base leaving the device takes
-its adapters with it.
+``adapter_slots`` on each resident base, least recently used first out, as the live runners
+keep them (``MAX_LOADED_ADAPTERS`` per transformer, and per simulated model); a base leaving
+the device takes its adapters with it.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class ResidencyConfig:
     host_budget_bytes: int = 0
     """0: no host tier (an evicted model goes back to disk)."""
     adapter_slots: int = 8
+    """Adapters kept loaded on each resident base."""
     stage: bool = False
     """Stage models whose queue builds into host memory (``scheduler.placement.stage``)."""
     stage_min_queued: int = 2
@@ -119,11 +121,14 @@ class WorkerMemory:
         adapter_s = sum(self._draw_adapter() for _ in missing)
         for a in adapters:
             self.adapters[a] = now_s
-        while len(self.adapters) > self.config.adapter_slots:
-            unused = [a for a in self.adapters if a not in adapters]
+        on_base = [a for a in self.adapters if a.split("/", 1)[0] == model]
+        while len(on_base) > self.config.adapter_slots:
+            unused = [a for a in on_base if a not in adapters]
             if not unused:
                 break
-            del self.adapters[min(unused, key=lambda a: self.adapters[a])]
+            oldest = min(unused, key=lambda a: self.adapters[a])
+            del self.adapters[oldest]
+            on_base.remove(oldest)
         return Load(tier, base_s, len(missing), adapter_s)
 
     def stage(self, model: str, now_s: float) -> bool:
