@@ -13,7 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tasks.heartbeat import Heartbeat
-from workers.diffusion.components import DIFFUSION_RESIDENT, build_components, component_key
+from workers.diffusion.components import (
+    DIFFUSION_RESIDENT,
+    build_components,
+    build_host_components,
+    component_key,
+)
 from workers.diffusion.recipes import diffusion_recipe
 from workers.residency import (
     ModelMemoryError,
@@ -258,6 +263,21 @@ def test_an_evicted_diffusion_model_is_rebuilt_bit_identical() -> None:
     assert before.keys() == after.keys()
     assert all(torch.equal(before[name], after[name]) for name in before)
     assert [load["tier"] for load in r.summary()["recent"] if load["model"] == key] == ["disk"] * 2
+
+
+def test_a_staged_diffusion_model_is_built_in_host_memory_and_runs_bit_identical() -> None:
+    r = ModelResidency(host_budget_bytes=None)
+    recipe = diffusion_recipe("dit-tiny")
+    key = component_key(recipe)
+    assert r.stage(key, lambda: build_host_components(recipe), DIFFUSION_RESIDENT)
+    assert r.tier_of(key) == "host" and r.tier_bytes("device") == 0
+    staged = r.acquire(key, lambda: build_components(recipe), DIFFUSION_RESIDENT)
+    assert r.summary()["loads"] == {"disk": 0, "host": 1}  # moved back, not built again
+    built = build_components(recipe)
+    assert staged.device == built.device
+    for mine, theirs in ((staged.transformer, built.transformer), (staged.vae, built.vae)):
+        a, b = mine.state_dict(), theirs.state_dict()
+        assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
 
 
 def test_the_heartbeat_carries_the_residency_both_ways() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import diffusers
@@ -211,12 +211,20 @@ def load_components(recipe: DiffusionRecipe, device: str = "cpu") -> DiffusionCo
                                        DIFFUSION_RESIDENT)
 
 
+def build_host_components(recipe: DiffusionRecipe, device: str = "cpu") -> DiffusionComponents:
+    """The recipe's modules built in host memory, bound for ``device``: what a move back from
+    host memory (``DIFFUSION_RESIDENT.to_device``) puts there. Never on the device itself, so
+    staging takes no device memory; the same seeded modules as :func:`build_components` (both
+    build on the CPU first)."""
+    return replace(build_components(recipe, "cpu"), device=torch.device(device))
+
+
 def stage_components(recipe: DiffusionRecipe, device: str = "cpu") -> bool:
-    """Build the recipe's modules into the residency's host tier ahead of its jobs (moved to
-    host memory; :func:`load_components` moves them back to ``device``); False when nothing was
-    staged (held already, no host tier or room)."""
+    """Build the recipe's modules into the residency's host tier ahead of its jobs
+    (:func:`build_host_components`; :func:`load_components` then moves them to ``device``);
+    False when nothing was staged (held already, no host tier or room)."""
     return process_residency().stage(component_key(recipe, device),
-                                     lambda: build_components(recipe, device),
+                                     lambda: build_host_components(recipe, device),
                                      DIFFUSION_RESIDENT)
 
 
