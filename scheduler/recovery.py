@@ -64,6 +64,9 @@ class RecoveryConfig:
     """A QUEUED job with no matching publish this long after it was queued was never published."""
     affinity_max_wait_s: float | None = 0.3
     """A parked chunk moves to its class queue after this wait (None: affinity is off)."""
+    wait_within_slack: bool = False
+    """A chunk parked where its model is stays past its reload while its slack covers twice
+    that load (the Stepline placement parks on the same terms; the baselines do not)."""
 
     def parked_wait_s(self, job: JobView) -> float | None:
         """How long ``job``'s chunk may stay parked on a busy worker (None: no limit): the
@@ -127,7 +130,8 @@ def _recovery_of(job: JobView, alive: frozenset[str], cost: CostModel, config: R
     if job.parked_on is not None and max_wait_s is not None:
         waited_s = now_s - job.waiting_since_s
         if job.parked_on not in alive or (
-                waited_s >= max_wait_s and not _affords_waiting(job, cost, now_s)):
+                waited_s >= max_wait_s and not (
+                    config.wait_within_slack and _affords_waiting(job, cost, now_s))):
             why = "gone" if job.parked_on not in alive else f"busy for {waited_s * 1000:.0f} ms"
             return Recovery(job.job_id, RecoveryCause.PARKED,
                             f"affinity: {job.parked_on} {why}; moved to {job.queue}")

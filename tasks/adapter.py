@@ -85,6 +85,8 @@ def configured_policy(settings: Settings, active: str) -> PolicyConfig:
         stuck_min_s=broker.stuck_min_s, stuck_factor=broker.stuck_factor,
         unpublished_after_s=broker.chunk_lease,
         affinity_max_wait_s=affinity.max_wait if affinity.enabled else None,
+        wait_within_slack=affinity.enabled
+        and placement_policy(settings) is PlacementPolicy.STEPLINE,
     )
     return replace(config, policy=PolicyKind(active), recovery=recovery)
 

@@ -51,6 +51,7 @@ from scheduler.placement import (
     LoadEstimates,
     LoadPriors,
     ModelNeed,
+    PlacementPolicy,
     cold_load_s,
     expected_load_s,
     place,
@@ -424,7 +425,8 @@ class ClusterSim:
                                                   defaults.host_s * scale,
                                                   defaults.adapter_s * scale))
         self.policy = replace(self.policy, recovery=replace(
-            self.policy.recovery, affinity_max_wait_s=res.park_max_wait_s))
+            self.policy.recovery, affinity_max_wait_s=res.park_max_wait_s,
+            wait_within_slack=res.placement is PlacementPolicy.STEPLINE))
         for k, w in enumerate(self.workers):
             w.mem = WorkerMemory(res, random.Random(f"{res.seed}-{k}"))
             w.consumes = with_affinity(w.name, w.queues)

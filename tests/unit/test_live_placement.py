@@ -275,8 +275,9 @@ def test_a_parked_chunk_of_a_job_on_a_model_waits_as_long_as_its_load_elsewhere(
                        parked_on="w1", waiting_since_s=NOW_S - waited_s, reload_s=reload_s,
                        deadline_s=NOW_S + 1.0 + slack_s)
         snap = make_snapshot([job])
-        recoveries, _ = plan_recoveries(snap.jobs, frozenset({"w1"}), snap.cost,
-                                        RecoveryConfig(affinity_max_wait_s=0.3), NOW_S)
+        config = RecoveryConfig(affinity_max_wait_s=0.3, wait_within_slack=True)
+        recoveries, _ = plan_recoveries(snap.jobs, frozenset({"w1"}), snap.cost, config,
+                                        NOW_S)
         return any(r.cause is RecoveryCause.PARKED for r in recoveries)
 
     assert moved(0.0, 0.5)  # no model: the affinity wait
