@@ -444,13 +444,13 @@ def test_a_release_with_slack_waits_for_the_busy_warm_worker_an_urgent_one_loads
     settings = _placing("stepline")
 
     def released(deadline_at_s: float) -> str:
-        directory = _directory({"w1": 20.0}, {"simulated:m1": 1},
+        directory = _directory({"w1": 20.0, "w2": 0.5}, {"simulated:m1": 1},
                                w1=_beat("w1", {_sim_key("m1"): MB}, busy="x"),
                                w2=_beat("w2", {}))
         directory.now_s = 100.0
         job = replace(_sim("m1"), deadline_at_s=deadline_at_s)
         return release_queue(settings, job, "interactive", directory)
 
-    # w1 holds m1 but is busy for 20 s; w2 is idle and loads it in 0.5 s
+    # w1 holds m1 but is busy for 20 s; w2 is free in 0.5 s and loads it in 0.5 s
     assert released(deadline_at_s=130.0) == "w2.interactive.placed"  # 20 s > half its slack
     assert released(deadline_at_s=160.0) == "w1.interactive.placed"  # 20 s < half of ~60 s

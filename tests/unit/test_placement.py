@@ -181,6 +181,7 @@ def test_with_slack_a_job_waits_for_a_warm_worker_only_within_its_share_of_it(
     # it chose a worker holding its model (no load) over a sooner start with a load, and
     # that worker's expected start leaves the job at least half its slack
     assert alone.load_s > 0.0 and placement.load_s == 0.0
+    assert alone.start_in_s > alone.load_s  # the load would not have started at once
     chosen = next(w for w in workers if w.name == placement.worker)
     assert estimates.load_s(need, chosen) == 0.0
     assert placement.start_in_s <= WAIT_SHARE * slack_s + 1e-9
@@ -189,10 +190,14 @@ def test_with_slack_a_job_waits_for_a_warm_worker_only_within_its_share_of_it(
 
 def test_a_job_with_slack_waits_for_the_busy_warm_worker_an_urgent_one_loads_elsewhere() -> None:
     warm = Holding("warm", 20.0, frozenset({"m1"}))
-    cold = Holding("cold", 0.0, frozenset({"m2"}))
+    cold = Holding("cold", 1.0, frozenset({"m2"}))  # busy for 1 s more
     need = ModelNeed("m1")
     urgent = place(need, (warm, cold), LoadEstimates(), PlacementPolicy.STEPLINE, slack_s=30.0)
     assert urgent.worker == "cold" and urgent.load_s > 0.0  # 20 s is more than half its slack
     patient = place(need, (warm, cold), LoadEstimates(), PlacementPolicy.STEPLINE,
                     slack_s=60.0)
     assert patient.worker == "warm" and patient.load_s == 0.0 and patient.start_in_s == 20.0
+    # a load that starts at once on an idle worker takes time no other job would use
+    idle = Holding("idle", 0.0, frozenset({"m2"}))
+    assert place(need, (warm, idle), LoadEstimates(), PlacementPolicy.STEPLINE,
+                 slack_s=60.0).worker == "idle"
