@@ -201,7 +201,8 @@ def host_slots(beat: Heartbeat, model_bytes: float) -> int:
         return 0
     if not isinstance(budget, int):
         return UNLIMITED_HOST_SLOTS
-    used = sum(_tier(r, "host").values()) + len(_staging(r)) * model_bytes
+    staging = {resident_model(k) or k for k in _staging(r)}  # a model once, however keyed
+    used = sum(_tier(r, "host").values()) + len(staging) * model_bytes
     return max(0, int((budget - used) // model_bytes))
 
 

@@ -278,10 +278,11 @@ class WorkerContext:
         except ValidationError as e:
             log.warning("worker %s: a staging request is not valid, dropped: %s", self.name, e)
             return False
-        runner = self.runner(request.kind.value)
-        stage = getattr(runner, "stage", None)
         need = model_need(request.kind, request.params)
-        if stage is None or need is None:
+        if need is None:  # a kind placement does not route by model: nothing to stage
+            return False
+        stage = getattr(self.runner(request.kind.value), "stage", None)
+        if stage is None:
             return False
         model = need.model
         self._staging = model

@@ -427,8 +427,12 @@ def test_a_model_a_worker_is_staging_counts_as_held_in_its_host_memory() -> None
     beat = _beat("w1", {}, stager=True, host_budget_bytes=None, staging=[_sim_key("m2")])
     assert holding("w1", beat, 0.0).host == {"simulated:m2"}
     assert _directory({}, queued_demand(waiting), w1=beat).stage_models(waiting, 2) == []
-    # an unlimited host tier has room for more
+    # an unlimited host tier has room for more; a model being staged takes one slot, however
+    # many of its residency keys the heartbeat names
     assert host_slots(beat, MB) > 1 and host_slots(_beat("w2", {}), MB) == 0
+    two_keys = _beat("w3", {}, stager=True, host_budget_bytes=3 * MB,
+                     staging=["diffusion:dit-tiny", "diffusion:dit-tiny:cpu:seeded"])
+    assert host_slots(two_keys, MB) == 2
 
 
 def test_a_stage_request_is_validated_before_a_worker_reads_anything() -> None:
