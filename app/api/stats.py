@@ -347,6 +347,33 @@ def experts_resident(beat: Heartbeat) -> dict[str, int]:
     return out
 
 
+def model_residency(beat: Heartbeat) -> dict[str, Any]:
+    """The built models a worker holds, from its heartbeat's ``residency`` (``{}`` when it
+    has none, or one this version cannot read): residency keys on the device, in host memory
+    and being staged, device bytes and budget, and its loads (base models from disk or host)
+    with their seconds, adapter loads and models staged — the dashboard's models columns."""
+    r = beat.residency
+    if not r:
+        return {}
+    try:
+        loads = dict(r.get("loads") or {})
+        load_s = dict(r.get("load_s") or {})
+        budget = r.get("budget_bytes")
+        return {
+            "device": sorted(str(k) for k in dict(r.get("device") or {})),
+            "host": sorted(str(k) for k in dict(r.get("host") or {})),
+            "staging": sorted(str(k) for k in list(r.get("staging") or [])),
+            "device_bytes": beat.resident_bytes("device"),
+            "budget_bytes": None if budget is None else int(budget),
+            "loads": sum(int(v) for v in loads.values()),
+            "load_s": round(sum(float(v) for v in load_s.values()), 3),
+            "adapter_loads": int(r.get("adapter_loads", 0)),
+            "staged": int(r.get("staged", 0)),
+        }
+    except (TypeError, ValueError):  # a worker of another version: leave it out
+        return {}
+
+
 def worker_views(beats: Mapping[str, Heartbeat], now_s: float,
                  busy_visible: Mapping[str, bool]) -> tuple[list[WorkerInfo], CacheCounters]:
     """Every heartbeat as a ``WorkerInfo`` (a busy job the viewer may not see reads as null),
@@ -355,11 +382,12 @@ def worker_views(beats: Mapping[str, Heartbeat], now_s: float,
     for name, beat in beats.items():
         rates = counters.add(beat)
         busy, age_s = beat.busy_job, beat.age_s(now_s)
-        views.append(WorkerInfo.model_validate({  # experts_resident: an extra WorkerInfo allows
+        views.append(WorkerInfo.model_validate({  # experts_resident, models: extras it allows
             "name": name, "busy_job": busy if busy_visible.get(busy or "", False) else None,
             "queues": list(beat.queues), "device": beat.device, "chunks_run": beat.chunks_run,
             "age_s": None if age_s is None else round(age_s, 3),
             "cache_hit_rates": rates, "experts_resident": experts_resident(beat),
+            "models": model_residency(beat),
         }))
     return views, counters
 

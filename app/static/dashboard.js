@@ -157,6 +157,22 @@
     return parts.length ? parts.join(", ") : "—";
   }
 
+  function megabytes(bytes) {
+    return `${(bytes / 1e6).toFixed(1)} MB`;
+  }
+
+  // the models a worker holds: on its device (bytes of its budget), in host memory, staging
+  function residencyText(models) {
+    const parts = [];
+    if ((models.device || []).length) {
+      const budget = models.budget_bytes == null ? "" : ` of ${megabytes(models.budget_bytes)}`;
+      parts.push(`${models.device.join(", ")} (${megabytes(models.device_bytes)}${budget})`);
+    }
+    if ((models.host || []).length) parts.push(`host: ${models.host.join(", ")}`);
+    if ((models.staging || []).length) parts.push(`staging: ${models.staging.join(", ")}`);
+    return parts.length ? parts.join(" · ") : "—";
+  }
+
   function renderWorkers(stats) {
     const body = $("#workers tbody");
     body.replaceChildren();
@@ -170,6 +186,9 @@
       fieldCell(row, stats, `workers/${i}/cache_hit_rates/ckpt_cache`, fmt.pct, "num");
       const resident = Object.entries(worker.experts_resident || {});
       cell(row, resident.length ? resident.map(([m, n]) => `${m}: ${n}`).join(", ") : "—");
+      cell(row, residencyText(worker.models || {}));
+      fieldCell(row, stats, `workers/${i}/models/loads`, fmt.count, "num");
+      fieldCell(row, stats, `workers/${i}/models/load_s`, fmt.secs, "num");
       cell(row, rates(worker.cache_hit_rates, "ckpt_cache"));
       cell(row, (worker.queues || []).join(", "), "dim");
     });

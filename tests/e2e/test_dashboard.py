@@ -195,6 +195,9 @@ def test_the_dashboard_shows_what_v1_stats_says_and_follows_jobs_as_they_finish(
              "the page to count the finished jobs")
     wait_for(lambda: page_matches_api(browser, api), 10, "the page to match /v1/stats again")
     assert shown(browser, "window/classes/realtime/attainment") == 1.0
+    # and the worker's model residency shows: its runner built, no model loaded (no job named
+    # one), as its heartbeat says
+    assert shown(browser, "workers/0/models/loads") == 0
     attainment = browser.find_element("css selector",
                                       '[data-field="window/classes/realtime/attainment"]')
     assert attainment.text == "100.0 %"

@@ -16,6 +16,7 @@ from app.api.stats import (
     chunk_queued_at_s,
     experts_resident,
     expiring_sent_at_s,
+    model_residency,
     parse_message,
     window_class_stats,
 )
@@ -129,3 +130,17 @@ def test_experts_resident_counts_the_bits_of_each_layers_residency_mask() -> Non
                                   "broken": "nonsense", "odd": {"resident": {"0": "zz"}}}}))
     assert experts_resident(beat) == {"qwen3-moe-tiny": 4 + 2}
     assert experts_resident(Heartbeat(name="w2")) == {}
+
+
+def test_the_models_a_worker_holds_are_read_from_its_heartbeats_residency() -> None:
+    beat = Heartbeat.decode(json.dumps({"name": "w1", "residency": {
+        "device": {"simulated:m1": 300, "simulated:m0": 200}, "host": {"simulated:m2": 100},
+        "staging": ["simulated:m3"], "budget_bytes": 1000, "loads": {"disk": 3, "host": 1},
+        "load_s": {"disk": 1.25, "host": 0.25}, "adapter_loads": 2, "staged": 1}}))
+    assert model_residency(beat) == {
+        "device": ["simulated:m0", "simulated:m1"], "host": ["simulated:m2"],
+        "staging": ["simulated:m3"], "device_bytes": 500, "budget_bytes": 1000, "loads": 4,
+        "load_s": 1.5, "adapter_loads": 2, "staged": 1}
+    assert model_residency(Heartbeat(name="w2")) == {}  # no runner built yet
+    odd = Heartbeat.decode(json.dumps({"name": "w3", "residency": {"loads": {"disk": "x"}}}))
+    assert model_residency(odd) == {}  # another version's: left out, not an error
