@@ -39,9 +39,9 @@ from tasks.affinity import (
     WorkerDirectory,
     common_prefix,
     expand_worker_queues,
+    held_models,
     keeps_model,
     kept_queue,
-    model_need,
     needs_directory,
     placement_policy,
     placement_rates,
@@ -161,7 +161,7 @@ def run_tick(ctx: WorkerContext, now_s: float, cache: SnapshotCache | None = Non
             read_at_s, free_in_s(), target.demand(),
             placement_rates(seen.records.values(), snapshot.cost.seconds_per_unit)),
             ttl_s=max(5 * settings.scheduler.origin_detection_interval, 1.0))
-        target.stage_models(settings.residency.stage_min_queued)
+        target.stage_models(settings.residency.stage_min_queued, seen.heartbeats.values())
     advance_expert_updates(store, settings, now_s)
     took.apply_s = time.perf_counter() - checked
     return plan
@@ -418,13 +418,18 @@ class LiveTarget:
             demand=self.demand, mark_ttl_s=self.settings.broker.chunk_lease,
             counted_until_s=self._counted_until_s, rate=self._rate)
 
-    def stage_models(self, min_queued: int) -> list[tuple[str, str]]:
+    def stage_models(self, min_queued: int, beats: Iterable[Heartbeat] = ()
+                     ) -> list[tuple[str, str]]:
         """Ask workers with host room to read the models whose queue builds (``min_queued``
         or more jobs waiting) and that no worker holds into host memory ahead of their jobs
         (:meth:`~tasks.affinity.WorkerDirectory.stage_models`, after this tick's placements);
-        returns the (worker, model) pairs asked. Only when some model's queue is that long:
-        a tick otherwise reads nothing more."""
-        if min_queued <= 0 or not any(n >= min_queued for n in self.demand().values()):
+        returns the (worker, model) pairs asked. Only when some such model is held by none of
+        ``beats`` (the tick's heartbeats) does a tick read the workers again: a busy pool's
+        queues are mostly of models some worker holds."""
+        if min_queued <= 0:
+            return []
+        held = held_models(beats)
+        if not any(n >= min_queued and m not in held for m, n in self.demand().items()):
             return []
         if self._directory is None:
             self._directory = self._read_directory()
@@ -432,14 +437,10 @@ class LiveTarget:
                    if r.state in (JobState.PENDING, JobState.QUEUED))
         asked = self._directory.stage_models(waiting, min_queued)
         push_stage_requests(self.store, asked, ttl_s=self.settings.broker.chunk_lease)
-        out: list[tuple[str, str]] = []
-        for worker, request in asked:
-            need = model_need(request.kind, request.params)
-            model = need.model if need is not None else "?"
+        for worker, model, _ in asked:
             log.info("asked %s to stage %s into host memory (%d jobs wait for it)", worker,
                      model, self.demand().get(model, 0))
-            out.append((worker, model))
-        return out
+        return [(worker, model) for worker, model, _ in asked]
 
     def _placed(self, job: JobRecord, queue: str) -> str:
         """The queue a release or requeue of ``job`` to ``queue`` goes to

@@ -216,13 +216,24 @@ def mean_model_bytes(beats: Iterable[Heartbeat], needs: Iterable[ModelNeed]) -> 
     return sum(held) / len(held) if held else 0.0
 
 
-def push_stage_requests(store: JobStore, asked: Sequence[tuple[str, StageRequest]],
+def held_models(beats: Iterable[Heartbeat]) -> set[str]:
+    """The models some worker holds on its device or in host memory, or is staging there (as
+    :func:`model_need` names them), by the heartbeats."""
+    held: set[str] = set()
+    for beat in beats:
+        r = beat.residency
+        held.update(m for k in (*_tier(r, "device"), *_tier(r, "host"), *_staging(r))
+                    if (m := resident_model(k)) is not None)
+    return held
+
+
+def push_stage_requests(store: JobStore, asked: Sequence[tuple[str, str, StageRequest]],
                         ttl_s: float) -> None:
     """Hand each worker its staging requests (expiring: a worker that never pops them is gone)."""
     if not asked:
         return
     pipe = store.redis.pipeline(transaction=False)
-    for worker, request in asked:
+    for worker, _, request in asked:
         key = keys.stage(worker)
         pipe.rpush(key, request.model_dump_json())
         pipe.pexpire(key, max(1, int(ttl_s * 1000)))
@@ -466,9 +477,14 @@ class WorkerDirectory:
             if beat.busy_job is None:
                 base = 0.0
             else:
-                told = beat.free_in_s(self.now_s if self.now_s is not None else time.time())
+                told = beat.free_in_s(self.clock_s())
                 base = math.inf if told is None else told
         return base + sum(work for at, work in self.placed.get(name, ()) if at > since)
+
+    def clock_s(self) -> float:
+        """Now, on the clock busy workers' heartbeats are read against (``now_s``, else the
+        wall clock)."""
+        return self.now_s if self.now_s is not None else time.time()
 
     def work_s(self, job: JobRecord) -> float:
         """Seconds of work ``job`` has left (its remaining cost units at its key's rate)."""
@@ -481,14 +497,12 @@ class WorkerDirectory:
         each free when the work that stays on it ends; the chosen worker then has this job's
         load and ``work_s`` more work, for the rest of this directory's releases and (marked)
         for the next directory's."""
-        if self._holdings is None:
-            self._holdings = {name: holding(name, beat, self._free_in_s(name, beat))
-                              for name, beat in self.bodies.items()}
+        holdings = self._current_holdings()
         if self._demand is None and policy is PlacementPolicy.STEPLINE:
             self._demand = self.demand() if self.demand is not None else {}
         # A chunk placed on a busy worker waits in its placement queue, behind the next chunks
         # of the jobs it runs (their own queue), for its free time as counted.
-        workers = [h for name, h in self._holdings.items()
+        workers = [h for name, h in holdings.items()
                    if placed_queue(name, class_queue) in self.bodies[name].queues]
         with _ESTIMATES_LOCK:
             chosen = place(need, workers, self.estimates, policy, self._demand, slack_s)
@@ -497,19 +511,28 @@ class WorkerDirectory:
             if self.store is not None:
                 self._mark(chosen.worker, chosen.load_s + busy_s)
             after = assign(workers, chosen, need, busy_s)
-            self._holdings.update((h.name, h) for h in after)
+            holdings.update((h.name, h) for h in after)
         return chosen
 
+    def _current_holdings(self) -> dict[str, Holding]:
+        """The workers as placement sees them, built from the heartbeats once, then as this
+        directory's placements left them."""
+        if self._holdings is None:
+            self._holdings = {name: holding(name, beat, self._free_in_s(name, beat))
+                              for name, beat in self.bodies.items()}
+        return self._holdings
+
     def stage_models(self, waiting: Iterable[JobRecord], min_queued: int
-                     ) -> list[tuple[str, StageRequest]]:
+                     ) -> list[tuple[str, str, StageRequest]]:
         """Which models to read into which worker's host memory now
         (:func:`scheduler.placement.stage`: a model with ``min_queued`` or more jobs waiting
-        that no worker holds, to the worker free soonest with host room), each as a request
-        naming one waiting job's parameters (how the worker builds it). Counts this
-        directory's placements so far; a model a worker is staging already counts as held."""
+        that no worker holds, to the worker free soonest with host room): (worker, model,
+        request), the request naming one waiting job's parameters (how the worker builds it).
+        Counts this directory's placements so far; a model a worker is staging already counts
+        as held."""
         demand = self._demand if self._demand is not None else (
             self.demand() if self.demand is not None else {})
-        if min_queued <= 0 or not any(n >= min_queued for n in demand.values()):
+        if min_queued <= 0:
             return []
         example: dict[str, JobRecord] = {}
         needs: list[ModelNeed] = []
@@ -523,12 +546,11 @@ class WorkerDirectory:
                  if (n := host_slots(beat, size)) > 0}
         if not slots:
             return []
-        holdings = self._holdings or {name: holding(name, beat, self._free_in_s(name, beat))
-                                      for name, beat in self.bodies.items()}
         with _ESTIMATES_LOCK:
-            pairs = stage(demand, list(holdings.values()), self.estimates, min_queued, slots)
-        return [(worker, StageRequest(kind=example[model].kind,
-                                      params=dict(example[model].params)))
+            pairs = stage(demand, list(self._current_holdings().values()), self.estimates,
+                          min_queued, slots)
+        return [(worker, model, StageRequest(kind=example[model].kind,
+                                             params=dict(example[model].params)))
                 for worker, model in pairs if model in example]
 
     def _mark(self, worker: str, work_s: float) -> None:
@@ -620,9 +642,8 @@ def release_queue(settings: Settings, job: JobRecord, class_queue: str,
         need = model_need(job.kind, job.params)
         assert need is not None
         work_s = directory.work_s(job)
-        now_s = directory.now_s if directory.now_s is not None else time.time()
         chosen = directory.place(need, class_queue, placement_policy(settings), work_s,
-                                 slack_s=job.deadline_at_s - now_s - work_s)
+                                 slack_s=job.deadline_at_s - directory.clock_s() - work_s)
         if chosen.worker is None:
             return class_queue
         log.debug("job %s: %s on %s (%s, start in %.2fs)", job.job_id, need.model,

@@ -505,8 +505,7 @@ class ModelResidency:
                 "residency.memory_budget_bytes")
 
     def _demote(self, entry: _Entry) -> None:
-        host_room = self.host_budget_bytes is None or entry.bytes <= self.host_budget_bytes
-        if entry.kind.to_host is not None and self._host_tier() and host_room:
+        if entry.kind.to_host is not None and self._host_tier() and self._fits_host(entry.bytes):
             entry.kind.to_host(entry.value)
             entry.tier = "host"
             self.counters.evictions["host"] += 1

@@ -133,13 +133,14 @@ def run_sim(setup: LiveSetup, placement: str, jobs: Sequence[ModelJob],
     result = ClusterSim(config, trace, sim_policy(config, "stepline")).run()
     finished = {a.index: result.finished_s[a.index] for a in trace}
     res = result.residency or {}
+    per_100 = 100.0 / max(len(jobs), 1)
     return figures(measured(jobs, setup.warmup),
                    {j.index: (None if (f := finished[j.index]) is None
                               else f - j.arrival_s) for j in jobs}) | {
-        "base_loads_per_100": 100.0 * res.get("base_loads", 0) / max(len(jobs), 1),
-        "host_loads_per_100": 100.0 * res.get("host_loads", 0) / max(len(jobs), 1),
-        "staged_per_100": 100.0 * res.get("staged", 0) / max(len(jobs), 1),
-        "adapter_loads_per_100": 100.0 * res.get("adapter_loads", 0) / max(len(jobs), 1),
+        "base_loads_per_100": per_100 * res.get("base_loads", 0),
+        "host_loads_per_100": per_100 * res.get("host_loads", 0),
+        "staged_per_100": per_100 * res.get("staged", 0),
+        "adapter_loads_per_100": per_100 * res.get("adapter_loads", 0),
         "load_share_of_capacity": float(res.get("load_s", 0.0)) / max(result.capacity_s, 1e-9),
     }
 
@@ -203,8 +204,8 @@ def run_live(setup: LiveSetup, placement: str, jobs: Sequence[ModelJob], catalog
         "host_loads_per_100": per_100 * sum(int(r.get("loads", {}).get("host", 0))
                                             for r in residency),
         "staged_per_100": per_100 * sum(int(r.get("staged", 0)) for r in residency),
-        "adapter_loads_per_100": 100.0 * sum(int(r.get("adapter_loads", 0)) for r in residency)
-        / max(len(jobs), 1),
+        "adapter_loads_per_100": per_100 * sum(int(r.get("adapter_loads", 0))
+                                               for r in residency),
         "load_share_of_capacity": load_s / max(wall_s * setup.workload.workers, 1e-9),
         "peak_device_bytes": max((int(r.get("peak_device_bytes", 0)) for r in residency),
                                  default=0),

@@ -18,6 +18,7 @@ from scheduler.placement import Holding, LoadEstimates, ModelNeed, PlacementPoli
 from tasks.affinity import (
     StageRequest,
     WorkerDirectory,
+    held_models,
     holding,
     hop_queues,
     host_slots,
@@ -412,14 +413,21 @@ def test_a_model_whose_queue_builds_is_staged_on_the_worker_free_soonest_with_ho
     # when the tick asks which models to stage
     asked = directory.stage_models(waiting, min_queued=2)
     # then m2 goes to w2 (free soonest, host room), with a waiting job's params to build it
-    assert [(w, r.params["model"]) for w, r in asked] == [("w2", "m2")]
-    assert asked[0][1].kind is JobKind.SIMULATED and asked[0][1].params["model_bytes"] == MB
+    assert [(w, m, r.params["model"]) for w, m, r in asked] == [("w2", "simulated:m2", "m2")]
+    assert asked[0][2].kind is JobKind.SIMULATED and asked[0][2].params["model_bytes"] == MB
     # and nothing when the queue is short, or no worker has host room
     assert directory.stage_models(waiting, min_queued=4) == []
     assert directory.stage_models(waiting, min_queued=0) == []
     full = _directory({}, queued_demand(waiting), w1=_beat(
         "w1", {}, stager=True, host_budget_bytes=MB, host={_sim_key("m5"): MB}))
     assert full.stage_models(waiting, min_queued=2) == []
+
+
+def test_the_models_held_anywhere_are_read_from_every_tier_and_staging() -> None:
+    beats = [_beat("w1", {_sim_key("m1"): MB, "text:moe:qwen3-moe-tiny": MB},
+                   host={_sim_key("m2"): MB}),
+             _beat("w2", {}, staging=[_sim_key("m3")])]
+    assert held_models(beats) == {"simulated:m1", "simulated:m2", "simulated:m3"}
 
 
 def test_a_model_a_worker_is_staging_counts_as_held_in_its_host_memory() -> None:
