@@ -58,7 +58,8 @@ class Holding:
     host: frozenset[str] = frozenset()
     """Base models in its host memory (a cheaper load than from disk)."""
     adapters: frozenset[str] = frozenset()
-    """Adapters loaded on its resident bases."""
+    """Adapters loaded on its bases, on the device or in host memory (a base moved back from
+    host memory brings its adapters)."""
     capacity: int = 0
     """Base models its device budget holds (0: no limit known; a load evicts nothing)."""
     free_bytes: int | None = None
@@ -167,12 +168,13 @@ class LoadEstimates:
         """Seconds ``worker`` spends loading before it can run ``need``'s chunk."""
         if need.model in worker.device:
             base = 0.0
-        elif need.model in worker.host:
+        elif need.model in worker.host:  # back with the adapters it held
             base = self.estimate(need.model, "host")
         else:
-            base = self.estimate(need.model, "disk")
-        missing = need.adapters - worker.adapters if base == 0.0 else need.adapters
-        return base + sum(self.estimate(a, "adapter") for a in sorted(missing))
+            return self.estimate(need.model, "disk") + sum(
+                self.estimate(a, "adapter") for a in sorted(need.adapters))
+        return base + sum(self.estimate(a, "adapter")
+                          for a in sorted(need.adapters - worker.adapters))
 
 
 @dataclass(frozen=True, slots=True)

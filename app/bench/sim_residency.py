@@ -12,8 +12,9 @@ victim (one chunk at a time: it is the only one in use).
 
 Adapters are small next to a base (100 MB-1 GB against 1-20 GB) and are kept by count:
 ``adapter_slots`` on each resident base, least recently used first out, as the live runners
-keep them (``MAX_LOADED_ADAPTERS`` per transformer, and per simulated model); a base leaving
-the device takes its adapters with it.
+keep them (``MAX_LOADED_ADAPTERS`` per transformer, and per simulated model). A base moved to
+host memory keeps its adapters there and brings them back (the live runners' adapters are layers
+of the base's own modules, moved with it); a base dropped to disk loses them.
 """
 
 from __future__ import annotations
@@ -80,6 +81,8 @@ class WorkerMemory:
     device: dict[str, float] = field(default_factory=dict)
     host: dict[str, float] = field(default_factory=dict)
     adapters: dict[str, float] = field(default_factory=dict)
+    host_adapters: dict[str, float] = field(default_factory=dict)
+    """Adapters loaded on the bases in host memory (back on the device with their base)."""
     reuse: dict[str, tuple[float, float]] = field(default_factory=dict)
     cost_s: dict[tuple[str, str], float] = field(default_factory=dict)
     peak_device_bytes: int = 0
@@ -112,6 +115,8 @@ class WorkerMemory:
         if model not in self.device:
             tier = "host" if model in self.host else "disk"
             self.host.pop(model, None)
+            for a in _of_base(self.host_adapters, model):
+                self.adapters[a] = self.host_adapters.pop(a)
             self._make_room(self.bytes_of(model), keep=model, now_s=now_s, spare=spare)
             base_s = self._draw(model, tier)
             self.cost_s[(model, tier)] = base_s
@@ -121,7 +126,7 @@ class WorkerMemory:
         adapter_s = sum(self._draw_adapter() for _ in missing)
         for a in adapters:
             self.adapters[a] = now_s
-        on_base = [a for a in self.adapters if a.split("/", 1)[0] == model]
+        on_base = _of_base(self.adapters, model)
         while len(on_base) > self.config.adapter_slots:
             unused = [a for a in on_base if a not in adapters]
             if not unused:
@@ -174,9 +179,12 @@ class WorkerMemory:
                                  f"of {self.config.device_budget_bytes} bytes")
             last = self.device.pop(victim)
             self.evictions += 1
-            for a in [a for a in self.adapters if a.split("/", 1)[0] == victim]:
-                del self.adapters[a]
-            if host_tier and self.bytes_of(victim) <= self.config.host_budget_bytes:
+            kept = host_tier and self.bytes_of(victim) <= self.config.host_budget_bytes
+            for a in _of_base(self.adapters, victim):
+                at_s = self.adapters.pop(a)
+                if kept:
+                    self.host_adapters[a] = at_s
+            if kept:
                 self.host[victim] = last
         self._trim_host(keep=keep, now_s=now_s)
 
@@ -186,6 +194,8 @@ class WorkerMemory:
             if victim is None:
                 break
             del self.host[victim]
+            for a in _of_base(self.host_adapters, victim):
+                del self.host_adapters[a]
 
     def read_into_host_s(self, model: str) -> float:
         """Seconds to read ``model`` from disk into host memory (staging): a load from disk
@@ -199,3 +209,8 @@ class WorkerMemory:
     def _draw_adapter(self) -> float:
         seconds = self.config.catalog.draw_adapter_s(self.rng)
         return 0.0 if self.config.free_loads else seconds
+
+
+def _of_base(adapters: dict[str, float], model: str) -> list[str]:
+    """The adapters of base ``model`` among ``adapters`` (an adapter is named ``<base>/<n>``)."""
+    return [a for a in adapters if a.split("/", 1)[0] == model]

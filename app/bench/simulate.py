@@ -580,7 +580,8 @@ class ClusterSim:
                         free_in_s += self._remaining_est_s(job)
             staging = frozenset(m for name, m in self.staging if name == w.name)
             out.append(Holding(w.name, free_in_s, frozenset(mem.device),
-                               frozenset(mem.host) | staging, frozenset(mem.adapters),
+                               frozenset(mem.host) | staging,
+                               frozenset(mem.adapters) | frozenset(mem.host_adapters),
                                free_bytes=mem.free_device_bytes()))
         return tuple(out)
 

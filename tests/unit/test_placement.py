@@ -201,3 +201,15 @@ def test_a_job_with_slack_waits_for_the_busy_warm_worker_an_urgent_one_loads_els
     idle = Holding("idle", 0.0, frozenset({"m2"}))
     assert place(need, (warm, idle), LoadEstimates(), PlacementPolicy.STEPLINE,
                  slack_s=60.0).worker == "idle"
+
+
+def test_a_base_in_host_memory_is_charged_only_the_adapters_it_does_not_bring_back() -> None:
+    estimates = LoadEstimates()
+    need = ModelNeed("m0", frozenset({"m0/a0", "m0/a1"}))
+    kept = Holding("kept", host=frozenset({"m0"}), adapters=frozenset({"m0/a0"}))
+    on_disk = Holding("disk", adapters=frozenset({"m0/a0"}))  # adapters without their base
+    adapter_s = estimates.estimate("m0/a1", "adapter")
+    assert estimates.load_s(need, kept) == pytest.approx(
+        estimates.estimate("m0", "host") + adapter_s)
+    assert estimates.load_s(need, on_disk) == pytest.approx(
+        estimates.estimate("m0", "disk") + 2 * adapter_s)

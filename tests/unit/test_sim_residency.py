@@ -44,8 +44,33 @@ def test_a_worker_never_holds_more_than_its_budgets(eviction: str, host_gb: int,
             assert sum(a.split("/")[0] == base for a in mem.adapters) \
                 <= mem.config.adapter_slots
         assert all(a.split("/")[0] in mem.device for a in mem.adapters)
+        assert all(a.split("/")[0] in mem.host for a in mem.host_adapters)
         assert load.base_s >= 0.0 and load.adapter_s >= 0.0
     assert mem.peak_device_bytes <= mem.config.device_budget_bytes
+
+
+def test_a_base_moved_to_host_memory_brings_its_adapters_back_and_one_dropped_does_not() -> None:
+    mem = _memory("lru", host_gb=12)
+    first, *rest = sorted(NAMES, key=lambda m: CATALOG.by_name[m].bytes)
+    adapter = CATALOG.by_name[first].adapters[0]
+    assert mem.acquire(first, (adapter,), 0.0).adapters == 1
+    t = 1.0
+    for model in rest:  # push it off the device into host memory
+        mem.acquire(model, (), t)
+        t += 1.0
+        if first not in mem.device:
+            break
+    assert first in mem.host and adapter in mem.host_adapters and adapter not in mem.adapters
+    back = mem.acquire(first, (adapter,), t)
+    assert back.base_tier == "host" and back.adapters == 0 and adapter in mem.adapters
+    gone = _memory("lru", host_gb=0)  # no host tier: an evicted base goes to disk
+    gone.acquire(first, (adapter,), 0.0)
+    for k, model in enumerate(rest, start=1):
+        gone.acquire(model, (), float(k))
+        if first not in gone.device:
+            break
+    assert not gone.host_adapters
+    assert gone.acquire(first, (adapter,), 99.0).adapters == 1
 
 
 def test_a_warm_start_pays_no_load_and_a_host_copy_loads_faster() -> None:

@@ -69,6 +69,20 @@ def test_adapters_load_once_per_model_and_go_with_it() -> None:
     assert residency.summary()["adapter_loads"] == 2
 
 
+def test_a_model_moved_to_host_memory_keeps_its_adapters() -> None:
+    residency = ModelResidency(budget_bytes=64 * KB, host_budget_bytes=64 * KB)
+    runner = SimulatedRunner(residency)
+    styled = _params("m1", adapters=[{"name": "ink", "load_ms": 10.0}])
+    _run(runner, residency, styled)
+    _run(runner, residency, _params("m2"))  # m1 to host memory, its adapter loaded on it
+    summary = residency.summary()
+    assert summary["host"] == {"simulated:m1": 64 * KB}
+    assert summary["adapters"] == {"simulated:m1": ["ink"]}  # what placement reads
+    _run(runner, residency, styled)  # back from host memory: the adapter is still on it
+    summary = residency.summary()
+    assert summary["loads"] == {"disk": 2, "host": 1} and summary["adapter_loads"] == 1
+
+
 def test_a_job_without_a_model_holds_nothing() -> None:
     residency = ModelResidency(budget_bytes=64 * KB)
     runner = SimulatedRunner(residency)
