@@ -196,27 +196,36 @@ def placement_figures(trace: Sequence[SimArrival], result: SimResult, config: Si
 
 
 def max_load_at(workload: ModelsWorkload, placement: str, target: float = 0.99,
-                lo: float = 0.1, hi: float = 1.3, steps: int = 5,
+                lo: float = 0.1, hi: float = 1.3, steps: int = 5, seeds: int = 1,
                 **run: Any) -> dict[str, Any]:
-    """The highest offered load (by bisection over ``[lo, hi]``, ``steps`` runs) at which
-    ``placement``'s overall attainment stays at ``target`` or above, each run a fresh trace of
-    the same seed at that load. 0 when even ``lo`` misses it."""
-    probes: list[dict[str, float]] = []
+    """The highest offered load (by bisection over ``[lo, hi]``, ``steps`` probes) at which
+    ``placement``'s overall attainment stays at ``target`` or above. Each probe runs ``seeds``
+    fresh traces (the workload's seed and the next ones) at that load and pools their jobs:
+    at 99 % of a few hundred measured jobs one job either way moves a single trace's verdict,
+    and the bisection with it. 0 when even ``lo`` misses it."""
+    probes: list[dict[str, Any]] = []
 
     def holds(load: float) -> bool:
-        figures = run_placement(replace(workload, load=load), placement, **run)
-        attained = figures["groups"]["all"]["attainment"] or 0.0
-        probes.append({"load": load, "attainment": attained})
-        return bool(attained >= target)
+        met = jobs = 0
+        for k in range(seeds):
+            figures = run_placement(replace(workload, load=load, seed=workload.seed + k),
+                                    placement, **run)
+            overall = figures["groups"]["all"]
+            met, jobs = met + overall["met"], jobs + overall["jobs"]
+        attained = met / jobs if jobs else 0.0
+        ci = wilson_interval(met, jobs)
+        probes.append({"load": load, "attainment": attained, "jobs": jobs,
+                       "ci95": list(ci) if ci else None})
+        return attained >= target
 
     if not holds(lo):
-        return {"max_load": 0.0, "probes": probes}
+        return {"max_load": 0.0, "probes": probes, "seeds": seeds}
     for _ in range(steps):
         if hi - lo < 1e-3:
             break
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if holds(mid) else (lo, mid)
-    return {"max_load": lo, "resolution": hi - lo, "probes": probes}
+    return {"max_load": lo, "resolution": hi - lo, "probes": probes, "seeds": seeds}
 
 
 def ratio(a: float | None, b: float | None) -> float | None:

@@ -64,6 +64,8 @@ def main() -> None:
                         help="pool sizes whose highest load at 99 %% is searched ('' for none)")
     parser.add_argument("--search-jobs", type=int, default=800)
     parser.add_argument("--search-steps", type=int, default=5)
+    parser.add_argument("--search-seeds", type=int, default=3,
+                        help="traces pooled per probe of the search (seed, seed + 1, ...)")
     parser.add_argument("--out", type=Path, default=Path("bench-out/models.json"))
     live = parser.add_argument_group(
         "live", "--live: the workload scaled down on a live stack of simulated-device workers "
@@ -111,9 +113,11 @@ def main() -> None:
     for workers in _csv(args.search_workers, int):
         workload = ModelsWorkload(models=args.models, jobs=args.search_jobs, workers=workers,
                                   seed=args.seed)
-        found = {p: max_load_at(workload, p, 0.99, steps=args.search_steps, **run_kw)
+        found = {p: max_load_at(workload, p, 0.99, steps=args.search_steps,
+                                  seeds=args.search_seeds, **run_kw)
                  for p in policies if p in ("oblivious", "warm", "stepline", "oracle")}
         entry: dict[str, Any] = {"workers": workers, "jobs": args.search_jobs,
+                                 "seeds": args.search_seeds,
                                  "target": 0.99, "max_load": found}
         base = found.get("oblivious", {}).get("max_load")
         mine = found.get("stepline", {}).get("max_load")

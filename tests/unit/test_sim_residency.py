@@ -10,7 +10,7 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.bench.models_sim import residency_for, run_placement
+from app.bench.models_sim import max_load_at, residency_for, run_placement
 from app.bench.models_workload import ModelsWorkload, model_catalog
 from app.bench.sim_residency import GB, WorkerMemory
 from app.bench.simulate import ClusterSim, SimConfig, generate_trace, sim_policy
@@ -116,3 +116,13 @@ def test_a_trace_without_models_runs_as_before() -> None:
     assert a.finished_s == b.finished_s and a.status == b.status
     assert a.busy_s == b.busy_s and a.preemptions == b.preemptions
     assert b.residency is None
+
+
+def test_the_max_load_search_pools_its_seeds_jobs_in_every_probe() -> None:
+    one = max_load_at(WORKLOAD, "oracle", steps=1, seeds=1)
+    two = max_load_at(WORKLOAD, "oracle", steps=1, seeds=2)
+    assert [p["jobs"] for p in two["probes"]] == [2 * p["jobs"] for p in one["probes"]]
+    for probe in two["probes"]:
+        low, high = probe["ci95"]
+        assert low - 1e-9 <= probe["attainment"] <= high + 1e-9
+    assert 0.0 <= two["max_load"] <= 1.3
