@@ -85,7 +85,16 @@ def main() -> None:
                       help="affinity.max_wait of the live stack, simulated alike")
     live.add_argument("--live-warmup", type=float, default=0.1)
     live.add_argument("--live-policies", default="stepline,oblivious")
+    live.add_argument("--live-sim-seeds", type=int, default=0,
+                      help="instead of a live run: the live setup's jobs through the simulator "
+                      "on this many traces per --live-workers-list pool and --live-loads load, "
+                      "the first of --live-policies paired against the others")
+    live.add_argument("--live-workers-list", default="2,3,4")
+    live.add_argument("--live-loads", default="0.5,0.8")
     args = parser.parse_args()
+    if args.live_sim_seeds:
+        run_live_sim_seeds(args)
+        return
     if args.live:
         run_live(args)
         return
@@ -264,6 +273,41 @@ def run_live(args: argparse.Namespace) -> None:
     path = args.out.with_name(args.out.stem + "_live.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1, default=str))
+    print(f"wrote {path} ({time.perf_counter() - started:.0f} s)")
+
+
+def run_live_sim_seeds(args: argparse.Namespace) -> None:
+    """``--live-sim-seeds N``: the live setup's workload (scaled as ``--live``) through the
+    simulator on N traces per pool size and load; prints each placement's mean attainment and
+    the first placement's paired difference from the others with its 95 % interval."""
+    from app.bench.models_live import LiveSetup, paired_seeds
+
+    started = time.perf_counter()
+    results = []
+    for workers in _csv(args.live_workers_list, int):
+        for load in _csv(args.live_loads, float):
+            workload = ModelsWorkload(models=args.models, jobs=args.live_jobs, workers=workers,
+                                      load=load, seed=args.seed,
+                                      time_scale=args.live_time_scale,
+                                      byte_scale=args.live_byte_scale, steps=args.live_steps)
+            setup = LiveSetup(workload, device_models=args.device_models,
+                              host_models=args.live_host_models,
+                              park_max_wait_s=args.live_park_s, warmup=args.live_warmup)
+            found = paired_seeds(setup, args.live_sim_seeds, _csv(args.live_policies, str))
+            results.append({"workers": workers, "load": load, **found})
+            print(f"SIMULATED live setup, {workers} workers, load {load:g}, "
+                  f"{args.live_sim_seeds} traces of {args.live_jobs} jobs: "
+                  + ", ".join(f"{p} {m:.1f} %" for p, m in found["mean"].items()))
+            for key, d in found.items():
+                if key.endswith(tuple(f"_minus_{p}" for p in found["mean"])):
+                    print(f"    {key}: {d['mean_points']:+.1f} points "
+                          f"[{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}], ahead on {d['ahead']}/"
+                          f"{args.live_sim_seeds} traces")
+    path = args.out.with_name(args.out.stem + "_live_sim_seeds.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"results": results, "settings": {
+        k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "wall_s": time.perf_counter() - started}, indent=1))
     print(f"wrote {path} ({time.perf_counter() - started:.0f} s)")
 
 
