@@ -16,6 +16,9 @@ per row and printed with the table; the JSON has everything.
 
     python tests/bench/bench_models.py --out bench-out/models.json
     python tests/bench/bench_models.py --workers 8 --loads 0.8 --jobs 600 --search-workers ""
+    python tests/bench/bench_models.py --live --live-host-models 4 --live-policies stepline,warm
+    python tests/bench/bench_models.py --live-sim-seeds 10 --live-jobs 800 --live-host-models 4 \
+        --live-policies stepline,warm,oblivious   # the live scale, simulated, paired over traces
 """
 
 from __future__ import annotations
