@@ -166,15 +166,14 @@ class LoadEstimates:
 
     def load_s(self, need: ModelNeed, worker: Holding) -> float:
         """Seconds ``worker`` spends loading before it can run ``need``'s chunk."""
+        held = worker.adapters  # a base back from host memory brings the adapters it held
         if need.model in worker.device:
             base = 0.0
-        elif need.model in worker.host:  # back with the adapters it held
+        elif need.model in worker.host:
             base = self.estimate(need.model, "host")
         else:
-            return self.estimate(need.model, "disk") + sum(
-                self.estimate(a, "adapter") for a in sorted(need.adapters))
-        return base + sum(self.estimate(a, "adapter")
-                          for a in sorted(need.adapters - worker.adapters))
+            base, held = self.estimate(need.model, "disk"), frozenset()
+        return base + sum(self.estimate(a, "adapter") for a in sorted(need.adapters - held))
 
 
 @dataclass(frozen=True, slots=True)

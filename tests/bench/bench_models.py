@@ -27,10 +27,13 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.bench.models_sim import NOTE, PLACEMENTS, max_load_at, run_placement
 from app.bench.models_workload import ModelsWorkload, generate_jobs, model_catalog, top_share
+
+if TYPE_CHECKING:  # the live module loads the stack (Celery, the API): only for the live runs
+    from app.bench.models_live import LiveSetup
 
 GOALS = (
     "attainment >= every baseline (oblivious, warm) on every row, and >= 0.9 x the oracle",
@@ -244,15 +247,9 @@ def run_live(args: argparse.Namespace) -> None:
     """``--live``: the workload scaled down (jobs of ~0.5-3 s, loads of ~0.1-1 s) on a live
     stack of simulated-device workers, and the same jobs through the simulator on the same
     terms (``app.bench.models_live``); prints both sides' attainment and their difference."""
-    from app.bench.models_live import LiveSetup, compare
+    from app.bench.models_live import compare
 
-    workload = ModelsWorkload(models=args.models, jobs=args.live_jobs, workers=args.live_workers,
-                              load=args.live_load, seed=args.seed,
-                              time_scale=args.live_time_scale, byte_scale=args.live_byte_scale,
-                              steps=args.live_steps)
-    setup = LiveSetup(workload, device_models=args.device_models,
-                      host_models=args.live_host_models, park_max_wait_s=args.live_park_s,
-                      warmup=args.live_warmup)
+    setup = _live_setup(args, args.live_workers, args.live_load)
     started = time.perf_counter()
     result = compare(setup, _csv(args.live_policies, str))
     for placement, row in result["rows"].items():
@@ -279,33 +276,43 @@ def run_live(args: argparse.Namespace) -> None:
     print(f"wrote {path} ({time.perf_counter() - started:.0f} s)")
 
 
+def _live_setup(args: argparse.Namespace, workers: int, load: float) -> LiveSetup:
+    """The live setup of ``--live`` (the workload scaled down, its budgets and knobs) for a
+    pool of ``workers`` at offered ``load``."""
+    from app.bench.models_live import LiveSetup
+
+    workload = ModelsWorkload(models=args.models, jobs=args.live_jobs, workers=workers,
+                              load=load, seed=args.seed, time_scale=args.live_time_scale,
+                              byte_scale=args.live_byte_scale, steps=args.live_steps)
+    return LiveSetup(workload, device_models=args.device_models,
+                     host_models=args.live_host_models, park_max_wait_s=args.live_park_s,
+                     warmup=args.live_warmup)
+
+
 def run_live_sim_seeds(args: argparse.Namespace) -> None:
     """``--live-sim-seeds N``: the live setup's workload (scaled as ``--live``) through the
     simulator on N traces per pool size and load; prints each placement's mean attainment and
     the first placement's paired difference from the others with its 95 % interval."""
-    from app.bench.models_live import LiveSetup, paired_seeds
+    from app.bench.models_live import paired_seeds
 
+    policies = _csv(args.live_policies, str)
+    first, *others = policies
     started = time.perf_counter()
     results = []
     for workers in _csv(args.live_workers_list, int):
         for load in _csv(args.live_loads, float):
-            workload = ModelsWorkload(models=args.models, jobs=args.live_jobs, workers=workers,
-                                      load=load, seed=args.seed,
-                                      time_scale=args.live_time_scale,
-                                      byte_scale=args.live_byte_scale, steps=args.live_steps)
-            setup = LiveSetup(workload, device_models=args.device_models,
-                              host_models=args.live_host_models,
-                              park_max_wait_s=args.live_park_s, warmup=args.live_warmup)
-            found = paired_seeds(setup, args.live_sim_seeds, _csv(args.live_policies, str))
+            setup = _live_setup(args, workers, load)
+            found = paired_seeds(setup, args.live_sim_seeds, policies)
             results.append({"workers": workers, "load": load, **found})
             print(f"SIMULATED live setup, {workers} workers, load {load:g}, "
                   f"{args.live_sim_seeds} traces of {args.live_jobs} jobs: "
                   + ", ".join(f"{p} {m:.1f} %" for p, m in found["mean"].items()))
-            for key, d in found.items():
-                if key.endswith(tuple(f"_minus_{p}" for p in found["mean"])):
-                    print(f"    {key}: {d['mean_points']:+.1f} points "
-                          f"[{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}], ahead on {d['ahead']}/"
-                          f"{args.live_sim_seeds} traces")
+            for other in others:
+                key = f"{first}_minus_{other}"
+                d = found[key]
+                print(f"    {key}: {d['mean_points']:+.1f} points "
+                      f"[{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}], ahead on {d['ahead']}/"
+                      f"{args.live_sim_seeds} traces")
     path = args.out.with_name(args.out.stem + "_live_sim_seeds.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"results": results, "settings": {
