@@ -18,7 +18,6 @@ load from the same distributions); the live worker pays the draws of the job tha
 
 from __future__ import annotations
 
-import math
 import os
 import random
 import statistics
@@ -38,6 +37,7 @@ from app.bench.models_workload import (
     generate_jobs,
     model_catalog,
 )
+from app.bench.report import mean_ci
 from app.bench.sim_residency import Eviction
 from app.bench.simulate import ClusterSim, Shape, SimArrival, sim_policy
 from app.bench.workload import Arrival
@@ -331,7 +331,7 @@ def paired_seeds(setup: LiveSetup, seeds: int, placements: Sequence[str] = (
     """The live setup's workload through the simulator on ``seeds`` traces (the workload's seed
     and the next ones), every placement on the same jobs: per placement its attainment on each
     trace, and the first placement's paired difference from each other one (mean in points with
-    a normal 95 % interval over the traces, and on how many it was ahead). A trace of a few
+    its 95 % t-interval over the traces, and on how many it was ahead). A trace of a few
     hundred jobs moves a point on one job, so placements are compared over many."""
     by_placement: dict[str, list[float]] = {p: [] for p in placements}
     for k in range(seeds):
@@ -347,9 +347,7 @@ def paired_seeds(setup: LiveSetup, seeds: int, placements: Sequence[str] = (
                            "mean": {p: statistics.fmean(v) for p, v in by_placement.items()}}
     for other in others:
         diffs = [a - b for a, b in zip(by_placement[first], by_placement[other], strict=True)]
-        mean = statistics.fmean(diffs)
-        half = (1.96 * statistics.stdev(diffs) / math.sqrt(len(diffs))
-                if len(diffs) > 1 else math.inf)
-        out[f"{first}_minus_{other}"] = {"mean_points": mean, "ci95": [mean - half, mean + half],
+        ci = mean_ci(diffs)
+        out[f"{first}_minus_{other}"] = {"mean_points": ci["mean"], "ci95": [ci["lo"], ci["hi"]],
                                          "ahead": sum(d > 0 for d in diffs)}
     return out
