@@ -146,7 +146,7 @@ def run_tick(ctx: WorkerContext, now_s: float, cache: SnapshotCache | None = Non
         return plan
     checked = time.perf_counter()
     took.check_s = checked - planned
-    free_in_s = functools.cache(lambda: busy_free_in_s(snapshot, now_s))
+    free_in_s = functools.cache(lambda: busy_free_in_s(snapshot, now_s, seen.heartbeats))
     target = LiveTarget(store, seen.records, settings, buffered=True, busy_free_in_s=free_in_s,
                         counted_until_s=read_at_s, rate=snapshot.cost.seconds_per_unit)
     try:
@@ -167,16 +167,25 @@ def run_tick(ctx: WorkerContext, now_s: float, cache: SnapshotCache | None = Non
     return plan
 
 
-def busy_free_in_s(snapshot: ClusterSnapshot, now_s: float) -> dict[str, float]:
+def busy_free_in_s(snapshot: ClusterSnapshot, now_s: float,
+                   beats: Mapping[str, Heartbeat] | None = None) -> dict[str, float]:
     """Per worker with work of its own, the seconds until it is expected free: the remaining
     work (the cost model's estimate) of the job it runs, less what its running chunk has run,
-    plus that of every job parked on its own queues (their next chunks stay on it too)."""
+    plus that of every job parked on its own queues (their next chunks stay on it too). A
+    worker whose heartbeat (in ``beats``) says its chunk waits for a load adds the rest of the
+    load, and counts the chunk's work as run only from the load's end."""
     free: dict[str, float] = {}
+    beats = beats or {}
     for job in snapshot.jobs:
         rate = snapshot.cost.seconds_per_unit(job.cost_key)
         if job.state is JobState.RUNNING and job.running_on is not None:
-            ran = 0.0 if job.chunk_running_since_s is None else now_s - job.chunk_running_since_s
-            left = max(0.0, job.remaining_cost_units * rate - ran)
+            since = job.chunk_running_since_s
+            load_s, began = 0.0, since
+            beat = beats.get(job.running_on)
+            if beat is not None and since is not None and beat.busy_job == job.job_id:
+                load_s, began = beat.load_phase(since, now_s) or (load_s, began)
+            ran = 0.0 if began is None else max(now_s - began, 0.0)
+            left = load_s + max(0.0, job.remaining_cost_units * rate - ran)
             free[job.running_on] = free.get(job.running_on, 0.0) + left
         elif job.state is JobState.QUEUED and job.parked_on is not None:
             free[job.parked_on] = free.get(job.parked_on, 0.0) + job.remaining_cost_units * rate

@@ -141,13 +141,16 @@ def resident_model(key: str) -> str | None:
 
 
 def holding(name: str, beat: Heartbeat, free_in_s: float) -> Holding:
-    """A worker as placement sees it, from its heartbeat's residency: models on its device and
-    in host memory, adapters loaded on them, its device budget's free bytes (None: no budget)
-    and how many models it holds (the budget over the mean bytes of the models it holds; 0
-    when either is unknown)."""
+    """A worker as placement sees it, from its heartbeat's residency: models on its device (and
+    the one it is loading) and in host memory, adapters loaded on them, its device budget's
+    free bytes (None: no budget) and how many models it holds (the budget over the mean bytes
+    of the models it holds; 0 when either is unknown)."""
     r = beat.residency
     device_bytes = _tier(r, "device")
-    device = frozenset(m for k in device_bytes if (m := resident_model(k)) is not None)
+    loading = r.get("loading")
+    arriving = str(loading.get("model", "")) if isinstance(loading, Mapping) else ""
+    device = frozenset(m for k in (*device_bytes, *([arriving] if arriving else ()))
+                       if (m := resident_model(k)) is not None)  # being loaded: there soon
     host = frozenset(m for k in (*_tier(r, "host"), *_staging(r))
                      if (m := resident_model(k)) is not None)  # being staged: host soon
     adapters: set[str] = set()

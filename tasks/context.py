@@ -160,6 +160,9 @@ class WorkerContext:
         if not self._models_set:
             configure(r.memory_budget_bytes, r.host_memory_budget_bytes, r.policy,
                       r.reuse_half_life)
+            # a load a chunk waits for is in the heartbeat as it begins and as it ends: the
+            # tick counts the rest of it into when this worker is free
+            process_residency().on_load = self._wake.set
             self._models_set = True
         return process_residency()
 

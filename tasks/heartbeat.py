@@ -10,6 +10,9 @@ from typing import Any
 
 from tasks.errors import HeartbeatError
 
+SAME_CHUNK_S = 0.01
+"""Slack when matching times the worker wrote of one chunk (its claim, its heartbeat's
+``chunk_since``, a load's start): a heartbeat about an earlier chunk is older by a chunk."""
 CACHE_ENTRIES = ("ckpt_cache", "expert_cache")
 """Entries holding a cache's counters (``hits``, ``misses`` …), in wire order."""
 
@@ -57,11 +60,34 @@ class Heartbeat:
 
     def free_in_s(self, now_s: float) -> float | None:
         """Seconds until the job it runs now is expected to end (0: overdue, any moment;
-        None: idle, or not known). Its next chunks stay on it: it is not free for another
-        job's work before then, except by interleaving with it."""
+        None: idle, or not known): the rest of a load its chunk waits for, then the rest of
+        its work. Its next chunks stay on it: it is not free for another job's work before
+        then, except by interleaving with it."""
         if self.busy_job is None or self.chunk_since is None or self.left_s is None:
             return None
-        return max(0.0, self.chunk_since + self.left_s - now_s)
+        load_s, began = self.load_phase(self.chunk_since, now_s) or (0.0, self.chunk_since)
+        return load_s + max(0.0, began + self.left_s - now_s)
+
+    def load_phase(self, chunk_since_s: float, now_s: float) -> tuple[float, float] | None:
+        """What it says of the load of its chunk that began at ``chunk_since_s`` (its clock):
+        (seconds of the load still to come, when the chunk's work began or begins to count),
+        or None when it says nothing of that chunk (no load, or the heartbeat predates the
+        chunk). A load under way counts none of the chunk's work as run yet; one of unknown
+        length counts 0 seconds still to come; an ended one starts the work at its end."""
+        since = self.chunk_since
+        if since is None or since < chunk_since_s - SAME_CHUNK_S:
+            return None
+        window = self.residency.get("loading")
+        if isinstance(window, Mapping) and _number(window.get("since")) is not None:
+            began = float(window["since"])
+            if began >= since - SAME_CHUNK_S:
+                expected = _number(window.get("expected_s"))
+                return (0.0 if expected is None else max(began + expected - now_s, 0.0),
+                        max(now_s, began))
+        ended = _number(self.residency.get("loaded_at"))
+        if ended is not None and ended >= since - SAME_CHUNK_S:
+            return 0.0, ended
+        return None
 
     def resident_bytes(self, tier: str = "device") -> int:
         """Bytes of the models it holds in ``tier`` (``device`` or ``host``)."""
@@ -124,6 +150,11 @@ class Heartbeat:
             residency=fields.get("residency", dict, {}),
             chunk_since=fields.number("chunk_since"), left_s=fields.number("left_s"),
         )
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,11 @@ the chunk that needs it pays a move from host memory instead of a build. Staging
 the device tier, and a chunk that needs a model being staged waits for that read rather than
 starting a second one.
 
+A load a chunk waits for is announced while it runs (:meth:`ModelResidency.loading`: the model,
+when it began on the wall clock, the seconds it is expected to take) and its end is kept
+(``loaded_at``): the heartbeat carries both, so the scheduler counts the rest of a load under way
+into when the worker is free, as it counts the rest of the chunk's work.
+
 On a CPU-only worker the device and the host are the same memory; the host tier is then a second
 budget of models kept beyond the device budget, and a reload from it costs next to nothing. On a
 GPU a diffusion model's modules move with ``.to("cpu")`` and back.
@@ -37,7 +42,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -98,6 +103,22 @@ class Resident:
 
 
 @dataclass(frozen=True, slots=True)
+class LoadWindow:
+    """A load a chunk waits for, under way: the model, when it began (wall clock, Unix
+    seconds: the heartbeat's clock) and the seconds it is expected to take (None: not known)."""
+
+    model: str
+    since: float
+    expected_s: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.model, "since": round(self.since, 6)}
+        if self.expected_s is not None:
+            body["expected_s"] = round(self.expected_s, 6)
+        return body
+
+
+@dataclass(frozen=True, slots=True)
 class LoadRecord:
     """One load: which model, the tier it came from (``adapter``: a LoRA adapter loaded onto
     the resident model), how long it took, its bytes, when (the residency's clock)."""
@@ -155,7 +176,8 @@ class ModelResidency:
     def __init__(self, budget_bytes: int | None = None, host_budget_bytes: int | None = 0,
                  policy: Policy = "cost", half_life_s: float = 300.0,
                  clock_s: Callable[[], float] = time.monotonic,
-                 timer_s: Callable[[], float] = time.perf_counter) -> None:
+                 timer_s: Callable[[], float] = time.perf_counter,
+                 wall_s: Callable[[], float] = time.time) -> None:
         if policy not in POLICIES:
             raise ValueError(f"residency policy {policy!r}: use one of {', '.join(POLICIES)}")
         self.budget_bytes = budget_bytes
@@ -165,6 +187,13 @@ class ModelResidency:
         self._clock_s = clock_s
         self._timer_s = timer_s
         """Times loads (a test's clock can make a build take a chosen time)."""
+        self._wall_s = wall_s
+        """The clock a load under way is announced on (the heartbeat's)."""
+        self._window: LoadWindow | None = None
+        self.loaded_at: float | None = None
+        """When the last announced load ended (wall clock)."""
+        self.on_load: Callable[[], None] | None = None
+        """Called as an announced load begins and as it ends (a worker beats at once)."""
         self._entries: dict[str, _Entry] = {}
         self._adapters: dict[str, tuple[str, ...]] = {}
         """Adapters loaded on each held model (its owner reports them: :meth:`note_adapters`)."""
@@ -187,12 +216,15 @@ class ModelResidency:
 
     # -- use ---------------------------------------------------------------------------------
 
-    def acquire(self, key: str, build: Callable[[], T], kind: Resident) -> T:
+    def acquire(self, key: str, build: Callable[[], T], kind: Resident,
+                expect_s: Mapping[str, float] | None = None) -> T:
         """The model ``key``: resident already, moved back from host memory, or built by
         ``build``; room is made by evicting unpinned models first (when its size is known) and
         after. Inside :meth:`in_use` it stays pinned until the bracket closes. Loads run one at
         a time and outside the state lock: a heartbeat reading :meth:`summary` never waits for
-        a build. A model being staged is waited for (then moved from host memory)."""
+        a build. A model being staged is waited for (then moved from host memory). A load is
+        announced (:meth:`loading`) as taking ``expect_s`` of its source tier (``disk``,
+        ``host``), else as long as its last load from that tier took."""
         with self._lock:
             if (hit := self._hit(key)) is not None:
                 return hit  # type: ignore[no-any-return]
@@ -213,16 +245,17 @@ class ModelResidency:
                 except ModelMemoryError:
                     self._loading = None
                     raise
+                source: Tier = "disk" if entry is None else "host"
+                expected = (expect_s or {}).get(source, self._costs.get(key, {}).get(source))
             try:
-                started_s = self._timer_s()
-                if entry is not None:  # in host memory: moved back
-                    if entry.kind.to_device is not None:
-                        entry.kind.to_device(entry.value)
-                    source: Tier = "host"
-                else:
-                    entry = _Entry(key, build(), kind, build, "device", 0, now_s)
-                    source = "disk"
-                seconds = self._timer_s() - started_s
+                with self.loading(key, expected):
+                    started_s = self._timer_s()
+                    if entry is not None:  # in host memory: moved back
+                        if entry.kind.to_device is not None:
+                            entry.kind.to_device(entry.value)
+                    else:
+                        entry = _Entry(key, build(), kind, build, "device", 0, now_s)
+                    seconds = self._timer_s() - started_s
                 entry.bytes = tensor_bytes(kind.tensors(entry.value))
             finally:
                 with self._lock:
@@ -234,6 +267,52 @@ class ModelResidency:
                 self._make_room(0, keep=key, what=key)
                 self._pin_in_scope(key)
                 return entry.value  # type: ignore[no-any-return]
+
+    @contextmanager
+    def loading(self, model: str, expected_s: float | None) -> Iterator[None]:
+        """Announce a load a chunk waits for while it runs (``summary()["loading"]``) and
+        keep when it ended (``loaded_at``); :attr:`on_load` is told at both. A load inside
+        another (a base model's build inside a runner's load of base and adapters) is part of
+        the outer one: only the outermost is announced."""
+        with self._lock:
+            outer = self._window is None
+            if outer:
+                self._window = LoadWindow(model, self._wall_s(), expected_s)
+        if not outer:
+            yield
+            return
+        self._told()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._window, self.loaded_at = None, self._wall_s()
+            self._told()
+
+    def _told(self) -> None:
+        if self.on_load is not None:
+            try:
+                self.on_load()
+            except Exception:  # advisory: a load never fails over its announcement
+                log.debug("on_load failed", exc_info=True)
+
+    def peek(self, key: str) -> Any | None:
+        """``key``'s model in either tier, without counting a use (None: not held)."""
+        with self._lock:
+            entry = self._entries.get(key)
+            return None if entry is None else entry.value
+
+    def expected_load_s(self, key: str, expect_s: Mapping[str, float] | None = None
+                        ) -> float:
+        """Seconds a chunk would wait to have ``key`` on the device now: 0 when it is there,
+        else ``expect_s`` of the tier it would come from, or its last load from that tier
+        (0 when never measured)."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None and entry.tier == "device":
+                return 0.0
+            source = "disk" if entry is None else "host"
+            return float((expect_s or {}).get(source, self._costs.get(key, {}).get(source, 0.0)))
 
     def stage(self, key: str, build: Callable[[], Any], kind: Resident) -> bool:
         """Read model ``key`` into the host tier ahead of its jobs (``build``, then
@@ -409,6 +488,9 @@ class ModelResidency:
                 "staged": c.staged,
                 "stage_s": round(c.stage_s, 6),
                 "recent": [r.as_dict() for r in self.recent],
+                **({"loading": self._window.as_dict()} if self._window is not None else {}),
+                **({"loaded_at": round(self.loaded_at, 6)} if self.loaded_at is not None
+                   else {}),
             }
 
     # -- policy ------------------------------------------------------------------------------

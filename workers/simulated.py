@@ -94,6 +94,26 @@ class SimulatedRunner:
         if not uses_model(params):
             return None
         key = model_key(str(params["model"]))
+        expected_s = self._expected_load_s(key, params)
+        if expected_s <= 0.0:  # resident with its adapters: nothing to announce
+            return self._load(key, params)
+        with self.models.loading(key, expected_s):
+            return self._load(key, params)
+
+    def _expected_load_s(self, key: str, params: Mapping[str, Any]) -> float:
+        """What making the job's model and adapters resident will take: the declared times of
+        the base's tier (a model in host memory moves back in the time it was built with) and
+        of each adapter it lacks (a model built anew has none)."""
+        held = self.models.peek(key)
+        host_s = None if held is None else held.host_load_s
+        base_s = self.models.expected_load_s(key, {
+            "disk": float(params.get("load_ms", 0.0)) / 1000.0,
+            **({"host": host_s} if host_s is not None else {})})
+        loaded = held.adapters if held is not None else {}
+        return base_s + sum(float(a.get("load_ms", 0.0)) / 1000.0
+                            for a in params.get("adapters") or () if str(a["name"]) not in loaded)
+
+    def _load(self, key: str, params: Mapping[str, Any]) -> SimulatedModel:
         model = self.models.acquire(key, lambda: _build(params), SIMULATED_RESIDENT)
         with self._adapter_lock:
             for adapter in params.get("adapters") or ():

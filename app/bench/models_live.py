@@ -38,6 +38,7 @@ from app.bench.models_workload import (
     model_catalog,
 )
 from app.bench.report import mean_ci
+from app.bench.run import tick_figures
 from app.bench.sim_residency import Eviction
 from app.bench.simulate import ClusterSim, Shape, SimArrival, sim_policy
 from app.bench.workload import Arrival
@@ -144,6 +145,7 @@ def run_sim(setup: LiveSetup, placement: str, jobs: Sequence[ModelJob],
         "staged_per_100": per_100 * res.get("staged", 0),
         "adapter_loads_per_100": per_100 * res.get("adapter_loads", 0),
         "load_share_of_capacity": float(res.get("load_s", 0.0)) / max(result.capacity_s, 1e-9),
+        "moves": result.moves,
     }
 
 
@@ -180,7 +182,7 @@ def run_live(setup: LiveSetup, placement: str, jobs: Sequence[ModelJob], catalog
             _wait_for_workers(service, setup.workload.workers)
             arrivals = live_arrivals(jobs, catalog, setup.workload.seed)
             last_due = max((a.arrival_s + (a.deadline_s or 0.0) for a in arrivals), default=0)
-            started = time.monotonic()
+            started, since = time.monotonic(), time.time()
             outcomes = replay(service, arrivals, drain_timeout_s=max(
                 drain_s, last_due - max((a.arrival_s for a in arrivals), default=0) + 5))
             wall_s = time.monotonic() - started
@@ -188,6 +190,7 @@ def run_live(setup: LiveSetup, placement: str, jobs: Sequence[ModelJob], catalog
             moves = _moves(service, outcomes)
             missed = _missed(service, jobs, outcomes, latencies, setup.warmup)
             beats = service.store.heartbeats().values()
+            tick_ms, intervals_ms = tick_figures(service.store, since)
             residency = [b.residency for b in beats if b.residency]
     finally:
         for key, value in saved.items():
@@ -215,7 +218,19 @@ def run_live(setup: LiveSetup, placement: str, jobs: Sequence[ModelJob], catalog
         "wall_s": wall_s,
         "moves": moves,
         "missed": missed,
+        "tick": {"ticks": len(tick_ms), "duration_ms": _quantiles(tick_ms),
+                 "interval_ms": _quantiles(intervals_ms)},
     }
+
+
+def _quantiles(values: Sequence[float]) -> dict[str, float | None]:
+    """p50 / p95 / p99 / max of ``values`` (None when there are none)."""
+    ordered = sorted(values)
+    if not ordered:
+        return {"p50": None, "p95": None, "p99": None, "max": None}
+    def at(q: float) -> float:
+        return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
+    return {"p50": at(0.5), "p95": at(0.95), "p99": at(0.99), "max": ordered[-1]}
 
 
 def _moves(service: Any, outcomes: Sequence[Outcome]) -> dict[str, int]:

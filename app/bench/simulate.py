@@ -373,6 +373,8 @@ class SimResult:
     """Each job's first whole-service-time estimate from the policy (None: never made)."""
     residency: dict[str, Any] | None = None
     """Loads, load seconds, warm starts and peak bytes when residency is modelled."""
+    moves: dict[str, int] = field(default_factory=dict)
+    """How the plans moved jobs (``ClusterSim.moves``)."""
 
 
 class ClusterSim:
@@ -408,6 +410,9 @@ class ClusterSim:
         self.counts = {"base_loads": 0, "host_loads": 0, "adapter_loads": 0, "staged": 0,
                        "first_starts": 0, "warm_starts": 0, "placed_on_worker": 0,
                        "parked_recovered": 0, "resume_loads": 0}
+        self.moves = {"flag_preempt": 0, "preempted": 0, "standby": 0, "requeue": 0,
+                      "release": 0, "suspend": 0, "expire": 0}
+        """How the plans moved jobs: each target call, and the preemptions taking effect."""
         self.ended = 0
         self.per_job: dict[str, list[float]] = {
             key: [0.0] * len(trace)
@@ -477,6 +482,7 @@ class ClusterSim:
         r.preemptions = sum(j.preemptions for j in self.jobs)
         r.first_estimates_s = [j.first_estimate_s for j in self.jobs]
         r.wall_s = wall_s
+        r.moves = dict(self.moves)
         if self.res is not None:
             r.residency = {
                 **self.counts, "load_s": sum(w.load_s for w in self.workers),
@@ -737,6 +743,7 @@ class ClusterSim:
     def _preempted(self, job: _Job, at_s: float) -> None:
         job.state, job.preempt, job.running_on = JobState.PREEMPTED, False, None
         job.preemptions += 1
+        self.moves["preempted"] += 1
         job.waiting_since_s = at_s
         job.view = None
 
@@ -875,20 +882,24 @@ class ClusterSim:
         job.level, job.level_service_s, job.view = mark.level, mark.service_mark_s, None
 
     def expire(self, job_id: str, reason: str) -> bool:
+        self.moves["expire"] += 1
         self._end_job(self.live[job_id], JobState.EXPIRED, "expired")
         return True
 
     def suspend(self, job_id: str) -> bool:
+        self.moves["suspend"] += 1
         self._set_state(self.live[job_id], JobState.SUSPENDED)
         return True
 
     def flag_preempt(self, job_id: str) -> bool:
+        self.moves["flag_preempt"] += 1
         self._flag(self.live[job_id])
         return True
 
     def requeue(self, job_id: str, to_queue: str, reason: str) -> bool:
         """A queued chunk moved to ``to_queue`` (``tasks.affinity.requeue_queue``): it stays on
         the worker it is parked on, else it is placed like a release."""
+        self.moves["requeue"] += 1
         job = self.live[job_id]
         keeps = self._keeps(job, to_queue)
         if keeps is None:
@@ -913,6 +924,7 @@ class ClusterSim:
         return True
 
     def standby(self, job_id: str) -> bool:
+        self.moves["standby"] += 1
         job = self.live[job_id]
         if job.state is JobState.QUEUED:
             self._release(job, STANDBY_QUEUE, bump_epoch=True,
@@ -923,6 +935,7 @@ class ClusterSim:
 
     def release(self, job_id: str, queue: str, atomic: bool,
                 estimate_s: float | None = None) -> bool:
+        self.moves["release"] += 1
         job = self.live[job_id]
         job.atomic = job.atomic or atomic
         self._place(job, queue)

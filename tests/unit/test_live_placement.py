@@ -466,3 +466,41 @@ def test_a_release_with_slack_waits_for_the_busy_warm_worker_an_urgent_one_loads
     # w1 holds m1 but is busy for 20 s; w2 is free in 0.5 s and loads it in 0.5 s
     assert released(deadline_at_s=130.0) == "w2.interactive.placed"  # 20 s > half its slack
     assert released(deadline_at_s=160.0) == "w1.interactive.placed"  # 20 s < half of ~60 s
+
+
+def test_a_worker_loading_its_chunks_model_is_free_after_the_load_and_the_work() -> None:
+    """The heartbeat announces the load a running chunk waits for: the tick adds the rest of
+    it, and counts the chunk's work as run only from the load's end (as the simulator, which
+    knows when a load ends)."""
+    from tasks.adapter import busy_free_in_s
+    from tests.unit.test_scheduler_support import NOW_S, make_snapshot, running
+
+    since = NOW_S - 1.0
+    snapshot = make_snapshot([running("a", "w1", work_s=2.0, chunk_running_since_s=since),
+                              running("b", "w2", work_s=2.0, chunk_running_since_s=since),
+                              running("c", "w3", work_s=2.0, chunk_running_since_s=since)])
+
+    def beat(name: str, job: str, residency: dict[str, object],
+             chunk_since: float = since) -> Heartbeat:
+        return Heartbeat(name=name, busy_job=job, chunk_since=chunk_since, left_s=2.0,
+                         residency=residency)
+
+    loading = {"loading": {"model": "simulated:m1", "since": since + 0.1, "expected_s": 3.0}}
+    beats = {
+        "w1": beat("w1", "a", loading),  # 1.1 s of its 3 s load to come, then 2 s of work
+        "w2": beat("w2", "b", {"loaded_at": since + 0.5}),  # its work began 0.5 s ago
+        "w3": beat("w3", "c", loading, chunk_since=since - 4.0),  # about an earlier chunk
+    }
+    free = busy_free_in_s(snapshot, NOW_S, beats)
+    assert free == {"w1": pytest.approx(2.1 + 2.0), "w2": pytest.approx(1.5),
+                    "w3": pytest.approx(1.0)}
+    # a heartbeat of another job says nothing of this one
+    assert busy_free_in_s(snapshot, NOW_S, {"w1": beat("w1", "zz", loading)})["w1"] \
+        == pytest.approx(1.0)
+    # the heartbeat's own estimate (a submit's, before the tick's) counts the load alike
+    assert beats["w1"].free_in_s(NOW_S) == pytest.approx(4.1)
+    # a load of unknown length: nothing of the work has run yet
+    unknown = beat("w1", "a", {"loading": {"model": "simulated:m1", "since": since + 0.1}})
+    assert busy_free_in_s(snapshot, NOW_S, {"w1": unknown})["w1"] == pytest.approx(2.0)
+    # and the model it loads counts as on its device for placement
+    assert "simulated:m1" in holding("w1", beats["w1"], 0.0).device

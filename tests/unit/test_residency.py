@@ -314,3 +314,45 @@ def test_metrics_show_each_workers_resident_bytes_and_loads() -> None:
     assert samples[("stepline_worker_resident_bytes", (("tier", "host"), ("worker", "w1@h")))
                    ] == SIZES["e"]
     assert not any("w2@h" in dict(labels).values() for _, labels in samples)
+
+
+# a load a chunk waits for, announced ---------------------------------------------------------
+def test_a_load_is_announced_while_it_runs_with_its_expected_seconds_and_its_end_kept() -> None:
+    wall = [100.0]
+    seen: list[dict[str, object] | None] = []
+    r = ModelResidency(budget_bytes=800, host_budget_bytes=500, policy="lru",
+                       wall_s=lambda: wall[0])
+
+    def build(key: str) -> FakeModel:
+        seen.append(r.summary().get("loading"))  # what a heartbeat written now would say
+        wall[0] += 2.0
+        return _build(key)
+
+    told: list[object] = []
+    r.on_load = lambda: told.append(r.summary().get("loading"))
+    r.acquire("a", lambda: build("a"), FAKE, expect_s={"disk": 2.5})
+    assert seen == [{"model": "a", "since": 100.0, "expected_s": 2.5}]
+    assert told == [seen[0], None]  # told as it began and as it ended
+    summary = r.summary()
+    assert "loading" not in summary and summary["loaded_at"] == 102.0
+    # no expectation given: its last measured load from the tier it comes from
+    r.acquire("b", lambda: _build("b"), FAKE)
+    r.acquire("c", lambda: _build("c"), FAKE)  # a falls to host memory
+    assert r.expected_load_s("a") == 0.0  # never moved back from host memory: not measured
+    assert r.expected_load_s("a", {"host": 0.7}) == 0.7
+    assert r.expected_load_s("c") == 0.0  # on the device
+    # a resident model's acquisition announces nothing
+    told.clear()
+    r.acquire("c", lambda: _build("c"), FAKE)
+    assert told == []
+
+
+def test_a_runners_load_of_base_and_adapters_is_one_announcement() -> None:
+    r = ModelResidency(budget_bytes=800, wall_s=lambda: 5.0)
+    told: list[object] = []
+    r.on_load = lambda: told.append(r.summary().get("loading"))
+    with r.loading("a", 3.0):  # the runner's: base and adapters
+        r.acquire("a", lambda: _build("a"), FAKE, expect_s={"disk": 1.0})
+        assert r.summary()["loading"] == {"model": "a", "since": 5.0, "expected_s": 3.0}
+    assert told == [{"model": "a", "since": 5.0, "expected_s": 3.0}, None]
+    assert r.peek("a") is not None and r.peek("zz") is None

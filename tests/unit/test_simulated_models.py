@@ -97,3 +97,21 @@ def test_batched_jobs_share_a_model_only_with_the_same_model_and_adapters() -> N
         {"model": "m1"}, {"model": "m1"}, {"model": "m2"},
         {"model": "m1", "adapters": [{"name": "ink"}]}, {})}
     assert len(keys) == 4
+
+
+def test_a_chunks_load_is_announced_as_its_declared_base_and_missing_adapters() -> None:
+    """What the heartbeat says a load under way will take: the declared time of the tier the
+    base comes from and of each adapter it lacks; nothing when all is resident."""
+    residency = ModelResidency(budget_bytes=64 * KB, host_budget_bytes=64 * KB)
+    runner = SimulatedRunner(residency)
+    announced: list[Any] = []
+    residency.on_load = lambda: announced.append(residency.summary().get("loading"))
+    ink = {"name": "ink", "load_ms": 10.0}
+    _run(runner, residency, _params("m1", adapters=[ink]))  # from disk: 20 ms + 10 ms
+    _run(runner, residency, _params("m1", adapters=[ink]))  # all resident: nothing
+    _run(runner, residency, _params("m2"))  # m1 to host memory with its adapter
+    _run(runner, residency, _params("m1", adapters=[ink, {"name": "dot", "load_ms": 3.0}]))
+    expected = [a["expected_s"] for a in announced if a is not None]
+    assert expected == [0.03, 0.02, 0.008]  # m1 from disk, m2 from disk, m1 from host + dot
+    assert announced.count(None) == 3  # each announcement ended
+    assert residency.summary()["loaded_at"] >= announced[0]["since"]
