@@ -166,6 +166,12 @@ class WorkerContext:
             self._models_set = True
         return process_residency()
 
+    def load_wait_s(self) -> float:
+        """Seconds this worker's chunks have waited for model loads so far (the residency's
+        announced loads): a chunk's work, and the cost model's sample of it, is timed without
+        them, as the simulator times a chunk from its load's end."""
+        return process_residency().load_wait_s if self._models_set else 0.0
+
     def consuming(self) -> tuple[str, ...]:
         """The queues this worker consumes now (remote control may have changed them)."""
         try:
@@ -214,6 +220,7 @@ class WorkerContext:
         with self._runner_lock, models.in_use():  # its models are never evicted meanwhile
             self.busy_job, self.batch_jobs = job_ids[0], tuple(job_ids[1:])
             self.chunk_since = began = time.time()
+            waited = self.load_wait_s()
             rate = self.s_per_unit
             self.left_s = None if rate is None else units_left * rate
             try:
@@ -221,8 +228,9 @@ class WorkerContext:
             finally:
                 self.busy_job, self.batch_jobs = None, ()
                 self.chunk_since = self.left_s = None
-                if chunk_units > 0:
-                    took = (time.time() - began) / chunk_units
+                if chunk_units > 0:  # its work's pace: the loads it waited for left out
+                    took = max(time.time() - began - (self.load_wait_s() - waited),
+                               0.0) / chunk_units
                     self.s_per_unit = took if rate is None else rate + 0.3 * (took - rate)
                 if self.runner_loaded("text"):
                     self.refresh_residency()

@@ -160,7 +160,10 @@ def _run_attempts(ctx: WorkerContext, delivery: Delivery, jobs: list[JobRecord],
     joiners: list[BatchMember] = []
     while attempts:
         poll = _should_yield(ctx, delivery, attempts)
-        elapsed_s = _run_step(runner, attempts, poll)
+        waited = ctx.load_wait_s()
+        # the step's work: a model load it waited for is the load's, not the work's (the cost
+        # model's sample, the job's service; the planner adds expected loads on their own)
+        elapsed_s = max(_run_step(runner, attempts, poll) - (ctx.load_wait_s() - waited), 0.0)
         if isinstance(poll, YieldPoll):
             poll.mark(attempts)
         ran = _close(ctx, hooks, attempts, outcomes)

@@ -192,6 +192,8 @@ class ModelResidency:
         self._window: LoadWindow | None = None
         self.loaded_at: float | None = None
         """When the last announced load ended (wall clock)."""
+        self.load_wait_s = 0.0
+        """Seconds of announced loads so far (a chunk's work is timed without them)."""
         self.on_load: Callable[[], None] | None = None
         """Called as an announced load begins and as it ends (a worker beats at once)."""
         self._entries: dict[str, _Entry] = {}
@@ -270,8 +272,9 @@ class ModelResidency:
 
     @contextmanager
     def loading(self, model: str, expected_s: float | None) -> Iterator[None]:
-        """Announce a load a chunk waits for while it runs (``summary()["loading"]``) and
-        keep when it ended (``loaded_at``); :attr:`on_load` is told at both. A load inside
+        """Announce a load a chunk waits for while it runs (``summary()["loading"]``), keep
+        when it ended (``loaded_at``) and add its seconds to ``load_wait_s``; :attr:`on_load`
+        is told as it begins and ends. A load inside
         another (a base model's build inside a runner's load of base and adapters) is part of
         the outer one: only the outermost is announced."""
         with self._lock:
@@ -282,11 +285,13 @@ class ModelResidency:
             yield
             return
         self._told()
+        started_s = self._timer_s()
         try:
             yield
         finally:
             with self._lock:
                 self._window, self.loaded_at = None, self._wall_s()
+                self.load_wait_s += self._timer_s() - started_s
             self._told()
 
     def _told(self) -> None:

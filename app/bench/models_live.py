@@ -314,7 +314,8 @@ def measured(jobs: Sequence[ModelJob], warmup: float) -> list[ModelJob]:
 
 def figures(jobs: Sequence[ModelJob], latency_s: dict[int, float | None]) -> dict[str, Any]:
     """Per class and overall: jobs done by their deadline (attainment, 95 % Wilson interval),
-    p95 latency of the finished ones."""
+    p95 latency of the finished ones; and each measured job's latency (``latency_s``, by job
+    index, None: not done), so the two sides can be compared job by job."""
     groups: dict[str, Any] = {}
     for name, picked in (("all", list(jobs)),
                          *((c.value, [j for j in jobs if j.slo is c]) for c in CLASSES)):
@@ -322,7 +323,7 @@ def figures(jobs: Sequence[ModelJob], latency_s: dict[int, float | None]) -> dic
                   and done <= j.slo_s + 1e-9)
         lat = sorted(v for j in picked if (v := latency_s.get(j.index)) is not None)
         groups[name] = group_figures(len(picked), met, lat)
-    return {"groups": groups}
+    return {"groups": groups, "latency_s": {str(j.index): latency_s.get(j.index) for j in jobs}}
 
 
 def compare(setup: LiveSetup, placements: Sequence[str] = ("stepline",),

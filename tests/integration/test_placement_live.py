@@ -191,3 +191,42 @@ def test_the_tick_stages_a_model_whose_queue_builds_into_a_workers_host_memory(
     assert max(b for b in residency["device"].values()) <= MODEL_BYTES  # type: ignore[index]
     assert "asked w1@test to stage" in processes.log("scheduler")
     assert "w1@test staged simulated:m1 into host memory" in processes.log("w1")
+
+
+def test_a_load_is_announced_in_the_heartbeat_and_left_out_of_the_chunks_timing(
+    processes: Processes, redis_client: redis.Redis
+) -> None:
+    """A worker loading a job's model says so at once (the model, when it began, the declared
+    seconds), so the tick counts the rest of the load into when it is free; the chunk's
+    service and the cost model's sample are its work alone, the load left out (as the
+    simulator times a chunk from its load's end)."""
+    from tasks import keys
+
+    env = {"STEPLINE_RESIDENCY__MEMORY_BUDGET_BYTES": str(BUDGET), "STEPLINE_WARM_START": "false",
+           "STEPLINE_BROKER__CHUNK_LEASE": "30"}  # a periodic beat only every 10 s
+    processes.worker("w1", extra_env=env)
+    wait_for_workers(redis_client, ["w1"])
+    store = JobStore(redis_client)
+    service = JobService(store, current_settings())
+    params = {"steps": 2, "step_ms": 50.0, "model": "slow", "model_bytes": MODEL_BYTES,
+              "load_ms": 1500.0}
+    job_id, _ = service.submit(JobSpec(kind="simulated", slo=SloClass.BATCH, params=params,
+                                       deadline_s=120))
+    announced = wait_for(lambda: store.heartbeats().get("w1@test", Heartbeat("w1")).residency
+                         .get("loading"), 10, "the load announced in the heartbeat")
+    beat = store.heartbeats()["w1@test"]
+    assert announced["model"] == "simulated:slow" and announced["expected_s"] == 1.5
+    assert beat.busy_job == job_id and beat.chunk_since is not None
+    assert announced["since"] >= beat.chunk_since
+    # what the tick reads of it: the rest of the load still to come, no work run yet
+    phase = beat.load_phase(beat.chunk_since, time.time())
+    assert phase is not None and 0.0 < phase[0] <= 1.5
+    wait_for(lambda: store.state(job_id) is JobState.DONE, 30, "the job")
+    record = store.record(job_id)
+    assert record.service_s < 0.5  # two 50 ms steps and their overhead, not the 1.5 s load
+    ended = wait_for(lambda: store.heartbeats()["w1@test"].residency.get("loaded_at"), 10,
+                     "the load's end in the heartbeat")
+    assert ended >= announced["since"] + 1.4
+    samples = [float(f["s_per_unit"]) for _, f in store.read_stream(keys.TIMINGS)
+               if f["cost_key"].startswith("simulated")]
+    assert samples and max(samples) < 5.0  # a unit is a second of work: ~1, not ~16

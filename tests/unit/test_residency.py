@@ -356,3 +356,20 @@ def test_a_runners_load_of_base_and_adapters_is_one_announcement() -> None:
         assert r.summary()["loading"] == {"model": "a", "since": 5.0, "expected_s": 3.0}
     assert told == [{"model": "a", "since": 5.0, "expected_s": 3.0}, None]
     assert r.peek("a") is not None and r.peek("zz") is None
+
+
+def test_the_seconds_of_announced_loads_add_up() -> None:
+    """What a worker subtracts from a chunk's time: only the outermost announcement counts."""
+    timer = [0.0]
+    r = ModelResidency(budget_bytes=800, timer_s=lambda: timer[0])
+
+    def build() -> FakeModel:
+        timer[0] += 2.0
+        return _build("a")
+
+    with r.loading("a", None):
+        r.acquire("a", build, FAKE)  # its own announcement is inside the runner's
+        timer[0] += 0.5  # an adapter
+    assert r.load_wait_s == 2.5
+    r.acquire("a", build, FAKE)  # resident: no load
+    assert r.load_wait_s == 2.5
