@@ -198,6 +198,8 @@ class ModelResidency:
         """Called as an announced load begins and as it ends (a worker beats at once)."""
         self._entries: dict[str, _Entry] = {}
         self._adapters: dict[str, tuple[str, ...]] = {}
+        self._adapter_costs: dict[str, float] = {}
+        """Seconds of each adapter's last load (kept after it is unloaded)."""
         """Adapters loaded on each held model (its owner reports them: :meth:`note_adapters`)."""
         self._costs: dict[str, dict[str, float]] = {}
         """Measured load seconds per model and source tier, kept after the model is dropped."""
@@ -318,6 +320,16 @@ class ModelResidency:
                 return 0.0
             source = "disk" if entry is None else "host"
             return float((expect_s or {}).get(source, self._costs.get(key, {}).get(source, 0.0)))
+
+    def expected_adapters_s(self, adapters: Iterable[str]) -> float | None:
+        """Seconds loading ``adapters`` is expected to take: each one's last measured load,
+        else the mean of every adapter load measured here (None: none measured yet)."""
+        with self._lock:
+            costs = self._adapter_costs
+            if not costs:
+                return None
+            mean = sum(costs.values()) / len(costs)
+            return sum(costs.get(name, mean) for name in adapters)
 
     def stage(self, key: str, build: Callable[[], Any], kind: Resident) -> bool:
         """Read model ``key`` into the host tier ahead of its jobs (``build``, then
@@ -465,6 +477,7 @@ class ModelResidency:
     def adapter_loaded(self, key: str, adapter: str, seconds: float) -> None:
         """Record one load of ``adapter`` onto held model ``key`` that took ``seconds``."""
         with self._lock:
+            self._adapter_costs[adapter] = seconds
             self.counters.adapter_loads += 1
             self.counters.adapter_load_s += seconds
             self.recent.append(LoadRecord(key, "adapter", seconds, 0, self._clock_s(), adapter))

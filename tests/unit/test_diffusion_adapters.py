@@ -212,6 +212,38 @@ def test_adapters_switch_on_one_resident_base_without_a_rebuild(registry: Adapte
         assert torch.equal(output, reference(params, registry))
 
 
+def test_a_workers_adapter_loads_are_counted_timed_announced_and_advertised(
+        registry: AdapterRegistry) -> None:
+    """What placement and /metrics read of a diffusion worker's adapters: the heartbeat's
+    residency names the adapters on each base and counts their loads and seconds; a chunk that
+    loads one announces it (after the first, as long as the last measured adapter load)."""
+    from workers.diffusion.components import component_key
+    from workers.residency import process_residency
+
+    residency = process_residency()
+    told: list[Any] = []
+    residency.on_load = lambda: told.append(residency.summary().get("loading"))
+    try:
+        runner = _runner(_params("pixart-tiny", registry, []), registry)
+        before = residency.summary()["adapter_loads"]
+        one = _params("pixart-tiny", registry, [("pixart-a", 1.0)])
+        runner.transformer(one)
+        runner.transformer(one)  # loaded: nothing announced, nothing counted
+        runner.transformer(_params("pixart-tiny", registry, [("pixart-b", 0.5),
+                                                             ("pixart-a", 1.0)]))
+    finally:
+        residency.on_load = None
+    key = component_key(diffusion_recipe("pixart-tiny"))
+    summary = residency.summary()
+    assert summary["adapter_loads"] - before == 2 and summary["adapter_load_s"] > 0.0
+    assert sorted(summary["adapters"][key]) == ["pixart-a", "pixart-b"]
+    assert [r["adapter"] for r in summary["recent"] if r["tier"] == "adapter"][-2:] == [
+        "pixart-a", "pixart-b"]
+    announced = [t for t in told if t is not None and t["model"] == key]
+    assert len(announced) == 3  # the base's build, pixart-a's load, then pixart-b's
+    assert announced[2]["expected_s"] > 0.0  # by the adapter loads measured before
+
+
 def test_jobs_batch_only_with_jobs_of_the_same_adapters_and_scales(
     registry: AdapterRegistry
 ) -> None:

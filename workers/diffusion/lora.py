@@ -11,9 +11,10 @@ before its forward with diffusers' ``set_weights_and_activate_adapters`` (what t
 from __future__ import annotations
 
 import threading
+import time
 import warnings
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -129,10 +130,11 @@ def _unload(transformer: torch.nn.Module, name: str) -> None:
     _PEFT_UTILS.delete_adapter_layers(transformer, name)
 
 
-def ensure_loaded(family: str, transformer: torch.nn.Module, specs: Sequence[AdapterSpec]
-                  ) -> None:
-    """Load each of ``specs`` onto ``transformer`` unless it is already there from the same file;
-    unload the least recently used beyond :data:`MAX_LOADED_ADAPTERS`."""
+def ensure_loaded(family: str, transformer: torch.nn.Module, specs: Sequence[AdapterSpec],
+                  on_load: Callable[[str, float], None] | None = None) -> None:
+    """Load each of ``specs`` onto ``transformer`` unless it is already there from the same file
+    (``on_load`` is told each load's adapter and seconds); unload the least recently used
+    beyond :data:`MAX_LOADED_ADAPTERS`."""
     loaded = _LOADED.setdefault(transformer, {})
     for spec in specs:
         stamp = weights_digest(spec.weights_path)
@@ -140,7 +142,10 @@ def ensure_loaded(family: str, transformer: torch.nn.Module, specs: Sequence[Ada
             if spec.name in loaded:
                 _unload(transformer, spec.name)
                 del loaded[spec.name]
+            started_s = time.perf_counter()
             _load(family, transformer, spec)
+            if on_load is not None:
+                on_load(spec.name, time.perf_counter() - started_s)
             transformer.requires_grad_(False)
             _ACTIVE.pop(transformer, None)
         loaded[spec.name] = loaded.pop(spec.name, stamp)  # most recently used last
@@ -166,12 +171,14 @@ def activate(transformer: torch.nn.Module, adapters: Sequence[tuple[str, float]]
 
 
 def apply_adapters(family: str, transformer: torch.nn.Module,
-                   adapters: Sequence[tuple[AdapterSpec, float]]) -> torch.nn.Module:
+                   adapters: Sequence[tuple[AdapterSpec, float]],
+                   on_load: Callable[[str, float], None] | None = None) -> torch.nn.Module:
     """``transformer`` with exactly ``adapters`` (each at its scale) active, loading what is not
-    yet loaded; the base module itself, never rebuilt."""
+    yet loaded (``on_load``: each load's adapter and seconds); the base module itself, never
+    rebuilt."""
     with _LOCK:
         if adapters:
-            ensure_loaded(family, transformer, [spec for spec, _ in adapters])
+            ensure_loaded(family, transformer, [spec for spec, _ in adapters], on_load)
         activate(transformer, [(spec.name, scale) for spec, scale in adapters])
     return transformer
 

@@ -11,6 +11,7 @@ chunks as one text-encoder call and their decode chunks as one VAE decode.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -34,13 +35,14 @@ from workers.diffusion.batching import batch_groups, decode_together, run_passes
 from workers.diffusion.blockwise import ADAPTERS, group_bounds, run_blocks
 from workers.diffusion.components import (
     DiffusionComponents,
+    component_key,
     load_components,
     model_evaluations,
     scheduler_baseline,
     stage_components,
 )
 from workers.diffusion.families import FAMILIES, PipelineFamily, decode_job
-from workers.diffusion.lora import apply_adapters
+from workers.diffusion.lora import apply_adapters, loaded_adapters
 from workers.diffusion.recipes import DiffusionRecipe, diffusion_recipe
 from workers.diffusion.scheduler_state import copy_scheduler
 from workers.diffusion.state import (
@@ -52,6 +54,7 @@ from workers.diffusion.state import (
 )
 from workers.errors import CheckpointError, ParamsError
 from workers.registry import ModelRegistry
+from workers.residency import process_residency
 from workers.runner import BatchItem, ChunkPlan, ChunkResult, ShouldYield
 
 log = logging.getLogger(__name__)
@@ -123,7 +126,20 @@ class DiffusionRunner:
         active (loaded on first use; the base is never rebuilt for them)."""
         c = self.components(params)
         chosen = [(self._adapter(name, params), scale) for name, scale in adapter_set(params)]
-        return apply_adapters(c.recipe.family, c.transformer, chosen)
+        if not chosen:
+            return apply_adapters(c.recipe.family, c.transformer, chosen)
+        # the residency counts, times and advertises them (placement reads them in the
+        # heartbeat), and a load a chunk waits for is announced like a base model's
+        residency, key = process_residency(), component_key(c.recipe, self.device)
+        have = set(loaded_adapters(c.transformer))
+        missing = [spec.name for spec, _ in chosen if spec.name not in have]
+        with residency.loading(key, residency.expected_adapters_s(missing)) if missing \
+                else contextlib.nullcontext():
+            transformer = apply_adapters(
+                c.recipe.family, c.transformer, chosen,
+                on_load=lambda name, seconds: residency.adapter_loaded(key, name, seconds))
+        residency.note_adapters(key, loaded_adapters(c.transformer))
+        return transformer
 
     def _adapter(self, name: str, params: Mapping[str, Any]) -> AdapterSpec:
         spec = self.adapters.get(name)
