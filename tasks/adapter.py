@@ -49,6 +49,7 @@ from tasks.affinity import (
     push_stage_requests,
     queued_demand,
     release_queue,
+    window_estimate,
 )
 from tasks.apply import apply_plan
 from tasks.context import WorkerContext
@@ -173,9 +174,11 @@ def busy_free_in_s(snapshot: ClusterSnapshot, now_s: float,
     work (the cost model's estimate) of the job it runs, less what its running chunk has run,
     plus that of every job parked on its own queues (their next chunks stay on it too). A
     worker whose heartbeat (in ``beats``) says its chunk waits for a load adds the rest of the
-    load, and counts the chunk's work as run only from the load's end."""
+    load, and counts the chunk's work as run only from the load's end (a load the worker
+    could not size, by the load times learned from every worker: :func:`window_estimate`)."""
     free: dict[str, float] = {}
     beats = beats or {}
+    estimate = functools.cache(window_estimate)
     for job in snapshot.jobs:
         rate = snapshot.cost.seconds_per_unit(job.cost_key)
         if job.state is JobState.RUNNING and job.running_on is not None:
@@ -183,7 +186,7 @@ def busy_free_in_s(snapshot: ClusterSnapshot, now_s: float,
             load_s, began = 0.0, since
             beat = beats.get(job.running_on)
             if beat is not None and since is not None and beat.busy_job == job.job_id:
-                load_s, began = beat.load_phase(since, now_s) or (load_s, began)
+                load_s, began = beat.load_phase(since, now_s, estimate) or (load_s, began)
             ran = 0.0 if began is None else max(now_s - began, 0.0)
             left = load_s + max(0.0, job.remaining_cost_units * rate - ran)
             free[job.running_on] = free.get(job.running_on, 0.0) + left

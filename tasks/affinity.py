@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict
 
@@ -25,6 +25,7 @@ from scheduler.model import ClusterSnapshot, JobKind, JobView
 from scheduler.placement import (
     Holding,
     LoadEstimates,
+    LoadTier,
     ModelNeed,
     Placement,
     PlacementPolicy,
@@ -257,6 +258,19 @@ def observe_loads(estimates: LoadEstimates, beats: Iterable[Heartbeat]) -> None:
             kind = model.split(":")[0]
             name = f"{kind}:{load.get('adapter')}" if tier == "adapter" else model
             estimates.observe_once(name, tier, float(load["s"]), float(load["at"]))
+
+
+def window_estimate(key: str, source: str) -> float:
+    """Seconds an announced load of residency key ``key`` from ``source`` takes, by the load
+    times this process learned from every worker's heartbeat (an adapter load: the mean of the
+    adapter loads measured; 0 for a key placement does not route by)."""
+    model = resident_model(key)
+    if model is None or source not in ("disk", "host", "adapter"):
+        return 0.0
+    tier = cast(LoadTier, source)
+    name = f"{model.split(':')[0]}:?" if tier == "adapter" else model
+    with _ESTIMATES_LOCK:
+        return _ESTIMATES.estimate(name, tier)
 
 
 _ESTIMATES = LoadEstimates()

@@ -4,7 +4,7 @@ the worker that writes it and by every reader (tick, affinity, stats, metrics, d
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,12 +68,15 @@ class Heartbeat:
         load_s, began = self.load_phase(self.chunk_since, now_s) or (0.0, self.chunk_since)
         return load_s + max(0.0, began + self.left_s - now_s)
 
-    def load_phase(self, chunk_since_s: float, now_s: float) -> tuple[float, float] | None:
+    def load_phase(self, chunk_since_s: float, now_s: float,
+                   estimate: Callable[[str, str], float] | None = None
+                   ) -> tuple[float, float] | None:
         """What it says of the load of its chunk that began at ``chunk_since_s`` (its clock):
         (seconds of the load still to come, when the chunk's work began or begins to count),
         or None when it says nothing of that chunk (no load, or the heartbeat predates the
-        chunk). A load under way counts none of the chunk's work as run yet; one of unknown
-        length counts 0 seconds still to come; an ended one starts the work at its end."""
+        chunk). A load under way counts none of the chunk's work as run yet; one the worker
+        could not size is sized by ``estimate`` (residency key, source tier), else counts 0
+        seconds still to come; an ended one starts the work at its end."""
         since = self.chunk_since
         if since is None or since < chunk_since_s - SAME_CHUNK_S:
             return None
@@ -82,6 +85,9 @@ class Heartbeat:
             began = float(window["since"])
             if began >= since - SAME_CHUNK_S:
                 expected = _number(window.get("expected_s"))
+                source = window.get("from")
+                if expected is None and estimate is not None and isinstance(source, str):
+                    expected = estimate(str(window.get("model", "")), source)
                 return (0.0 if expected is None else max(began + expected - now_s, 0.0),
                         max(now_s, began))
         ended = _number(self.residency.get("loaded_at"))

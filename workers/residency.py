@@ -110,11 +110,16 @@ class LoadWindow:
     model: str
     since: float
     expected_s: float | None
+    source: LoadSource | None = None
+    """Where it loads from (``disk``, ``host``, ``adapter``: the first of a runner's loads);
+    a reader that gets no ``expected_s`` can estimate it by model and source."""
 
     def as_dict(self) -> dict[str, Any]:
         body: dict[str, Any] = {"model": self.model, "since": round(self.since, 6)}
         if self.expected_s is not None:
             body["expected_s"] = round(self.expected_s, 6)
+        if self.source is not None:
+            body["from"] = self.source
         return body
 
 
@@ -250,9 +255,9 @@ class ModelResidency:
                     self._loading = None
                     raise
                 source: Tier = "disk" if entry is None else "host"
-                expected = (expect_s or {}).get(source, self._costs.get(key, {}).get(source))
+                expected = (expect_s or {}).get(source, self._measured_s(key, source))
             try:
-                with self.loading(key, expected):
+                with self.loading(key, expected, source):
                     started_s = self._timer_s()
                     if entry is not None:  # in host memory: moved back
                         if entry.kind.to_device is not None:
@@ -273,7 +278,8 @@ class ModelResidency:
                 return entry.value  # type: ignore[no-any-return]
 
     @contextmanager
-    def loading(self, model: str, expected_s: float | None) -> Iterator[None]:
+    def loading(self, model: str, expected_s: float | None,
+                source: LoadSource | None = None) -> Iterator[None]:
         """Announce a load a chunk waits for while it runs (``summary()["loading"]``), keep
         when it ended (``loaded_at``) and add its seconds to ``load_wait_s``; :attr:`on_load`
         is told as it begins and ends. A load inside
@@ -282,7 +288,7 @@ class ModelResidency:
         with self._lock:
             outer = self._window is None
             if outer:
-                self._window = LoadWindow(model, self._wall_s(), expected_s)
+                self._window = LoadWindow(model, self._wall_s(), expected_s, source)
         if not outer:
             yield
             return
@@ -308,6 +314,15 @@ class ModelResidency:
         with self._lock:
             entry = self._entries.get(key)
             return None if entry is None else entry.value
+
+    def _measured_s(self, key: str, source: Tier) -> float | None:
+        """The last load of ``key`` from ``source``, else the mean of this worker's last loads
+        of every model from it (None: none measured)."""
+        own = self._costs.get(key, {}).get(source)
+        if own is not None:
+            return own
+        theirs = [c[source] for c in self._costs.values() if source in c]
+        return sum(theirs) / len(theirs) if theirs else None
 
     def expected_load_s(self, key: str, expect_s: Mapping[str, float] | None = None
                         ) -> float:

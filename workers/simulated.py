@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from workers.errors import WorkerError
-from workers.residency import ModelResidency, Resident, process_residency
+from workers.residency import LoadSource, ModelResidency, Resident, process_residency
 from workers.runner import Artifact, BatchItem, ChunkPlan, ChunkResult, ShouldYield
 
 if TYPE_CHECKING:
@@ -97,7 +97,9 @@ class SimulatedRunner:
         expected_s = self._expected_load_s(key, params)
         if expected_s <= 0.0:  # resident with its adapters: nothing to announce
             return self._load(key, params)
-        with self.models.loading(key, expected_s):
+        tier = self.models.tier_of(key)
+        source: LoadSource = "adapter" if tier == "device" else tier
+        with self.models.loading(key, expected_s, source):
             return self._load(key, params)
 
     def _expected_load_s(self, key: str, params: Mapping[str, Any]) -> float:

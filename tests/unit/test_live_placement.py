@@ -504,3 +504,22 @@ def test_a_worker_loading_its_chunks_model_is_free_after_the_load_and_the_work()
     assert busy_free_in_s(snapshot, NOW_S, {"w1": unknown})["w1"] == pytest.approx(2.0)
     # and the model it loads counts as on its device for placement
     assert "simulated:m1" in holding("w1", beats["w1"], 0.0).device
+
+
+def test_a_load_the_worker_could_not_size_is_sized_by_the_learned_load_times() -> None:
+    """A first load on a worker that never measured one: the heartbeat names the model and
+    the tier, and the tick sizes the load by what it learned from every worker."""
+    from tasks.adapter import busy_free_in_s
+    from tasks.affinity import window_estimate
+    from tests.unit.test_scheduler_support import NOW_S, make_snapshot, running
+
+    since = NOW_S - 1.0
+    unsized = Heartbeat(name="w1", busy_job="a", chunk_since=since, left_s=2.0, residency={
+        "loading": {"model": "simulated:m7", "since": since, "from": "disk"}})
+    assert unsized.load_phase(since, NOW_S, lambda key, tier: 3.0) == (2.0, NOW_S)
+    assert unsized.load_phase(since, NOW_S) == (0.0, NOW_S)  # no estimate: 0 still to come
+    snapshot = make_snapshot([running("a", "w1", work_s=2.0, chunk_running_since_s=since)])
+    expected = window_estimate("simulated:m7", "disk")
+    assert expected > 0.0 and window_estimate("moe:x", "disk") == 0.0
+    free = busy_free_in_s(snapshot, NOW_S, {"w1": unsized})["w1"]
+    assert free == pytest.approx(max(expected - 1.0, 0.0) + 2.0)

@@ -331,14 +331,15 @@ def test_a_load_is_announced_while_it_runs_with_its_expected_seconds_and_its_end
     told: list[object] = []
     r.on_load = lambda: told.append(r.summary().get("loading"))
     r.acquire("a", lambda: build("a"), FAKE, expect_s={"disk": 2.5})
-    assert seen == [{"model": "a", "since": 100.0, "expected_s": 2.5}]
+    assert seen == [{"model": "a", "since": 100.0, "expected_s": 2.5, "from": "disk"}]
     assert told == [seen[0], None]  # told as it began and as it ended
     summary = r.summary()
     assert "loading" not in summary and summary["loaded_at"] == 102.0
     # no expectation given: its last measured load from the tier it comes from
     r.acquire("b", lambda: _build("b"), FAKE)
     r.acquire("c", lambda: _build("c"), FAKE)  # a falls to host memory
-    assert r.expected_load_s("a") == 0.0  # never moved back from host memory: not measured
+    # never moved back from host memory, nor any model: not measured
+    assert r.expected_load_s("a") == 0.0
     assert r.expected_load_s("a", {"host": 0.7}) == 0.7
     assert r.expected_load_s("c") == 0.0  # on the device
     # a resident model's acquisition announces nothing
@@ -373,3 +374,18 @@ def test_the_seconds_of_announced_loads_add_up() -> None:
     assert r.load_wait_s == 2.5
     r.acquire("a", build, FAKE)  # resident: no load
     assert r.load_wait_s == 2.5
+
+
+def test_a_load_never_measured_is_expected_as_long_as_this_workers_others_from_its_tier() -> None:
+    timer, wall = [0.0], [0.0]
+    r = ModelResidency(budget_bytes=2000, timer_s=lambda: timer[0], wall_s=lambda: wall[0])
+
+    def build(key: str, seconds: float) -> FakeModel:
+        timer[0] += seconds
+        return _build(key)
+
+    r.acquire("a", lambda: build("a", 1.0), FAKE)
+    r.acquire("b", lambda: build("b", 3.0), FAKE)
+    seen: list[object] = []
+    r.acquire("c", lambda: seen.append(r.summary()["loading"]) or build("c", 1.0), FAKE)
+    assert seen == [{"model": "c", "since": 0.0, "expected_s": 2.0, "from": "disk"}]

@@ -133,8 +133,9 @@ class DiffusionRunner:
         residency, key = process_residency(), component_key(c.recipe, self.device)
         have = set(loaded_adapters(c.transformer))
         missing = [spec.name for spec, _ in chosen if spec.name not in have]
-        with residency.loading(key, residency.expected_adapters_s(missing)) if missing \
-                else contextlib.nullcontext():
+        announce = residency.loading(key, residency.expected_adapters_s(missing), "adapter") \
+            if missing else contextlib.nullcontext()
+        with announce:
             transformer = apply_adapters(
                 c.recipe.family, c.transformer, chosen,
                 on_load=lambda name, seconds: residency.adapter_loaded(key, name, seconds))
