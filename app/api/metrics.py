@@ -186,7 +186,8 @@ def residency_metrics(beats: Mapping[str, Heartbeat]) -> Iterator[Metric]:
     """Per worker, from its heartbeat's ``residency``: bytes of the models it holds per tier,
     and its model loads and their seconds per source tier (cumulative, so counters): ``disk``
     and ``host`` for a base model a chunk needed, ``adapter`` for a LoRA adapter loaded onto
-    one, ``stage`` for a model read into host memory ahead of its jobs."""
+    one, ``stage`` for a model read into host memory ahead of its jobs; and whether a chunk of
+    it waits for a load now (``stepline_worker_loading``)."""
     resident = GaugeMetricFamily("stepline_worker_resident_bytes",
                                  "Measured tensor bytes of the models a worker holds",
                                  labels=["worker", "tier"])
@@ -196,9 +197,13 @@ def residency_metrics(beats: Mapping[str, Heartbeat]) -> Iterator[Metric]:
     seconds = CounterMetricFamily("stepline_worker_model_load_seconds",
                                   "Seconds a worker spent loading models, by source tier",
                                   labels=["worker", "source"])
+    loading = GaugeMetricFamily("stepline_worker_loading",
+                                "1 while a worker's chunk waits for a model load",
+                                labels=["worker"])
     for name, beat in sorted(beats.items()):
         if not beat.residency:
             continue
+        loading.add_metric([name], 1.0 if beat.residency.get("loading") else 0.0)
         for tier in ("device", "host"):
             resident.add_metric([name, tier], beat.resident_bytes(tier))
         for source, count in dict(beat.residency.get("loads") or {}).items():
@@ -213,3 +218,4 @@ def residency_metrics(beats: Mapping[str, Heartbeat]) -> Iterator[Metric]:
     yield resident
     yield loads
     yield seconds
+    yield loading

@@ -369,9 +369,21 @@ def model_residency(beat: Heartbeat) -> dict[str, Any]:
             "load_s": round(sum(float(v) for v in load_s.values()), 3),
             "adapter_loads": int(r.get("adapter_loads", 0)),
             "staged": int(r.get("staged", 0)),
+            "loading": _loading(r.get("loading")),
         }
     except (TypeError, ValueError):  # a worker of another version: leave it out
         return {}
+
+
+def _loading(window: Any) -> dict[str, Any] | None:
+    """The load a worker's chunk waits for now (the residency key, since when, the seconds it
+    is expected to take, where from), or None."""
+    if not isinstance(window, Mapping) or "model" not in window:
+        return None
+    expected = window.get("expected_s")
+    return {"model": str(window["model"]), "since": float(window.get("since", 0.0)),
+            "expected_s": None if expected is None else float(expected),
+            "from": None if window.get("from") is None else str(window["from"])}
 
 
 def worker_views(beats: Mapping[str, Heartbeat], now_s: float,

@@ -170,6 +170,11 @@
     }
     if ((models.host || []).length) parts.push(`host: ${models.host.join(", ")}`);
     if ((models.staging || []).length) parts.push(`staging: ${models.staging.join(", ")}`);
+    if (models.loading) {
+      const expected = models.loading.expected_s == null ? ""
+        : ` (${models.loading.expected_s.toFixed(1)} s expected)`;
+      parts.push(`loading: ${models.loading.model}${expected}`);
+    }
     return parts.length ? parts.join(" · ") : "—";
   }
 

@@ -140,7 +140,11 @@ def test_the_models_a_worker_holds_are_read_from_its_heartbeats_residency() -> N
     assert model_residency(beat) == {
         "device": ["simulated:m0", "simulated:m1"], "host": ["simulated:m2"],
         "staging": ["simulated:m3"], "device_bytes": 500, "budget_bytes": 1000, "loads": 4,
-        "load_s": 1.5, "adapter_loads": 2, "staged": 1}
+        "load_s": 1.5, "adapter_loads": 2, "staged": 1, "loading": None}
+    loading = Heartbeat.decode(json.dumps({"name": "w1", "residency": {
+        "loading": {"model": "simulated:m4", "since": 12.5, "expected_s": 2.0, "from": "disk"}}}))
+    assert model_residency(loading)["loading"] == {
+        "model": "simulated:m4", "since": 12.5, "expected_s": 2.0, "from": "disk"}
     assert model_residency(Heartbeat(name="w2")) == {}  # no runner built yet
     odd = Heartbeat.decode(json.dumps({"name": "w3", "residency": {"loads": {"disk": "x"}}}))
     assert model_residency(odd) == {}  # another version's: left out, not an error

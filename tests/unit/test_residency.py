@@ -314,6 +314,11 @@ def test_metrics_show_each_workers_resident_bytes_and_loads() -> None:
     assert samples[("stepline_worker_resident_bytes", (("tier", "host"), ("worker", "w1@h")))
                    ] == SIZES["e"]
     assert not any("w2@h" in dict(labels).values() for _, labels in samples)
+    assert samples[("stepline_worker_loading", (("worker", "w1@h"),))] == 0.0
+    with r.loading("c", 1.0):  # a chunk waiting for a load now
+        busy = {"w1@h": Heartbeat(name="w1@h", residency=r.summary())}
+        assert [s.value for m in residency_metrics(busy) for s in m.samples
+                if s.name == "stepline_worker_loading"] == [1.0]
 
 
 # a load a chunk waits for, announced ---------------------------------------------------------
