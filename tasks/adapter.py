@@ -31,6 +31,7 @@ from scheduler.model import ClusterSnapshot
 from scheduler.placement import PlacementPolicy
 from scheduler.plan import LevelMark, Release
 from scheduler.recovery import Failure, Recovery, RecoveryCause, RecoveryConfig
+from scheduler.state import AdmissionState
 from tasks import keys
 from tasks.admission import PublishedAdmission
 from tasks.affinity import (
@@ -149,7 +150,8 @@ def run_tick(ctx: WorkerContext, now_s: float, cache: SnapshotCache | None = Non
     took.check_s = checked - planned
     free_in_s = functools.cache(lambda: busy_free_in_s(snapshot, now_s, seen.heartbeats))
     target = LiveTarget(store, seen.records, settings, buffered=True, busy_free_in_s=free_in_s,
-                        counted_until_s=read_at_s, rate=snapshot.cost.seconds_per_unit)
+                        counted_until_s=read_at_s, rate=snapshot.cost.seconds_per_unit,
+                        converging=plan.admission.state is AdmissionState.CONVERGING)
     try:
         apply_plan(plan, target)
         target.flush()
@@ -236,8 +238,15 @@ class LiveTarget:
                  settings: Settings, *, buffered: bool = False,
                  busy_free_in_s: Callable[[], Mapping[str, float]] | None = None,
                  counted_until_s: float | None = None,
-                 rate: Callable[[str], float] | None = None) -> None:
+                 rate: Callable[[str], float] | None = None,
+                 converging: bool = False) -> None:
         self.store, self.seen, self.settings = store, seen, settings
+        self.standby_reason = ("moved to standby: overload convergence, or in flight outside "
+                               "the top" if converging else
+                               "moved to standby: in flight outside the top")
+        """What a job's events say of a standby move: the plan's standby list holds both the
+        lowest level's in-flight work under overload convergence and the in-flight work that
+        fell out of the top (its next chunk runs only where nothing else is wanted)."""
         self._directory: WorkerDirectory | None = None
         self._busy_free_in_s = busy_free_in_s
         """When the busy workers free up (the tick's snapshot knows), read for a placement."""
@@ -386,7 +395,7 @@ class LiveTarget:
         job = self.seen[job_id]
         if job.state is not JobState.QUEUED:
             return self._update(job, STANDBY)
-        reason = "overload convergence: moved to standby"
+        reason = self.standby_reason
         queue = self._kept(job, STANDBY) or STANDBY
         if self.buffered:
             return self._release_queued(job, queue, reason=reason, bump_epoch=True)
