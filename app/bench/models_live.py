@@ -23,7 +23,7 @@ import random
 import statistics
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -82,6 +82,9 @@ class LiveSetup:
     chunk_lease_s: float = 2.0
     """The live chunk lease: a worker beats every third of it (and at once after a load), so
     placement reads what it holds and whether it is busy at most that late."""
+    hop_s: float | None = None
+    """The overhead the simulator charges each chunk (None: its default, a hop measured on a
+    quiet machine); :func:`compare` also runs it with the overhead the live run measured."""
 
     def budgets(self, catalog: Catalog) -> tuple[int, int]:
         """(device, host) bytes per worker, as ``models_sim.run_placement`` sizes them."""
@@ -131,7 +134,7 @@ def run_sim(setup: LiveSetup, placement: str, jobs: Sequence[ModelJob],
                         loads_in_plan=placement == "stepline",
                         stage=placement == "stepline" and host > 0,
                         stage_min_queued=STAGE_MIN_QUEUED)
-    config = models_config(setup.workload, residency, jobs, setup.tick_s)
+    config = models_config(setup.workload, residency, jobs, setup.tick_s, setup.hop_s)
     trace = sim_trace(jobs)
     result = ClusterSim(config, trace, sim_policy(config, "stepline")).run()
     finished = {a.index: result.finished_s[a.index] for a in trace}
@@ -188,6 +191,9 @@ def run_live(setup: LiveSetup, placement: str, jobs: Sequence[ModelJob], catalog
             wall_s = time.monotonic() - started
             latencies = _latencies(service, jobs, outcomes)
             moves = _moves(service, outcomes)
+            chunk_overhead = chunk_overhead_s(jobs, {
+                job.index: service.store.events(outcome.job_id)
+                for job, outcome in zip(jobs, outcomes, strict=True) if outcome.job_id})
             missed = _missed(service, jobs, outcomes, latencies, setup.warmup)
             beats = service.store.heartbeats().values()
             tick_ms, intervals_ms = tick_figures(service.store, since)
@@ -217,6 +223,7 @@ def run_live(setup: LiveSetup, placement: str, jobs: Sequence[ModelJob], catalog
         "device_budget_bytes": device,
         "wall_s": wall_s,
         "moves": moves,
+        "chunk_overhead_s": chunk_overhead,
         "missed": missed,
         "tick": {"ticks": len(tick_ms), "duration_ms": _quantiles(tick_ms),
                  "interval_ms": _quantiles(intervals_ms)},
@@ -257,6 +264,33 @@ def _moves(service: Any, outcomes: Sequence[Outcome]) -> dict[str, int]:
                 key = f"{event.get('to')}: {reason.split(';')[0].split(' on ')[0][:40]}"
             counts[key] = counts.get(key, 0) + 1
     return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def chunk_overhead_s(jobs: Sequence[ModelJob], events: Mapping[int, Sequence[Mapping[str, Any]]]
+                     ) -> dict[str, float | int | None]:
+    """What a chunk cost beyond its declared step on the live stack, from the jobs' events:
+    for each chunk after the first (the first pays the loads) whose successor started on the
+    same worker with nothing run between (that gap shorter than half the shortest step), its
+    start to the next chunk's start, less its step — the claim, the commit and the hop, as the
+    stack runs them under this load (``events``: each job's events by its index). The median
+    and the count (None: no such chunk)."""
+    shortest = min((j.step_s for j in jobs), default=0.0)
+    by_index = {job.index: job for job in jobs}
+    samples: list[float] = []
+    for index, trail in events.items():
+        step_s = by_index[index].step_s
+        states = [e for e in trail if e.get("kind") == "state"]
+        for a, b, c in zip(states, states[1:], states[2:], strict=False):
+            if a.get("to") != "RUNNING" or str(a.get("reason")) == "chunk 0" \
+                    or b.get("to") != "QUEUED" or not str(b.get("reason", "")).startswith(
+                        "next chunk ") or c.get("to") != "RUNNING" or c.get("by") != a.get("by"):
+                continue
+            started, queued, next_started = (float(e.get("ts", 0.0)) for e in (a, b, c))
+            if next_started - queued < shortest / 2:
+                samples.append(next_started - started - step_s)
+    if not samples:
+        return {"median": None, "chunks": 0}
+    return {"median": statistics.median(samples), "chunks": len(samples)}
 
 
 def _missed(service: Any, jobs: Sequence[ModelJob], outcomes: Sequence[Outcome],
@@ -336,10 +370,23 @@ def compare(setup: LiveSetup, placements: Sequence[str] = ("stepline",),
     for placement in placements:
         sim = run_sim(setup, placement, jobs, catalog)
         live = run_live(setup, placement, jobs, catalog, run_dir)
-        a_live, a_sim = (f["groups"]["all"]["attainment"] or 0.0 for f in (live, sim))
-        rows[placement] = {"live": live, "sim": sim,
-                           "attainment_gap_points": 100.0 * (a_live - a_sim)}
+        row = {"live": live, "sim": sim,
+               "attainment_gap_points": _gap_points(live, sim)}
+        measured_hop = live["chunk_overhead_s"]["median"]
+        if measured_hop is not None and setup.hop_s is None:
+            # the same jobs again through the simulator, each chunk charged what the live stack
+            # paid per chunk in this run (the machine's, under this load), not the default
+            calibrated = run_sim(replace(setup, hop_s=measured_hop), placement, jobs, catalog)
+            row |= {"sim_measured_hop": calibrated,
+                    "attainment_gap_points_measured_hop": _gap_points(live, calibrated)}
+        rows[placement] = row
     return {"note": NOTE, "jobs": len(jobs), "rows": rows}
+
+
+def _gap_points(live: dict[str, Any], sim: dict[str, Any]) -> float:
+    """Live less simulated overall attainment, in points."""
+    a_live, a_sim = (f["groups"]["all"]["attainment"] or 0.0 for f in (live, sim))
+    return 100.0 * (a_live - a_sim)
 
 
 def paired_seeds(setup: LiveSetup, seeds: int, placements: Sequence[str] = (

@@ -100,13 +100,15 @@ def residency_for(placement: str, catalog: Catalog, device_budget_bytes: int,
 
 
 def models_config(workload: ModelsWorkload, residency: ResidencyConfig, jobs: Sequence[ModelJob],
-                  tick_s: float) -> SimConfig:
-    """A simulated run long enough for every arrival and for the last job's batch deadline."""
+                  tick_s: float, hop_s: float | None = None) -> SimConfig:
+    """A simulated run long enough for every arrival and for the last job's batch deadline;
+    ``hop_s``: the overhead each chunk pays (None: the simulator's default)."""
     last = max((j.arrival_s for j in jobs), default=0.0)
     drain_s = max((j.deadline_s - last for j in jobs), default=0.0) + 1.0
-    return SimConfig(workers=workload.workers, rate_per_s=workload.rate_per_s(),
-                     duration_s=last + 1e-6, drain_s=drain_s, seed=workload.seed,
-                     tick_s=tick_s, residency=residency)
+    config = SimConfig(workers=workload.workers, rate_per_s=workload.rate_per_s(),
+                       duration_s=last + 1e-6, drain_s=drain_s, seed=workload.seed,
+                       tick_s=tick_s, residency=residency)
+    return config if hop_s is None else replace(config, dispatch_overhead_s=hop_s)
 
 
 def run_placement(workload: ModelsWorkload, placement: str, *, device_models: float = 3.0,

@@ -115,6 +115,11 @@ URGENT = Shape("urgent-text", 0.0, SloClass.REALTIME, JobKind.TEXT, "text", 1, 4
 """The stress test's urgent job: a 4-token reply (~24 ms) due within 80 ms."""
 
 
+DEFAULT_HOP_S = 0.003
+"""The overhead the simulator charges a chunk unless told otherwise: a hop measured on a quiet
+machine (``tests/bench/bench_hop.py``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class SimConfig:
     """One simulated run; times in virtual seconds."""
@@ -125,7 +130,7 @@ class SimConfig:
     """Arrivals stop here; the run goes on for ``drain_s`` so queued work can finish."""
     drain_s: float = 30.0
     seed: int = 1
-    dispatch_overhead_s: float = 0.003
+    dispatch_overhead_s: float = DEFAULT_HOP_S
     """Per hop: finish, publish the next chunk, a worker picks it up (unix socket ~2 ms, TCP
     3-5 ms)."""
     jitter: float = 0.1

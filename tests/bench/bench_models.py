@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.bench.models_sim import NOTE, PLACEMENTS, max_load_at, run_placement
 from app.bench.models_workload import ModelsWorkload, generate_jobs, model_catalog, top_share
+from app.bench.simulate import DEFAULT_HOP_S
 
 if TYPE_CHECKING:  # the live module loads the stack (Celery, the API): only for the live runs
     from app.bench.models_live import LiveSetup
@@ -253,10 +254,13 @@ def run_live(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     result = compare(setup, _csv(args.live_policies, str))
     for placement, row in result["rows"].items():
-        for side in ("live", "sim"):
+        for side in ("live", "sim", "sim_measured_hop"):
+            if side not in row:
+                continue
             f = row[side]
             g = f["groups"]
-            print(f"{side.upper():4} {placement:9} " + "  ".join(
+            label = "SIM+" if side == "sim_measured_hop" else side.upper()
+            print(f"{label:4} {placement:9} " + "  ".join(
                 f"{name} {g[name]['met']}/{g[name]['jobs']} {_pct(g[name]['attainment'])} %"
                 f" [{_pct(g[name]['ci95'][0])}, {_pct(g[name]['ci95'][1])}]"
                 for name in ("all", "interactive", "batch") if g[name]["jobs"])
@@ -267,6 +271,12 @@ def run_live(args: argparse.Namespace) -> None:
                 f"  loading {_pct(f['load_share_of_capacity'])} % of capacity")
         print(f"     {placement:9} live - sim attainment: {row['attainment_gap_points']:+.1f} "
               f"points (goal: within 5)")
+        hop = row["live"]["chunk_overhead_s"]
+        if "attainment_gap_points_measured_hop" in row:
+            print(f"     {placement:9} live - sim with the per-chunk overhead measured live "
+                  f"({1000 * hop['median']:.1f} ms, {hop['chunks']} chunks; the simulator's "
+                  f"default {1000 * DEFAULT_HOP_S:.0f} ms): "
+                  f"{row['attainment_gap_points_measured_hop']:+.1f} points")
     out = {"live_vs_sim": result, "settings": {k: (str(v) if isinstance(v, Path) else v)
                                                for k, v in vars(args).items()},
            "wall_s": time.perf_counter() - started}
