@@ -37,7 +37,7 @@ from app.bench.models_workload import (
     generate_jobs,
     model_catalog,
 )
-from app.bench.report import mean_ci
+from app.bench.report import mean_ci, percentile
 from app.bench.run import tick_figures
 from app.bench.sim_residency import Eviction
 from app.bench.simulate import ClusterSim, Shape, SimArrival, sim_policy
@@ -231,13 +231,9 @@ def run_live(setup: LiveSetup, placement: str, jobs: Sequence[ModelJob], catalog
 
 
 def _quantiles(values: Sequence[float]) -> dict[str, float | None]:
-    """p50 / p95 / p99 / max of ``values`` (None when there are none)."""
-    ordered = sorted(values)
-    if not ordered:
-        return {"p50": None, "p95": None, "p99": None, "max": None}
-    def at(q: float) -> float:
-        return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
-    return {"p50": at(0.5), "p95": at(0.95), "p99": at(0.99), "max": ordered[-1]}
+    """p50 / p95 / p99 / max of ``values`` (nearest rank; None when there are none)."""
+    return {"p50": percentile(values, 50), "p95": percentile(values, 95),
+            "p99": percentile(values, 99), "max": percentile(values, 100)}
 
 
 def _moves(service: Any, outcomes: Sequence[Outcome]) -> dict[str, int]:
