@@ -327,14 +327,14 @@ class ModelResidency:
     def expected_load_s(self, key: str, expect_s: Mapping[str, float] | None = None
                         ) -> float:
         """Seconds a chunk would wait to have ``key`` on the device now: 0 when it is there,
-        else ``expect_s`` of the tier it would come from, or its last load from that tier
-        (0 when never measured)."""
+        else ``expect_s`` of the tier it would come from, or what :meth:`acquire` would
+        announce for it (:meth:`_measured_s`; 0 when nothing was measured)."""
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None and entry.tier == "device":
                 return 0.0
-            source = "disk" if entry is None else "host"
-            return float((expect_s or {}).get(source, self._costs.get(key, {}).get(source, 0.0)))
+            source: Tier = "disk" if entry is None else "host"
+            return float((expect_s or {}).get(source, self._measured_s(key, source) or 0.0))
 
     def expected_adapters_s(self, adapters: Iterable[str]) -> float | None:
         """Seconds loading ``adapters`` is expected to take: each one's last measured load,
