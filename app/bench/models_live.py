@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from app.bench.driver import Outcome, replay
-from app.bench.models_sim import group_figures, models_config, residency_for
+from app.bench.models_sim import group_figures, models_config, paired_points, residency_for
 from app.bench.models_workload import (
     Catalog,
     ModelJob,
@@ -37,7 +37,7 @@ from app.bench.models_workload import (
     generate_jobs,
     model_catalog,
 )
-from app.bench.report import mean_ci, percentile
+from app.bench.report import percentile
 from app.bench.run import tick_figures
 from app.bench.sim_residency import Eviction
 from app.bench.simulate import ClusterSim, Shape, SimArrival, sim_policy
@@ -405,8 +405,6 @@ def paired_seeds(setup: LiveSetup, seeds: int, placements: Sequence[str] = (
     out: dict[str, Any] = {"seeds": seeds, "attainment": by_placement,
                            "mean": {p: statistics.fmean(v) for p, v in by_placement.items()}}
     for other in others:
-        diffs = [a - b for a, b in zip(by_placement[first], by_placement[other], strict=True)]
-        ci = mean_ci(diffs)
-        out[f"{first}_minus_{other}"] = {"mean_points": ci["mean"], "ci95": [ci["lo"], ci["hi"]],
-                                         "ahead": sum(d > 0 for d in diffs)}
+        out[f"{first}_minus_{other}"] = paired_points(by_placement[first], by_placement[other],
+                                                      scale=1.0)
     return out

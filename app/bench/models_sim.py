@@ -45,7 +45,7 @@ from app.bench.models_workload import (
     generate_jobs,
     model_catalog,
 )
-from app.bench.report import percentile, wilson_interval
+from app.bench.report import mean_ci, percentile, wilson_interval
 from app.bench.sim_residency import GB, ResidencyConfig
 from app.bench.simulate import ClusterSim, Shape, SimArrival, SimConfig, SimResult, sim_policy
 from scheduler import JobKind, PolicyConfig, Tier
@@ -195,6 +195,70 @@ def placement_figures(trace: Sequence[SimArrival], result: SimResult, config: Si
         "device_budget_bytes": res.get("device_budget_bytes"),
         "wall_s": result.wall_s,
     }
+
+
+WEIGHTED = ("base_loads_per_100", "host_loads_per_100", "resume_loads_per_100",
+            "adapter_loads_per_100", "load_share_of_busy", "load_share_of_capacity",
+            "utilisation", "warm_start_share")
+"""Per-job rates and shares :func:`pool_figures` averages, each trace weighted by its measured
+jobs."""
+SUMMED = ("measured_jobs", "warmup_jobs", "staged", "parked_recovered", "preemptions", "wall_s")
+
+
+def pool_figures(per_trace: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One policy's :func:`placement_figures` over several traces of a row, as one: each
+    group's jobs, met and unfinished summed (attainment and its Wilson interval over all those
+    jobs), its p95 latency the mean of the traces' p95s; rates and shares (:data:`WEIGHTED`)
+    averaged with each trace weighted by its measured jobs; counts summed; peak bytes the
+    highest. ``trace_attainment`` keeps each trace's overall attainment and
+    ``trace_mean`` its mean with a 95 % t-interval over the traces: the Wilson interval treats
+    jobs as independent, but within a trace they share its overload episodes (one trace of 1 500
+    jobs at 8 workers and load 0.8 gave 90.1 % where three others gave 96.5-97.4 %), so only the
+    spread between traces says how far a row's figure would move on another."""
+    if not per_trace:
+        raise ValueError("pool_figures needs at least one trace's figures")
+    first = per_trace[0]
+    weights = [max(f["measured_jobs"], 0) for f in per_trace]
+    total = sum(weights) or 1
+    groups: dict[str, Any] = {}
+    for name in first["groups"]:
+        jobs = sum(f["groups"][name]["jobs"] for f in per_trace)
+        met = sum(f["groups"][name]["met"] for f in per_trace)
+        p95s = [p for f in per_trace if (p := f["groups"][name]["p95_latency_s"]) is not None]
+        ci = wilson_interval(met, jobs)
+        groups[name] = {"jobs": jobs, "met": met, "attainment": met / jobs if jobs else None,
+                        "ci95": list(ci) if ci else None,
+                        "p95_latency_s": sum(p95s) / len(p95s) if p95s else None,
+                        "unfinished": sum(f["groups"][name]["unfinished"] for f in per_trace)}
+    pooled: dict[str, Any] = {k: v for k, v in first.items() if k not in groups}
+    pooled["groups"] = groups
+    for key in WEIGHTED:
+        values = [(f[key], w) for f, w in zip(per_trace, weights, strict=True)
+                  if f.get(key) is not None]
+        pooled[key] = sum(v * w for v, w in values) / total if values else None
+    for key in SUMMED:
+        pooled[key] = sum(f.get(key) or 0 for f in per_trace)
+    peaks = [f["peak_device_bytes"] for f in per_trace if f.get("peak_device_bytes")]
+    pooled["peak_device_bytes"] = max(peaks) if peaks else first.get("peak_device_bytes")
+    attained = [f["groups"]["all"]["attainment"] or 0.0 for f in per_trace]
+    ci = mean_ci(attained)
+    pooled["traces"] = len(per_trace)
+    pooled["trace_attainment"] = attained
+    pooled["trace_mean"] = {"mean": ci["mean"], "ci95": [ci["lo"], ci["hi"]]}
+    return pooled
+
+
+def paired_points(mine: Sequence[float], other: Sequence[float],
+                  scale: float = 100.0) -> dict[str, Any]:
+    """``mine`` less ``other``, trace by trace, in points (attainments as fractions: ``scale``
+    100; already in per cent: 1): the mean difference with its 95 % t-interval over the
+    traces, and on how many ``mine`` was ahead."""
+    diffs = [scale * (a - b) for a, b in zip(mine, other, strict=True)]
+    if not diffs:
+        raise ValueError("paired_points needs at least one trace")
+    ci = mean_ci(diffs)
+    return {"mean_points": ci["mean"], "ci95": [ci["lo"], ci["hi"]],
+            "ahead": sum(d > 0 for d in diffs), "traces": len(diffs)}
 
 
 def max_load_at(workload: ModelsWorkload, placement: str, target: float = 0.99,

@@ -29,8 +29,21 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from app.bench.models_sim import NOTE, PLACEMENTS, max_load_at, run_placement
-from app.bench.models_workload import ModelsWorkload, generate_jobs, model_catalog, top_share
+from app.bench.models_sim import (
+    NOTE,
+    PLACEMENTS,
+    max_load_at,
+    paired_points,
+    pool_figures,
+    run_placement,
+)
+from app.bench.models_workload import (
+    ModelsWorkload,
+    first_use_loads,
+    generate_jobs,
+    model_catalog,
+    top_share,
+)
 from app.bench.simulate import DEFAULT_HOP_S
 
 if TYPE_CHECKING:  # the live module loads the stack (Celery, the API): only for the live runs
@@ -66,6 +79,10 @@ def main() -> None:
     parser.add_argument("--host-models", type=float, default=8.0)
     parser.add_argument("--tick-s", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seeds", type=int, default=3,
+                        help="traces per row (seed, seed + 1, ...): each row's figures pooled "
+                             "over them, and Stepline's paired difference from each baseline "
+                             "with a 95 %% t-interval over the traces")
     parser.add_argument("--policies", default=",".join(PLACEMENTS))
     parser.add_argument("--search-workers", default="8",
                         help="pool sizes whose highest load at 99 %% is searched ('' for none)")
@@ -114,15 +131,7 @@ def main() -> None:
     for workers in _csv(args.workers, int):
         jobs = max(args.jobs, int(args.jobs_per_worker * workers))
         for load in _csv(args.loads, float):
-            workload = ModelsWorkload(models=args.models, jobs=jobs, workers=workers, load=load,
-                                      seed=args.seed)
-            catalog = model_catalog(workload)
-            trace = generate_jobs(workload, catalog)
-            row = {"workers": workers, "load": load, "jobs": jobs,
-                   "rate_per_s": workload.rate_per_s(),
-                   "policies": {p: run_placement(workload, p, jobs=trace, catalog=catalog,
-                                                 **run_kw) for p in policies}}
-            row["goals"] = row_goals(row["policies"], workers)
+            row = run_row(args, workers, load, jobs, policies, run_kw)
             rows.append(row)
             _print_row(row)
     searches: list[dict[str, Any]] = []
@@ -154,6 +163,37 @@ def main() -> None:
     args.out.write_text(json.dumps(out, indent=1))
     _print_goal_summary(rows, searches)
     print(f"wrote {args.out} ({time.perf_counter() - started:.0f} s)")
+
+
+def run_row(args: argparse.Namespace, workers: int, load: float, jobs: int,
+            policies: list[str], run_kw: dict[str, Any]) -> dict[str, Any]:
+    """One row: every policy on the same ``args.seeds`` traces (each policy's figures pooled
+    over them), the loads no placement avoids (:func:`first_use_loads`, averaged over the
+    traces), Stepline's paired difference from each other policy, and the issue's goals on the
+    pooled figures."""
+    per_trace: dict[str, list[dict[str, Any]]] = {p: [] for p in policies}
+    floors: list[dict[str, float]] = []
+    rate = 0.0
+    for k in range(args.seeds):
+        workload = ModelsWorkload(models=args.models, jobs=jobs, workers=workers, load=load,
+                                  seed=args.seed + k)
+        rate = workload.rate_per_s()
+        catalog = model_catalog(workload)
+        trace = generate_jobs(workload, catalog)
+        floors.append(first_use_loads(trace, int(args.warmup * len(trace))))
+        for p in policies:
+            per_trace[p].append(run_placement(workload, p, jobs=trace, catalog=catalog, **run_kw))
+    row: dict[str, Any] = {
+        "workers": workers, "load": load, "jobs": jobs, "seeds": args.seeds, "rate_per_s": rate,
+        "policies": {p: pool_figures(figs) for p, figs in per_trace.items()},
+        "first_use_loads_per_100": {key: sum(f[key] for f in floors) / len(floors)
+                                    for key in ("base_per_100", "adapter_per_100")}}
+    if "stepline" in per_trace:
+        mine = row["policies"]["stepline"]["trace_attainment"]
+        row["stepline_minus"] = {p: paired_points(mine, f["trace_attainment"])
+                                 for p, f in row["policies"].items() if p != "stepline"}
+    row["goals"] = row_goals(row["policies"], workers)
+    return row
 
 
 def _workload_shape(args: argparse.Namespace) -> dict[str, Any]:
@@ -209,8 +249,9 @@ def _pct(x: float | None) -> str:
 
 
 def _print_row(row: dict[str, Any]) -> None:
+    traces = f", {row['seeds']} traces pooled" if row["seeds"] > 1 else ""
     print(f"\nSIMULATED {row['workers']} workers, offered load {row['load']:.2f} "
-          f"({row['jobs']} jobs, {row['rate_per_s']:.3f} jobs/s)")
+          f"({row['jobs']} jobs{traces}, {row['rate_per_s']:.3f} jobs/s)")
     print(f"{'policy':<10} {'interactive % [95% CI]':<24} {'batch % [95% CI]':<24} "
           f"{'all %':>6} {'p95 s':>7} {'base/100':>8} {'adap/100':>8} {'load%cap':>8} "
           f"{'load%busy':>9} {'warm%':>6}")
@@ -226,6 +267,16 @@ def _print_row(row: dict[str, Any]) -> None:
               f"{'-' if p95 is None else f'{p95:.0f}':>7} {f['base_loads_per_100']:8.1f} "
               f"{f['adapter_loads_per_100']:8.1f} {_pct(f['load_share_of_capacity']):>8} "
               f"{_pct(f['load_share_of_busy']):>9} {_pct(f['warm_start_share']):>6}")
+    floor = row["first_use_loads_per_100"]
+    print(f"first-use loads per 100 jobs (no placement avoids them): base "
+          f"{floor['base_per_100']:.1f}, adapter {floor['adapter_per_100']:.1f}")
+    if row["seeds"] > 1:
+        print(f"over {row['seeds']} traces, each policy's attainment: " + "; ".join(
+            f"{p} " + " ".join(_pct(a).strip() for a in f["trace_attainment"])
+            for p, f in row["policies"].items()))
+        for other, d in row.get("stepline_minus", {}).items():
+            print(f"  stepline - {other}: {d['mean_points']:+.1f} points [{d['ci95'][0]:+.1f}, "
+                  f"{d['ci95'][1]:+.1f}], ahead on {d['ahead']}/{d['traces']} traces")
     if row["goals"]:
         print("goals: " + ", ".join(f"{k}={v}" for k, v in row["goals"].items()))
 

@@ -10,7 +10,9 @@ import pytest
 from app.bench.models_workload import (
     MAX_BYTES,
     MIN_BYTES,
+    ModelJob,
     ModelsWorkload,
+    first_use_loads,
     generate_jobs,
     model_catalog,
     top_share,
@@ -75,3 +77,34 @@ def test_time_and_byte_scales_and_seeding() -> None:
         assert y.disk_median_s == pytest.approx(0.1 * x.disk_median_s)
         assert y.bytes == pytest.approx(0.001 * x.bytes, rel=1e-6)
     assert generate_jobs(ModelsWorkload(jobs=200, seed=8)) != a
+
+
+def _job(index: int, model: str, adapters: tuple[str, ...] = ()) -> ModelJob:
+    return ModelJob(index, float(index), model, adapters, 1, 1.0, 1, SloClass.BATCH, 10.0 + index)
+
+
+def test_first_use_loads_count_what_no_earlier_job_named_among_the_measured_jobs() -> None:
+    jobs = [_job(0, "a", ("a/0",)),            # warm-up: names a and (a, a/0)
+            _job(1, "a", ("a/0", "a/1")),      # new pair (a, a/1)
+            _job(2, "b"),                      # new base b
+            _job(3, "b", ("b/0",)),            # new pair (b, b/0)
+            _job(4, "a", ("a/1",))]            # nothing new
+    floor = first_use_loads(jobs, warmup=1)
+    assert floor == {"base_per_100": 100.0 * 1 / 4, "adapter_per_100": 100.0 * 2 / 4}
+    # without a warm-up the first job's base and pair count too
+    assert first_use_loads(jobs) == {"base_per_100": 100.0 * 2 / 5,
+                                     "adapter_per_100": 100.0 * 3 / 5}
+
+
+def test_first_use_loads_are_a_floor_under_the_simulated_policies() -> None:
+    from app.bench.models_sim import run_placement
+
+    w = ModelsWorkload(models=10, jobs=120, workers=2, load=0.6, seed=5)
+    catalog = model_catalog(w)
+    jobs = generate_jobs(w, catalog)
+    floor = first_use_loads(jobs, warmup=24)
+    assert floor["adapter_per_100"] > 0.0
+    for policy in ("oblivious", "warm", "stepline"):
+        figures = run_placement(w, policy, jobs=jobs, catalog=catalog, warmup=0.2)
+        assert figures["base_loads_per_100"] >= floor["base_per_100"] - 1e-9
+        assert figures["adapter_loads_per_100"] >= floor["adapter_per_100"] - 1e-9

@@ -7,10 +7,17 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.bench.models_sim import max_load_at, residency_for, run_placement
+from app.bench.models_sim import (
+    max_load_at,
+    paired_points,
+    pool_figures,
+    residency_for,
+    run_placement,
+)
 from app.bench.models_workload import ModelsWorkload, model_catalog
 from app.bench.sim_residency import GB, WorkerMemory
 from app.bench.simulate import ClusterSim, SimConfig, generate_trace, sim_policy
@@ -126,3 +133,42 @@ def test_the_max_load_search_pools_its_seeds_jobs_in_every_probe() -> None:
         low, high = probe["ci95"]
         assert low - 1e-9 <= probe["attainment"] <= high + 1e-9
     assert 0.0 <= two["max_load"] <= 1.3
+
+
+def test_a_rows_traces_pool_into_one_figure_with_the_spread_between_them() -> None:
+    w = ModelsWorkload(models=8, jobs=80, workers=2, load=0.7, seed=2)
+    traces = [run_placement(replace(w, seed=w.seed + k), "stepline", warmup=0.2)
+              for k in range(3)]
+    pooled = pool_figures(traces)
+    for name in ("all", "interactive", "batch"):
+        jobs = sum(t["groups"][name]["jobs"] for t in traces)
+        met = sum(t["groups"][name]["met"] for t in traces)
+        assert pooled["groups"][name]["jobs"] == jobs
+        assert pooled["groups"][name]["attainment"] == met / jobs
+        low, high = pooled["groups"][name]["ci95"]
+        assert low <= met / jobs <= high
+    weights = [t["measured_jobs"] for t in traces]
+    expected = sum(t["base_loads_per_100"] * n for t, n in zip(traces, weights, strict=True))
+    assert pooled["base_loads_per_100"] == pytest.approx(expected / sum(weights))
+    assert pooled["measured_jobs"] == sum(weights)
+    attained = [t["groups"]["all"]["attainment"] for t in traces]
+    assert pooled["trace_attainment"] == attained
+    low, high = pooled["trace_mean"]["ci95"]
+    assert low <= sum(attained) / 3 <= high
+    # one trace pools to itself
+    alone = pool_figures(traces[:1])
+    assert alone["groups"]["all"] == traces[0]["groups"]["all"]
+    assert alone["base_loads_per_100"] == traces[0]["base_loads_per_100"]
+    with pytest.raises(ValueError):
+        pool_figures([])
+
+
+def test_the_paired_difference_is_taken_trace_by_trace() -> None:
+    found = paired_points([0.9, 0.8, 0.95], [0.85, 0.82, 0.9])
+    assert found["mean_points"] == pytest.approx((5.0 - 2.0 + 5.0) / 3)
+    assert found["ahead"] == 2 and found["traces"] == 3
+    low, high = found["ci95"]
+    assert low < found["mean_points"] < high
+    assert paired_points([90.0], [85.0], scale=1.0)["mean_points"] == 5.0
+    with pytest.raises(ValueError):
+        paired_points([], [])
