@@ -7,7 +7,7 @@ import socket
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from tasks.errors import SettingsError, SteplineError
@@ -89,8 +89,12 @@ class SentinelAddress:
 # A hung master (or one behind a dead link) is noticed within ~socket_timeout: TCP keepalive
 # probes an idle connection after 10 s, every 5 s, 3 times, so a half-open one is dropped too.
 KEEPALIVE_OPTIONS = {socket.TCP_KEEPIDLE: 10, socket.TCP_KEEPINTVL: 5, socket.TCP_KEEPCNT: 3}
-_TIMEOUTS = {"socket_timeout": 10, "socket_connect_timeout": 5, "health_check_interval": 30}
-_KEEPALIVE = {"socket_keepalive": True, "socket_keepalive_options": KEEPALIVE_OPTIONS}
+# Any-valued: spread into redis-py's constructors, whose typed parameters (Sentinel's
+# ``force_master_ip`` since redis-py 8.2) a dict of ints would appear to fill
+_TIMEOUTS: dict[str, Any] = {"socket_timeout": 10, "socket_connect_timeout": 5,
+                             "health_check_interval": 30}
+_KEEPALIVE: dict[str, Any] = {"socket_keepalive": True,
+                              "socket_keepalive_options": KEEPALIVE_OPTIONS}
 
 
 def connect(url: str, *, sentinel_master: str = "stepline") -> redis.Redis:

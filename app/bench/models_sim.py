@@ -219,7 +219,6 @@ def pool_figures(per_trace: Sequence[dict[str, Any]]) -> dict[str, Any]:
         raise ValueError("pool_figures needs at least one trace's figures")
     first = per_trace[0]
     weights = [max(f["measured_jobs"], 0) for f in per_trace]
-    total = sum(weights) or 1
     groups: dict[str, Any] = {}
     for name in first["groups"]:
         jobs = sum(f["groups"][name]["jobs"] for f in per_trace)
@@ -235,16 +234,17 @@ def pool_figures(per_trace: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for key in WEIGHTED:
         values = [(f[key], w) for f, w in zip(per_trace, weights, strict=True)
                   if f.get(key) is not None]
-        pooled[key] = sum(v * w for v, w in values) / total if values else None
+        weight = sum(w for _, w in values)
+        pooled[key] = sum(v * w for v, w in values) / weight if values and weight else None
     for key in SUMMED:
         pooled[key] = sum(f.get(key) or 0 for f in per_trace)
     peaks = [f["peak_device_bytes"] for f in per_trace if f.get("peak_device_bytes")]
     pooled["peak_device_bytes"] = max(peaks) if peaks else first.get("peak_device_bytes")
     attained = [f["groups"]["all"]["attainment"] or 0.0 for f in per_trace]
-    ci = mean_ci(attained)
+    spread = mean_ci(attained)
     pooled["traces"] = len(per_trace)
     pooled["trace_attainment"] = attained
-    pooled["trace_mean"] = {"mean": ci["mean"], "ci95": [ci["lo"], ci["hi"]]}
+    pooled["trace_mean"] = {"mean": spread["mean"], "ci95": [spread["lo"], spread["hi"]]}
     return pooled
 
 
