@@ -103,6 +103,11 @@ class JobView:
     """Seconds a worker that does not hold the job's model would spend loading it (0: the job
     runs on no model). A chunk parked on a busy worker holding its model waits at least this
     long before it moves to its class queue: until then, waiting costs less than the load."""
+    model_left: bool = False
+    """Its next chunk waits on the own queue of the worker that ran its last one, and that
+    worker no longer holds its base model on its device (evicted for another job's): a chunk
+    there would load it again, so its stay there has lost its reason (the tick places it anew:
+    :data:`scheduler.recovery.RecoveryCause.MODEL_LEFT`)."""
     load_s: float = 0.0
     """Seconds of model loading expected before the job's next chunk can run (no worker holds
     its base model or adapters: ``scheduler.placement.expected_load_s``); counted into its

@@ -3,8 +3,9 @@
 A RUNNING job whose chunk lease lapsed lost its worker; one whose worker still heartbeats but
 whose chunk ran far past its expected time is stuck; a QUEUED job whose last publish names
 another chunk or epoch was never published; a chunk parked on a worker's own queue waited too
-long or its worker is gone; a waiting job whose dependency failed can never run; a record the
-store cannot read is failed with its reason, once. Each becomes an action of the ``TickPlan``.
+long, its worker is gone, or its worker evicted its model; a waiting job whose dependency
+failed can never run; a record the store cannot read is failed with its reason, once. Each
+becomes an action of the ``TickPlan``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,11 @@ class RecoveryCause(str, Enum):
     """It is QUEUED but its chunk message was never published."""
     PARKED = "parked"
     """Its chunk waited on a worker's own (affinity) queue too long, or that worker is gone."""
+    MODEL_LEFT = "model_left"
+    """Its chunk waits on the own queue of a worker that has since evicted its model
+    (``JobView.model_left``): it is placed anew, as a release is. Two jobs in flight on one
+    worker whose models do not fit its device together would otherwise take turns chunk by
+    chunk, each turn a load."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +132,10 @@ def _recovery_of(job: JobView, alive: frozenset[str], cost: CostModel, config: R
         return None if reason is None else Recovery(job.job_id, RecoveryCause.STUCK, reason)
     if job.state is not JobState.QUEUED:
         return None
+    if job.model_left and job.parked_on is not None and job.parked_on in alive \
+            and config.affinity_max_wait_s is not None:
+        return Recovery(job.job_id, RecoveryCause.MODEL_LEFT,
+                        f"affinity: {job.parked_on} no longer holds its model; placed anew")
     max_wait_s = config.parked_wait_s(job) if job.parked_on is not None else None
     if job.parked_on is not None and max_wait_s is not None:
         waited_s = now_s - job.waiting_since_s

@@ -328,6 +328,9 @@ class LiveTarget:
         if recovery.cause is RecoveryCause.PARKED:
             moved = release(self.store, job, queue=class_queue_of(job.queue), by="scheduler",
                             bump_epoch=True, reason=recovery.reason)
+        elif recovery.cause is RecoveryCause.MODEL_LEFT:  # placed anew, as a release
+            moved = release(self.store, job, queue=self._placed(job, class_queue_of(job.queue)),
+                            by="scheduler", bump_epoch=True, reason=recovery.reason)
         else:
             by = "watchdog" if recovery.cause is RecoveryCause.LOST else "healer"
             moved = requeue_from_checkpoint(

@@ -43,6 +43,7 @@ from tasks.routing import (
     AFFINITY_CLASSES,
     CONTROL,
     OWN_QUEUE_CLASSES,
+    PLACED,
     affinity_queue,
     affinity_worker,
     placed_queue,
@@ -287,11 +288,13 @@ class ExpectedLoads:
     """The tick's ``JobView.load_s``: per waiting job on a model, the load placement expects
     before its next chunk runs (none when a worker holds its model and adapters, else the
     cheapest load on any alive worker: :func:`scheduler.placement.expected_load_s`), so that
-    its deadline, lateness and admission count a cold start, as the simulator's plans do. Kept
-    across ticks: a view whose load did not change is handed out as the same object (the
-    incremental planner finds its rows by identity)."""
+    its deadline, lateness and admission count a cold start, as the simulator's plans do; and
+    its ``model_left`` (:func:`model_left`: the worker it is parked on evicted its model). Kept
+    across ticks: a view whose load and mark did not change is handed out as the same object
+    (the incremental planner finds its rows by identity)."""
 
-    _views: dict[str, tuple[JobView, float, JobView]] = field(default_factory=dict)
+    _views: dict[str, tuple[JobView, tuple[float, bool], JobView]] = field(
+        default_factory=dict)
     _needs: dict[str, tuple[JobRecord, ModelNeed | None]] = field(default_factory=dict)
     """Per job, its record as last seen and what it needs (kept while the record is)."""
 
@@ -307,8 +310,9 @@ class ExpectedLoads:
             return snapshot
         workers = [holding(name, beat, 0.0) for name, beat in beats.items()
                    if CONTROL not in beat.queues]
+        on_device = {w.name: w.device for w in workers}
         memo: dict[ModelNeed, float] = {}
-        kept: dict[str, tuple[JobView, float, JobView]] = {}
+        kept: dict[str, tuple[JobView, tuple[float, bool], JobView]] = {}
         needs: dict[str, tuple[JobRecord, ModelNeed | None]] = {}
         jobs: list[JobView] | None = None
         with _ESTIMATES_LOCK:
@@ -328,17 +332,34 @@ class ExpectedLoads:
                 load_s = memo.get(need)
                 if load_s is None:
                     load_s = memo[need] = expected_load_s(need, workers, _ESTIMATES)
-                if load_s == view.load_s:
+                left = model_left(record, need, on_device)
+                if load_s == view.load_s and left == view.model_left:
                     continue
                 held = self._views.get(view.job_id)
-                loaded = held[2] if held is not None and held[0] is view and held[1] == load_s \
-                    else replace(view, load_s=load_s)
-                kept[view.job_id] = (view, load_s, loaded)
+                loaded = held[2] if held is not None and held[0] is view \
+                    and held[1] == (load_s, left) \
+                    else replace(view, load_s=load_s, model_left=left)
+                kept[view.job_id] = (view, (load_s, left), loaded)
                 if jobs is None:
                     jobs = list(snapshot.jobs)
                 jobs[i] = loaded
         self._views, self._needs = kept, needs
         return snapshot if jobs is None else replace(snapshot, jobs=tuple(jobs))
+
+
+def model_left(record: JobRecord, need: ModelNeed,
+               on_device: Mapping[str, frozenset[str]]) -> bool:
+    """Whether ``record``'s next chunk waits on the own queue of the worker that ran its last
+    one (a hop: not a placement queue) while that worker's heartbeat no longer lists its base
+    model on the device (nor as the model it is loading): evicted for another job's since
+    (``JobView.model_left``). A worker whose heartbeat is missing says nothing here (the tick's
+    recovery moves chunks off a dead worker)."""
+    worker = affinity_worker(record.queue)
+    if record.state is not JobState.QUEUED or worker is None \
+            or record.queue.endswith(f".{PLACED}"):
+        return False
+    device = on_device.get(worker)
+    return device is not None and need.model not in device
 
 
 def common_prefix(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:

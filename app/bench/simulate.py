@@ -59,11 +59,12 @@ from scheduler.placement import (
 )
 from scheduler.plan import Release
 from scheduler.queues import CLASS_QUEUE, NORMAL_WORKER_QUEUES, STANDBY_QUEUE
-from scheduler.recovery import Failure, Recovery
+from scheduler.recovery import Failure, Recovery, RecoveryCause
 from tasks.apply import apply_plan
 from tasks.routing import (
     AFFINITY_CLASSES,
     OWN_QUEUE_CLASSES,
+    PLACED,
     affinity_queue,
     placed_queue,
     with_affinity,
@@ -241,6 +242,7 @@ class _Job:
         "level",
         "level_service_s",
         "load_s",
+        "model_left",
         "next_chunk",
         "parked_on",
         "parked_q",
@@ -287,6 +289,8 @@ class _Job:
         """The load the planner is told to expect before its next chunk (``JobView.load_s``)."""
         self.reload_s = 0.0
         """The load a worker not holding its model would pay (``JobView.reload_s``)."""
+        self.model_left = False
+        """Parked on the own queue of a worker that evicted its model (``JobView.model_left``)."""
         self.started_warm: bool | None = None
         """Whether its first chunk started on a worker holding its base (None: not started)."""
 
@@ -309,7 +313,7 @@ class _Job:
                 preempt_requested=self.preempt, epoch=self.epoch,
                 estimated=self.first_estimate_s is not None,
                 lease_until_s=self.lease_until_s, parked_on=self.parked_on,
-                load_s=self.load_s, reload_s=self.reload_s,
+                load_s=self.load_s, reload_s=self.reload_s, model_left=self.model_left,
             )
         return self.view
 
@@ -414,7 +418,7 @@ class ClusterSim:
         self.staging: set[tuple[str, str]] = set()
         self.counts = {"base_loads": 0, "host_loads": 0, "adapter_loads": 0, "staged": 0,
                        "first_starts": 0, "warm_starts": 0, "placed_on_worker": 0,
-                       "parked_recovered": 0, "resume_loads": 0}
+                       "parked_recovered": 0, "resume_loads": 0, "model_left": 0}
         self.moves = {"flag_preempt": 0, "preempted": 0, "standby": 0, "requeue": 0,
                       "release": 0, "suspend": 0, "expire": 0}
         """How the plans moved jobs: each target call, and the preemptions taking effect."""
@@ -811,6 +815,18 @@ class ClusterSim:
             check_plan_invariants(plan, snapshot, self.policy)
         apply_plan(plan, self)
 
+    def _mark_models_left(self, waiting: Sequence[_Job]) -> None:
+        """``model_left`` of each waiting job: its next chunk waits on the own queue of the
+        worker that ran its last one (a hop, not a placement) and that worker's device no
+        longer holds its model (as the live tick reads it from the worker's heartbeat)."""
+        for job in waiting:
+            w = self.by_name.get(job.parked_on or "")
+            left = (w is not None and w.mem is not None and job.state is JobState.QUEUED
+                    and job.parked_q is not None and not job.parked_q.endswith(f".{PLACED}")
+                    and job.arrival.model not in w.mem.device)
+            if left != job.model_left:
+                job.model_left, job.view = left, None
+
     def _residency_tick(self, res: ResidencyConfig) -> None:
         """Before the plan: the queued demand per model; each waiting job's expected load
         (:func:`scheduler.placement.expected_load_s`, told to the planner as ``load_s``); and,
@@ -826,6 +842,8 @@ class ClusterSim:
             waiting.append(job)
         self.demand = demand
         workers = self._holdings(None)
+        if res.placement is PlacementPolicy.STEPLINE:
+            self._mark_models_left(waiting)
         cold: dict[tuple[str, tuple[str, ...]], float] = {}
         for job in waiting:  # what moving a parked chunk would cost: its parked wait
             key = (job.arrival.model or "", job.arrival.adapters)
@@ -876,10 +894,15 @@ class ClusterSim:
         if dead is not None and dead.job is job:
             dead.job = None
         job.running_on, job.lease_until_s = None, None
+        queue = CLASS_QUEUE[job.arrival.shape.slo] if job.queue is None else job.queue
+        if recovery.cause is RecoveryCause.MODEL_LEFT:  # placed anew, as a release
+            self.counts["model_left"] += 1
+            job.model_left = False
+            self._place(job, queue, bump_epoch=True)
+            return True
         if job.parked_on is not None:
             self.counts["parked_recovered"] += 1
-        self._release(job, CLASS_QUEUE[job.arrival.shape.slo]
-                      if job.queue is None else job.queue, bump_epoch=True)
+        self._release(job, queue, bump_epoch=True)
         return True
 
     def mark_level(self, job_id: str, mark: LevelMark) -> None:

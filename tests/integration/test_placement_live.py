@@ -230,3 +230,43 @@ def test_a_load_is_announced_in_the_heartbeat_and_left_out_of_the_chunks_timing(
     samples = [float(f["s_per_unit"]) for _, f in store.read_stream(keys.TIMINGS)
                if f["cost_key"].startswith("simulated")]
     assert samples and max(samples) < 5.0  # a unit is a second of work: ~1, not ~16
+
+
+def test_a_chunk_whose_model_left_its_worker_is_placed_anew_on_the_worker_holding_it(
+    redis_client: redis.Redis,
+) -> None:
+    """The tick's MODEL_LEFT recovery on the real store: the job's next chunk, parked on the
+    own queue of a worker that has since evicted its model, is released like a release is,
+    through placement, to the worker that holds the model now (under a new epoch: the parked
+    message is stale)."""
+    from scheduler.recovery import Recovery, RecoveryCause
+    from tasks.adapter import LiveTarget
+    from tasks.routing import with_affinity
+    from tasks.store import write_heartbeat
+
+    settings = current_settings()
+    settings = settings.model_copy(update={"affinity": settings.affinity.model_copy(
+        update={"placement": "stepline"})})
+    store = JobStore(redis_client)
+    job_id, _ = JobService(store, settings).submit(JobSpec(
+        kind="simulated", slo=SloClass.INTERACTIVE, params=_params("m1"), deadline_s=60))
+    # given its first chunk ran on w1, which evicted m1 for m2 since; w2 holds m1
+    store.set_fields(job_id, state=JobState.QUEUED, queue="w1@left.interactive",
+                     next_chunk=1, service_s=0.05)
+    pipe = redis_client.pipeline()
+    for name, model in (("w1@left", "m2"), ("w2@left", "m1")):
+        write_heartbeat(pipe, Heartbeat(
+            name=name, ts=time.time() + 1.0, queues=with_affinity(name, ("interactive", "batch")),
+            residency={"device": {f"simulated:{model}": MODEL_BYTES}, "host": {},
+                       "budget_bytes": MODEL_BYTES}), lease_s=30.0)
+    pipe.execute()
+    seen = store.record(job_id)
+    # when the tick recovers it
+    target = LiveTarget(store, {job_id: seen}, settings)
+    assert target.recover(Recovery(job_id, RecoveryCause.MODEL_LEFT, "w1@left evicted m1"))
+    # then its next chunk waits on w2's placement queue under a new epoch
+    moved = store.record(job_id)
+    assert moved.state is JobState.QUEUED
+    assert moved.queue == "w2@left.interactive.placed"
+    assert moved.epoch == seen.epoch + 1
+    assert moved.next_chunk == 1

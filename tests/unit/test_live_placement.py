@@ -318,6 +318,35 @@ def test_the_ticks_waiting_jobs_on_a_model_no_worker_holds_count_its_load() -> N
     assert ExpectedLoads().apply(_placing("warm"), snapshot, records, beats) is snapshot
 
 
+def test_a_chunk_parked_on_a_worker_that_evicted_its_model_is_marked_for_the_tick() -> None:
+    from tasks.affinity import ExpectedLoads, model_left
+    from tasks.snapshot import job_view
+    from tests.unit.test_scheduler_support import make_snapshot
+
+    # given w1 now holding m2 only (it evicted m1), w2 holding m1
+    beats = {"w1": _beat("w1", {_sim_key("m2"): MB}), "w2": _beat("w2", {_sim_key("m1"): MB})}
+    hop = replace(_sim("m1", "hop", state=JobState.QUEUED), queue="w1.batch", next_chunk=1)
+    records = {r.job_id: r for r in (
+        hop,  # its last chunk ran on w1: its next waits on w1's own queue
+        replace(hop, job_id="home", params={**hop.params, "model": "m2"}),  # w1 holds m2
+        replace(hop, job_id="placed", queue="w1.batch.placed"),  # placed to load there
+        replace(hop, job_id="gone", queue="w9.batch"),  # no heartbeat: recovery's business
+        replace(hop, job_id="class", queue="batch"))}  # not parked
+    snapshot = make_snapshot([job_view(r) for r in records.values()])
+    # when the Stepline placement's tick reads the heartbeats
+    planned = ExpectedLoads().apply(_placing("stepline"), snapshot, records, beats)
+    # then only the hop whose worker no longer holds its model is marked
+    assert {v.job_id for v in planned.jobs if v.model_left} == {"hop"}
+    # a worker loading the model (its heartbeat's announcement) still holds it
+    loading = {**beats, "w1": _beat("w1", {_sim_key("m2"): MB},
+                                    loading={"model": _sim_key("m1"), "since": 0.0})}
+    need = model_need(hop.kind, hop.params)
+    assert need is not None
+    on_device = {"w1": holding("w1", loading["w1"], 0.0).device}
+    assert not model_left(hop, need, on_device)
+    assert model_left(hop, need, {"w1": frozenset()})
+
+
 # the simulated job's model params --------------------------------------------------------------
 def test_simulated_model_params_are_validated_and_stored_only_with_a_model() -> None:
     plain = validate_params("simulated", {"steps": 2})

@@ -93,6 +93,22 @@ def test_a_parked_chunk_moves_after_the_wait_or_when_its_worker_is_gone() -> Non
         "b": RecoveryCause.PARKED, "c": RecoveryCause.PARKED}
 
 
+def test_a_chunk_parked_where_its_model_was_evicted_is_placed_anew_at_once() -> None:
+    # given chunks parked on w0 a moment ago, one of whose model w0 has since evicted
+    kept = make_job("a", state=JobState.QUEUED, queue="batch", parked_on="w0",
+                    waiting_since_s=NOW_S - 0.01, published=(1, 0), service_s=2.0)
+    left = replace(kept, job_id="b", model_left=True)
+    # one parked on a dead worker is moved for that, whatever it holds
+    orphaned = replace(left, job_id="c", parked_on="w9")
+    # then only the one whose model left moves, without waiting out the affinity wait
+    assert _causes([kept, left, orphaned]) == {
+        "b": RecoveryCause.MODEL_LEFT, "c": RecoveryCause.PARKED}
+    # with affinity off nothing is parked for a model
+    off = replace(CONFIG, affinity_max_wait_s=None)
+    recoveries, _ = plan_recoveries([left], ALIVE, CostModel(), off, NOW_S)
+    assert recoveries == ()
+
+
 def test_a_waiting_job_whose_dependency_failed_is_failed_and_never_released() -> None:
     # given a pending job whose dependency failed, and idle workers that could run it
     job = make_job("a", depends_on=("gone",), failed_dependency="dependency gone ended FAILED")
@@ -135,4 +151,14 @@ def test_plans_with_recoveries_keep_every_invariant(snapshot) -> None:  # type: 
     plan = plan_tick(snapshot, POLICY, NOW_S)
     check_plan_invariants(plan, snapshot, POLICY)
     running_ids = {j.job_id for j in jobs if j.state is JobState.RUNNING}
-    assert {r.job_id for r in plan.recoveries} == running_ids
+    recovered = {r.job_id for r in plan.recoveries}
+    assert running_ids <= recovered
+    # the others: chunks parked on a worker that is gone, or that evicted their model
+    by_id = {j.job_id: j for j in jobs}
+    for r in plan.recoveries:
+        if r.job_id not in running_ids:
+            job = by_id[r.job_id]
+            assert job.state is JobState.QUEUED and job.parked_on is not None
+            assert r.cause in (RecoveryCause.PARKED, RecoveryCause.MODEL_LEFT)
+            assert (r.cause is RecoveryCause.MODEL_LEFT) == (
+                job.model_left and job.parked_on in {w.name for w in snapshot.workers if w.alive})

@@ -125,6 +125,9 @@ def _job(draw: st.DrawFn, job_id: str, state: JobState, worker: str | None,
     group = draw(st.one_of(st.none(), st.sampled_from(("g1", "g2"))))
     batch = draw(st.one_of(st.none(), st.sampled_from(("b1", "b2", "b3")))) \
         if in_flight and group is not None else None
+    # a queued chunk may wait on a worker's own queue (alive or not), its model perhaps gone
+    parked = draw(st.one_of(st.none(), st.sampled_from(("w0", "w1", "w9")))) \
+        if state is JobState.QUEUED else None
     return JobView(
         job_id=job_id, tenant=draw(st.sampled_from(("a", "b"))),
         tier=draw(st.sampled_from(tuple(Tier))), slo_class=slo_class,
@@ -141,6 +144,7 @@ def _job(draw: st.DrawFn, job_id: str, state: JobState, worker: str | None,
         level_service_s=0.0,
         preempt_requested=state is JobState.RUNNING and draw(st.booleans()),
         batch_group=group, batch_id=batch,
+        parked_on=parked, model_left=parked is not None and draw(st.booleans()),
     )
 
 

@@ -172,3 +172,41 @@ def test_the_paired_difference_is_taken_trace_by_trace() -> None:
     assert paired_points([90.0], [85.0], scale=1.0)["mean_points"] == 5.0
     with pytest.raises(ValueError):
         paired_points([], [])
+
+
+def test_a_simulated_chunk_parked_where_its_model_was_evicted_is_marked_and_placed_anew() -> None:
+    from app.bench.models_sim import models_config, sim_trace
+    from app.bench.models_workload import generate_jobs
+    from scheduler.lifecycle import JobState
+    from scheduler.recovery import Recovery, RecoveryCause
+
+    jobs = generate_jobs(WORKLOAD, CATALOG)
+    residency = residency_for("stepline", CATALOG, 20 * GB, 0, 60.0)
+    config = models_config(WORKLOAD, residency, jobs, tick_s=1.0)
+    sim = ClusterSim(config, sim_trace(jobs), sim_policy(config, "stepline"))
+    job = sim.jobs[0]
+    model = job.arrival.model
+    w0, w1 = sim.workers[0], sim.workers[1]
+    assert w0.mem is not None and w1.mem is not None and model is not None
+    # given its last chunk ran on w0, its next waits on w0's own queue; w1 holds its model
+    sim.live[job.id] = job
+    job.state, job.queue, job.parked_on = JobState.QUEUED, "batch", w0.name
+    job.parked_q, job.service_s = f"{w0.name}.batch", 1.0
+    w1.mem.acquire(model, (), 0.0)
+    w0.mem.acquire(model, (), 0.0)
+    sim._mark_models_left([job])
+    assert not job.model_left  # w0 still holds it
+    w0.mem.device.clear()  # evicted for another job's
+    sim._mark_models_left([job])
+    assert job.model_left and job.job_view().model_left
+    # a chunk placed to load there is not marked: the load is what placement chose
+    job.parked_q = f"{w0.name}.batch.placed"
+    sim._mark_models_left([job])
+    assert not job.model_left
+    # the recovery places it anew: on w1, which holds its model (idle: it takes it at once)
+    job.parked_q, job.model_left = f"{w0.name}.batch", True
+    epoch = job.epoch
+    assert sim.recover(Recovery(job.id, RecoveryCause.MODEL_LEFT, "evicted"))
+    assert job.running_on == w1.name and w1.job is job
+    assert job.epoch == epoch + 1 and not job.model_left
+    assert sim.counts["model_left"] == 1
