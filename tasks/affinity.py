@@ -310,7 +310,7 @@ class ExpectedLoads:
             return snapshot
         workers = [holding(name, beat, 0.0) for name, beat in beats.items()
                    if CONTROL not in beat.queues]
-        on_device = {w.name: w.device for w in workers}
+        on_device = {w.name: (w.device, beats[w.name].ts) for w in workers}
         memo: dict[ModelNeed, float] = {}
         kept: dict[str, tuple[JobView, tuple[float, bool], JobView]] = {}
         needs: dict[str, tuple[JobRecord, ModelNeed | None]] = {}
@@ -348,18 +348,23 @@ class ExpectedLoads:
 
 
 def model_left(record: JobRecord, need: ModelNeed,
-               on_device: Mapping[str, frozenset[str]]) -> bool:
+               on_device: Mapping[str, tuple[frozenset[str], float | None]]) -> bool:
     """Whether ``record``'s next chunk waits on the own queue of the worker that ran its last
-    one (a hop: not a placement queue) while that worker's heartbeat no longer lists its base
-    model on the device (nor as the model it is loading): evicted for another job's since
-    (``JobView.model_left``). A worker whose heartbeat is missing says nothing here (the tick's
-    recovery moves chunks off a dead worker)."""
+    one (a hop: not a placement queue) while that worker's heartbeat, written since the chunk
+    was queued there, no longer lists its base model on the device (nor as the model it is
+    loading): evicted for another job's since (``JobView.model_left``). ``on_device``: per
+    worker, the models on its device and when its heartbeat was written. An older heartbeat
+    may predate the load of the chunk that just ran (a short load and step can end before the
+    worker's next beat), and a missing one says nothing here (the tick's recovery moves chunks
+    off a dead worker)."""
     worker = affinity_worker(record.queue)
     if record.state is not JobState.QUEUED or worker is None \
             or record.queue.endswith(f".{PLACED}"):
         return False
-    device = on_device.get(worker)
-    return device is not None and need.model not in device
+    device, written_s = on_device.get(worker, (None, None))
+    if device is None or written_s is None or written_s < (record.queued_at_s or math.inf):
+        return False
+    return need.model not in device
 
 
 def common_prefix(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:

@@ -323,9 +323,10 @@ def test_a_chunk_parked_on_a_worker_that_evicted_its_model_is_marked_for_the_tic
     from tasks.snapshot import job_view
     from tests.unit.test_scheduler_support import make_snapshot
 
-    # given w1 now holding m2 only (it evicted m1), w2 holding m1
+    # given w1 now holding m2 only (it evicted m1), w2 holding m1, both beating since the hop
     beats = {"w1": _beat("w1", {_sim_key("m2"): MB}), "w2": _beat("w2", {_sim_key("m1"): MB})}
-    hop = replace(_sim("m1", "hop", state=JobState.QUEUED), queue="w1.batch", next_chunk=1)
+    hop = replace(_sim("m1", "hop", state=JobState.QUEUED), queue="w1.batch", next_chunk=1,
+                  queued_at_s=-1.0)
     records = {r.job_id: r for r in (
         hop,  # its last chunk ran on w1: its next waits on w1's own queue
         replace(hop, job_id="home", params={**hop.params, "model": "m2"}),  # w1 holds m2
@@ -342,9 +343,12 @@ def test_a_chunk_parked_on_a_worker_that_evicted_its_model_is_marked_for_the_tic
                                     loading={"model": _sim_key("m1"), "since": 0.0})}
     need = model_need(hop.kind, hop.params)
     assert need is not None
-    on_device = {"w1": holding("w1", loading["w1"], 0.0).device}
+    on_device = {"w1": (holding("w1", loading["w1"], 0.0).device, 0.0)}
     assert not model_left(hop, need, on_device)
-    assert model_left(hop, need, {"w1": frozenset()})
+    assert model_left(hop, need, {"w1": (frozenset(), 0.0)})
+    # a heartbeat older than the hop may predate the load of the chunk that just ran
+    assert not model_left(replace(hop, queued_at_s=5.0), need, {"w1": (frozenset(), 0.0)})
+    assert not model_left(hop, need, {"w1": (frozenset(), None)})
 
 
 # the simulated job's model params --------------------------------------------------------------
