@@ -43,9 +43,9 @@ from tasks.routing import (
     AFFINITY_CLASSES,
     CONTROL,
     OWN_QUEUE_CLASSES,
-    PLACED,
     affinity_queue,
     affinity_worker,
+    hop_worker,
     placed_queue,
     with_affinity,
 )
@@ -357,9 +357,8 @@ def model_left(record: JobRecord, need: ModelNeed,
     may predate the load of the chunk that just ran (a short load and step can end before the
     worker's next beat), and a missing one says nothing here (the tick's recovery moves chunks
     off a dead worker)."""
-    worker = affinity_worker(record.queue)
-    if record.state is not JobState.QUEUED or worker is None \
-            or record.queue.endswith(f".{PLACED}"):
+    worker = hop_worker(record.queue)
+    if record.state is not JobState.QUEUED or worker is None:
         return False
     device, written_s = on_device.get(worker, (None, None))
     if device is None or written_s is None or written_s < (record.queued_at_s or math.inf):

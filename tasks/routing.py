@@ -33,6 +33,7 @@ __all__ = [
     "affinity_queue",
     "affinity_worker",
     "class_queue_of",
+    "hop_worker",
     "placed_queue",
     "with_affinity",
 ]
@@ -92,6 +93,13 @@ def affinity_worker(queue: str) -> str | None:
     queue)."""
     parts = _split(queue)
     return None if parts is None else parts[0]
+
+
+def hop_worker(queue: str) -> str | None:
+    """The worker whose own queue for the next chunks of the jobs it runs ``queue`` is
+    (``<worker>.<class>``, ``<worker>.standby``: the worker that ran the job's last chunk);
+    None for a placement queue (a chunk placed there to start) or a class queue."""
+    return None if queue.rpartition(".")[2] == PLACED else affinity_worker(queue)
 
 
 def class_queue_of(queue: str) -> str:

@@ -64,8 +64,8 @@ from tasks.apply import apply_plan
 from tasks.routing import (
     AFFINITY_CLASSES,
     OWN_QUEUE_CLASSES,
-    PLACED,
     affinity_queue,
+    hop_worker,
     placed_queue,
     with_affinity,
 )
@@ -822,7 +822,7 @@ class ClusterSim:
         for job in waiting:
             w = self.by_name.get(job.parked_on or "")
             left = (w is not None and w.mem is not None and job.state is JobState.QUEUED
-                    and job.parked_q is not None and not job.parked_q.endswith(f".{PLACED}")
+                    and job.parked_q is not None and hop_worker(job.parked_q) is not None
                     and job.arrival.model not in w.mem.device)
             if left != job.model_left:
                 job.model_left, job.view = left, None

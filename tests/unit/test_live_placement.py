@@ -30,7 +30,7 @@ from tasks.affinity import (
 )
 from tasks.heartbeat import Heartbeat
 from tasks.record import JobRecord
-from tasks.routing import affinity_worker, class_queue_of, with_affinity
+from tasks.routing import affinity_worker, class_queue_of, hop_worker, with_affinity
 from tasks.runtime import current_settings
 from tasks.settings import Settings
 from tasks.submit import InvalidJob, validate_params
@@ -260,6 +260,9 @@ def test_a_workers_own_queues_name_it_and_their_class() -> None:
                        f"{worker}.standby", "standby")
         assert [affinity_worker(q) for q in own] == [
             None, worker, worker, None, worker, worker, None, worker, None]
+        # the worker whose hops a queue holds: not a placement queue's
+        assert [hop_worker(q) for q in own] == [
+            None, worker, None, None, worker, None, None, worker, None]
         assert [class_queue_of(q) for q in own] == [
             "realtime", "interactive", "interactive", "interactive", "batch", "batch", "batch",
             "standby", "standby"]
