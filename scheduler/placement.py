@@ -188,6 +188,13 @@ class Placement:
     reason: str
 
 
+def slack_s(deadline_s: float, now_s: float, work_s: float) -> float:
+    """How long a job can still wait and meet its deadline: the deadline less now and its
+    remaining work (the ``slack_s`` :func:`place` takes; the recovery's rule for a chunk
+    parked where its model is uses the same)."""
+    return deadline_s - now_s - work_s
+
+
 WAIT_SHARE = 0.5
 """Of a job's slack, the share it may spend waiting for a worker that holds its model rather
 than load it elsewhere sooner (the rest absorbs error in the free-time estimates)."""
@@ -200,7 +207,7 @@ def place(need: ModelNeed, workers: Sequence[Holding], estimates: LoadEstimates,
     given a chunk this round). ``demand`` counts the queued jobs per base model; the Stepline
     policy charges a load that must evict a model the reload its queued jobs will pay when no
     other worker holds it (once: one reload serves them all). ``slack_s``: how long the job
-    can wait and still meet its deadline (its deadline less now and its remaining work); it
+    can wait and still meet its deadline (:func:`slack_s`); it
     waits for a worker that holds its model while that wait stays within ``WAIT_SHARE`` of
     it, though a load elsewhere would start it sooner: the load's seconds are worker time
     every other job loses, the wait costs this one nothing it needs — unless that load would

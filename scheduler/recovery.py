@@ -18,6 +18,7 @@ from enum import Enum
 from scheduler.cost import CostModel
 from scheduler.lifecycle import JobState
 from scheduler.model import JobView
+from scheduler.placement import slack_s
 
 
 class RecoveryCause(str, Enum):
@@ -118,7 +119,7 @@ def _affords_waiting(job: JobView, cost: CostModel, now_s: float) -> bool:
     if job.reload_s <= 0.0:
         return False
     left_s = job.remaining_cost_units * cost.seconds_per_unit(job.cost_key)
-    return job.deadline_s - now_s - left_s >= 2.0 * job.reload_s
+    return slack_s(job.deadline_s, now_s, left_s) >= 2.0 * job.reload_s
 
 
 def _recovery_of(job: JobView, alive: frozenset[str], cost: CostModel, config: RecoveryConfig,

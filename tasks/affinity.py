@@ -33,6 +33,7 @@ from scheduler.placement import (
     cold_load_s,
     expected_load_s,
     place,
+    slack_s,
     stage,
 )
 from scheduler.policy import PolicyConfig
@@ -685,7 +686,7 @@ def release_queue(settings: Settings, job: JobRecord, class_queue: str,
         assert need is not None
         work_s = directory.work_s(job)
         chosen = directory.place(need, class_queue, placement_policy(settings), work_s,
-                                 slack_s=job.deadline_at_s - directory.clock_s() - work_s)
+                                 slack_s=slack_s(job.deadline_at_s, directory.clock_s(), work_s))
         if chosen.worker is None:
             return class_queue
         log.debug("job %s: %s on %s (%s, start in %.2fs)", job.job_id, need.model,

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from tasks import keys
-from tasks.affinity import StageRequest, model_need
+from tasks.affinity import StageRequest, model_need, resident_model
 from tasks.artifacts import ArtifactStore
 from tasks.checkpoint_objects import CheckpointObjects, CheckpointSweeper
 from tasks.heartbeat import Heartbeat
@@ -345,8 +345,7 @@ class WorkerContext:
         summary = self.models().summary()
         if self._stager is not None:
             summary["stager"] = True
-            if self._staging is not None and self._staging not in summary["staging"]:
-                summary["staging"] = [*summary["staging"], self._staging]
+            summary["staging"] = staging_list(summary["staging"], self._staging)
         return summary
 
     def _heartbeat_loop(self) -> None:
@@ -406,3 +405,12 @@ def worker_context() -> WorkerContext:
                      broker=broker_client(settings))
     artifacts = ArtifactStore.from_settings(settings)
     return WorkerContext(settings=settings, store=store, artifacts=artifacts)
+
+
+def staging_list(keys_: list[str], asked: str | None) -> list[str]:
+    """The heartbeat's ``staging``: the residency keys being read into host memory, and the
+    model the stager was asked for (``asked``, as placement names it) until a key of it is
+    among them: each model once, from the request until its build ends."""
+    if asked is None or any((resident_model(k) or k) == asked for k in keys_):
+        return keys_
+    return [*keys_, asked]

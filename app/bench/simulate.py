@@ -55,6 +55,7 @@ from scheduler.placement import (
     cold_load_s,
     expected_load_s,
     place,
+    slack_s,
     stage,
 )
 from scheduler.plan import Release
@@ -555,9 +556,8 @@ class ClusterSim:
             return
         need = self._need(job)
         workers = self._holdings(queue, need)
-        slack_s = job.arrival.deadline_s - self.now - self._remaining_est_s(job)
         placement = place(need, workers, self.estimates, self.res.placement, self.demand,
-                          slack_s=slack_s)
+                          slack_s(job.arrival.deadline_s, self.now, self._remaining_est_s(job)))
         if placement.worker is not None:
             self.counts["placed_on_worker"] += 1
         self._release(job, queue, bump_epoch, parked_on=placement.worker, placed=True)

@@ -559,3 +559,17 @@ def test_a_load_the_worker_could_not_size_is_sized_by_the_learned_load_times() -
     assert expected > 0.0 and window_estimate("moe:x", "disk") == 0.0
     free = busy_free_in_s(snapshot, NOW_S, {"w1": unsized})["w1"]
     assert free == pytest.approx(max(expected - 1.0, 0.0) + 2.0)
+
+
+def test_a_worker_names_the_model_it_stages_once_from_the_request_to_the_build() -> None:
+    """The stager is asked for a model by its placement name; once the residency builds it,
+    the heartbeat lists its residency key instead of both."""
+    from tasks.context import staging_list
+
+    assert staging_list([], None) == []
+    assert staging_list([], "diffusion:dit-tiny") == ["diffusion:dit-tiny"]
+    building = ["diffusion:dit-tiny:cpu:seeded"]
+    assert staging_list(building, "diffusion:dit-tiny") == building
+    assert staging_list([_sim_key("m1")], _sim_key("m1")) == [_sim_key("m1")]
+    # another model's build does not hide the asked one
+    assert staging_list([_sim_key("m2")], _sim_key("m1")) == [_sim_key("m2"), _sim_key("m1")]
