@@ -108,6 +108,12 @@ class JobView:
     worker no longer holds its base model on its device (evicted for another job's): a chunk
     there would load it again, so its stay there has lost its reason (the tick places it anew:
     :data:`scheduler.recovery.RecoveryCause.MODEL_LEFT`)."""
+    idle_holder: bool = False
+    """Its next chunk waits on the own queue of a worker busy with another job's chunk, while
+    a worker that is idle, with nothing parked on it, holds its base model and adapters on its
+    device: there it would start at once with no load, so its stay has lost its reason (the
+    tick places it anew: :data:`scheduler.recovery.RecoveryCause.IDLE_HOLDER`;
+    :func:`scheduler.placement.idle_holders` gives each idle worker to one job)."""
     load_s: float = 0.0
     """Seconds of model loading expected before the job's next chunk can run (no worker holds
     its base model or adapters: ``scheduler.placement.expected_load_s``); counted into its

@@ -286,6 +286,40 @@ def expected_load_s(need: ModelNeed, workers: Sequence[Holding],
     return min(estimates.load_s(need, w) for w in workers)
 
 
+@dataclass(frozen=True, slots=True)
+class Parked:
+    """A queued job's next chunk waiting on the own queue of a worker busy with another job's
+    chunk (the candidates of :func:`idle_holders`)."""
+
+    job_id: str
+    need: ModelNeed
+    deadline_s: float
+    class_queue: str
+    """The class queue behind its queue: an idle worker serves it only if it consumes it."""
+
+
+def idle_holders(parked: Iterable[Parked], idle: Mapping[str, Sequence[Holding]]
+                 ) -> frozenset[str]:
+    """The jobs of ``parked`` to place anew because an idle worker holds their base model and
+    adapters (``JobView.idle_holder``): earliest deadline first, each idle worker given to one
+    job (so that two jobs do not both move to a worker that can start only one), the holder
+    with the fewest adapters first. ``idle``: per
+    class queue, the idle workers that consume it with nothing parked on them."""
+    free = {queue: list(workers) for queue, workers in idle.items()}
+    moved: set[str] = set()
+    for job in sorted(parked, key=lambda p: (p.deadline_s, p.job_id)):
+        takers = [w for w in free.get(job.class_queue, ()) if w.holds(job.need)]
+        if not takers:
+            continue
+        # the least specialised holder: one with adapters others may need is kept for them
+        taker = min(takers, key=lambda w: (len(w.adapters), w.name))
+        moved.add(job.job_id)
+        for queue in free.values():  # one job per idle worker, whichever class it serves
+            if taker in queue:
+                queue.remove(taker)
+    return frozenset(moved)
+
+
 def stage(demand: Mapping[str, int], workers: Sequence[Holding], estimates: LoadEstimates,
           min_queued: int = 2, host_slots: Mapping[str, int] | None = None
           ) -> tuple[tuple[str, str], ...]:

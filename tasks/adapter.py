@@ -328,9 +328,13 @@ class LiveTarget:
         if recovery.cause is RecoveryCause.PARKED:
             moved = release(self.store, job, queue=class_queue_of(job.queue), by="scheduler",
                             bump_epoch=True, reason=recovery.reason)
-        elif recovery.cause is RecoveryCause.MODEL_LEFT:  # placed anew, as a release
+        elif recovery.cause in (RecoveryCause.MODEL_LEFT, RecoveryCause.IDLE_HOLDER):
+            # placed anew, as a release: a placement's move, not a fault
             moved = release(self.store, job, queue=self._placed(job, class_queue_of(job.queue)),
                             by="scheduler", bump_epoch=True, reason=recovery.reason)
+            if moved:
+                log.info("job %s: %s", job.job_id, recovery.reason)
+            return moved
         else:
             by = "watchdog" if recovery.cause is RecoveryCause.LOST else "healer"
             moved = requeue_from_checkpoint(

@@ -27,11 +27,13 @@ from scheduler.placement import (
     LoadEstimates,
     LoadTier,
     ModelNeed,
+    Parked,
     Placement,
     PlacementPolicy,
     assign,
     cold_load_s,
     expected_load_s,
+    idle_holders,
     place,
     slack_s,
     stage,
@@ -46,6 +48,7 @@ from tasks.routing import (
     OWN_QUEUE_CLASSES,
     affinity_queue,
     affinity_worker,
+    class_queue_of,
     hop_worker,
     placed_queue,
     with_affinity,
@@ -289,12 +292,14 @@ class ExpectedLoads:
     """The tick's ``JobView.load_s``: per waiting job on a model, the load placement expects
     before its next chunk runs (none when a worker holds its model and adapters, else the
     cheapest load on any alive worker: :func:`scheduler.placement.expected_load_s`), so that
-    its deadline, lateness and admission count a cold start, as the simulator's plans do; and
-    its ``model_left`` (:func:`model_left`: the worker it is parked on evicted its model). Kept
-    across ticks: a view whose load and mark did not change is handed out as the same object
-    (the incremental planner finds its rows by identity)."""
+    its deadline, lateness and admission count a cold start, as the simulator's plans do; its
+    ``model_left`` (:func:`model_left`: the worker it is parked on evicted its model) and its
+    ``idle_holder`` (:func:`idle_holder_jobs`: it waits on a worker busy with another job while
+    an idle one holds its model). Kept across ticks: a view whose load and marks did not
+    change is handed out as the same object (the incremental planner finds its rows by
+    identity)."""
 
-    _views: dict[str, tuple[JobView, tuple[float, bool], JobView]] = field(
+    _views: dict[str, tuple[JobView, tuple[float, bool, bool], JobView]] = field(
         default_factory=dict)
     _needs: dict[str, tuple[JobRecord, ModelNeed | None]] = field(default_factory=dict)
     """Per job, its record as last seen and what it needs (kept while the record is)."""
@@ -302,8 +307,9 @@ class ExpectedLoads:
     def apply(self, settings: Settings, snapshot: ClusterSnapshot,
               records: Mapping[str, JobRecord], beats: Mapping[str, Heartbeat]
               ) -> ClusterSnapshot:
-        """``snapshot`` with each waiting model job's ``load_s`` set (only under the Stepline
-        placement: the one that counts loads; a pass over the live jobs per tick)."""
+        """``snapshot`` with each waiting model job's ``load_s`` and marks set (only under
+        the Stepline placement: the one that counts loads; a pass over the live jobs per
+        tick)."""
         if not settings.affinity.enabled \
                 or placement_policy(settings) is not PlacementPolicy.STEPLINE:
             self._views.clear()
@@ -313,9 +319,9 @@ class ExpectedLoads:
                    if CONTROL not in beat.queues]
         on_device = {w.name: (w.device, beats[w.name].ts) for w in workers}
         memo: dict[ModelNeed, float] = {}
-        kept: dict[str, tuple[JobView, tuple[float, bool], JobView]] = {}
+        marks: dict[int, tuple[float, bool]] = {}
+        waiting: list[tuple[JobView, ModelNeed]] = []
         needs: dict[str, tuple[JobRecord, ModelNeed | None]] = {}
-        jobs: list[JobView] | None = None
         with _ESTIMATES_LOCK:
             observe_loads(_ESTIMATES, beats.values())
             for i, view in enumerate(snapshot.jobs):
@@ -334,18 +340,58 @@ class ExpectedLoads:
                 if load_s is None:
                     load_s = memo[need] = expected_load_s(need, workers, _ESTIMATES)
                 left = model_left(record, need, on_device)
-                if load_s == view.load_s and left == view.model_left:
-                    continue
-                held = self._views.get(view.job_id)
-                loaded = held[2] if held is not None and held[0] is view \
-                    and held[1] == (load_s, left) \
-                    else replace(view, load_s=load_s, model_left=left)
-                kept[view.job_id] = (view, (load_s, left), loaded)
-                if jobs is None:
-                    jobs = list(snapshot.jobs)
-                jobs[i] = loaded
+                marks[i] = (load_s, left)
+                if not left:
+                    waiting.append((view, need))
+        moved = idle_holder_jobs(snapshot, waiting, workers, beats)
+        kept: dict[str, tuple[JobView, tuple[float, bool, bool], JobView]] = {}
+        jobs: list[JobView] | None = None
+        for i, (load_s, left) in marks.items():
+            view = snapshot.jobs[i]
+            key = (load_s, left, view.job_id in moved)
+            if key == (view.load_s, view.model_left, view.idle_holder):
+                continue
+            held = self._views.get(view.job_id)
+            loaded = held[2] if held is not None and held[0] is view and held[1] == key \
+                else replace(view, load_s=load_s, model_left=left, idle_holder=key[2])
+            kept[view.job_id] = (view, key, loaded)
+            if jobs is None:
+                jobs = list(snapshot.jobs)
+            jobs[i] = loaded
         self._views, self._needs = kept, needs
         return snapshot if jobs is None else replace(snapshot, jobs=tuple(jobs))
+
+
+def idle_holder_jobs(snapshot: ClusterSnapshot, waiting: Iterable[tuple[JobView, ModelNeed]],
+                     workers: Sequence[Holding], beats: Mapping[str, Heartbeat]
+                     ) -> frozenset[str]:
+    """The waiting jobs whose next chunk should move off the worker it is parked on
+    (``JobView.idle_holder``): it waits on a worker's own queue (a hop's or a placement's)
+    while the snapshot has that worker running another job's chunk, and a worker that is idle
+    (no running chunk in the snapshot nor in its heartbeat, nothing parked on it, consuming
+    where the chunk would go) holds its model and adapters on its device; each idle worker to
+    one job, earliest deadline first (:func:`scheduler.placement.idle_holders`). ``waiting``:
+    the jobs on a model whose worker still holds it (not ``model_left``)."""
+    running = {v.running_on for v in snapshot.jobs
+               if v.state is JobState.RUNNING and v.running_on is not None}
+    parked = [Parked(view.job_id, need, view.deadline_s, queue)
+              for view, need in waiting
+              if view.state is JobState.QUEUED and view.parked_on in running
+              and (queue := class_queue_of(view.queue or "")) in OWN_QUEUE_CLASSES]
+    if not parked:
+        return frozenset()
+    parked_on = {v.parked_on for v in snapshot.jobs
+                 if v.state is JobState.QUEUED and v.parked_on is not None}
+    idle: dict[str, list[Holding]] = {}
+    for w in workers:
+        beat = beats[w.name]
+        if beat.busy_job is not None or w.name in running or w.name in parked_on:
+            continue
+        for queue in OWN_QUEUE_CLASSES:
+            taken_from = placed_queue(w.name, queue) if queue in AFFINITY_CLASSES else queue
+            if taken_from in beat.queues:
+                idle.setdefault(queue, []).append(w)
+    return idle_holders(parked, idle) if idle else frozenset()
 
 
 def model_left(record: JobRecord, need: ModelNeed,

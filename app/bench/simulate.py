@@ -51,9 +51,11 @@ from scheduler.placement import (
     LoadEstimates,
     LoadPriors,
     ModelNeed,
+    Parked,
     PlacementPolicy,
     cold_load_s,
     expected_load_s,
+    idle_holders,
     place,
     slack_s,
     stage,
@@ -66,6 +68,7 @@ from tasks.routing import (
     AFFINITY_CLASSES,
     OWN_QUEUE_CLASSES,
     affinity_queue,
+    class_queue_of,
     hop_worker,
     placed_queue,
     with_affinity,
@@ -239,6 +242,7 @@ class _Job:
         "first_estimate_s",
         "groups_done",
         "id",
+        "idle_holder",
         "lease_until_s",
         "level",
         "level_service_s",
@@ -292,6 +296,8 @@ class _Job:
         """The load a worker not holding its model would pay (``JobView.reload_s``)."""
         self.model_left = False
         """Parked on the own queue of a worker that evicted its model (``JobView.model_left``)."""
+        self.idle_holder = False
+        """Parked on a busy worker while an idle one holds its model (``JobView.idle_holder``)."""
         self.started_warm: bool | None = None
         """Whether its first chunk started on a worker holding its base (None: not started)."""
 
@@ -315,6 +321,7 @@ class _Job:
                 estimated=self.first_estimate_s is not None,
                 lease_until_s=self.lease_until_s, parked_on=self.parked_on,
                 load_s=self.load_s, reload_s=self.reload_s, model_left=self.model_left,
+                idle_holder=self.idle_holder,
             )
         return self.view
 
@@ -419,7 +426,8 @@ class ClusterSim:
         self.staging: set[tuple[str, str]] = set()
         self.counts = {"base_loads": 0, "host_loads": 0, "adapter_loads": 0, "staged": 0,
                        "first_starts": 0, "warm_starts": 0, "placed_on_worker": 0,
-                       "parked_recovered": 0, "resume_loads": 0, "model_left": 0}
+                       "parked_recovered": 0, "resume_loads": 0, "model_left": 0,
+                       "idle_holder": 0}
         self.moves = {"flag_preempt": 0, "preempted": 0, "standby": 0, "requeue": 0,
                       "release": 0, "suspend": 0, "expire": 0}
         """How the plans moved jobs: each target call, and the preemptions taking effect."""
@@ -815,17 +823,48 @@ class ClusterSim:
             check_plan_invariants(plan, snapshot, self.policy)
         apply_plan(plan, self)
 
-    def _mark_models_left(self, waiting: Sequence[_Job]) -> None:
-        """``model_left`` of each waiting job: its next chunk waits on the own queue of the
-        worker that ran its last one (a hop, not a placement) and that worker's device no
-        longer holds its model (as the live tick reads it from the worker's heartbeat)."""
+    def _mark_moves(self, waiting: Sequence[_Job]) -> None:
+        """``model_left`` and ``idle_holder`` of each waiting job (as the live tick reads them
+        from the workers' heartbeats): its next chunk waits on the own queue of the worker
+        that ran its last one (a hop, not a placement) and that worker's device no longer holds
+        its model; or it waits on a worker's own queue (either) while that worker runs another
+        job's chunk, and an idle worker with nothing parked on it holds its model and adapters
+        (:func:`scheduler.placement.idle_holders`)."""
+        parked: list[Parked] = []
         for job in waiting:
             w = self.by_name.get(job.parked_on or "")
-            left = (w is not None and w.mem is not None and job.state is JobState.QUEUED
-                    and job.parked_q is not None and hop_worker(job.parked_q) is not None
-                    and job.arrival.model not in w.mem.device)
+            mem = w.mem if w is not None else None
+            own = mem is not None and job.state is JobState.QUEUED and job.parked_q is not None
+            left = own and mem is not None and hop_worker(job.parked_q or "") is not None \
+                and job.arrival.model not in mem.device
             if left != job.model_left:
                 job.model_left, job.view = left, None
+            queue = class_queue_of(job.parked_q or "")
+            if own and not left and queue in OWN_QUEUE_CLASSES and w is not None \
+                    and w.job is not None and w.job is not job:
+                parked.append(Parked(job.id, self._need(job), job.arrival.deadline_s, queue))
+        moved = idle_holders(parked, self._idle_holdings(waiting)) if parked else frozenset()
+        for job in waiting:
+            if (job.id in moved) != job.idle_holder:
+                job.idle_holder, job.view = job.id in moved, None
+
+    def _idle_holdings(self, waiting: Sequence[_Job]) -> dict[str, list[Holding]]:
+        """Per class queue with own queues, the idle workers that would take a chunk placed
+        anew from it (through their placement queue, or the shared standby queue) with nothing
+        parked on them, as placement sees them."""
+        parked_on = {job.parked_on for job in waiting if job.parked_on is not None}
+        out: dict[str, list[Holding]] = {}
+        for w in self.idle.values():
+            mem = w.mem
+            if not w.alive or mem is None or w.job is not None or w.name in parked_on:
+                continue
+            held = Holding(w.name, 0.0, frozenset(mem.device), frozenset(mem.host),
+                           frozenset(mem.adapters))
+            for queue in OWN_QUEUE_CLASSES:
+                if (placed_queue(w.name, queue) if queue in AFFINITY_CLASSES
+                        else queue) in w.consumes:
+                    out.setdefault(queue, []).append(held)
+        return out
 
     def _residency_tick(self, res: ResidencyConfig) -> None:
         """Before the plan: the queued demand per model; each waiting job's expected load
@@ -843,7 +882,7 @@ class ClusterSim:
         self.demand = demand
         workers = self._holdings(None)
         if res.placement is PlacementPolicy.STEPLINE:
-            self._mark_models_left(waiting)
+            self._mark_moves(waiting)
         cold: dict[tuple[str, tuple[str, ...]], float] = {}
         for job in waiting:  # what moving a parked chunk would cost: its parked wait
             key = (job.arrival.model or "", job.arrival.adapters)
@@ -895,9 +934,9 @@ class ClusterSim:
             dead.job = None
         job.running_on, job.lease_until_s = None, None
         queue = CLASS_QUEUE[job.arrival.shape.slo] if job.queue is None else job.queue
-        if recovery.cause is RecoveryCause.MODEL_LEFT:  # placed anew, as a release
-            self.counts["model_left"] += 1
-            job.model_left = False
+        if recovery.cause in (RecoveryCause.MODEL_LEFT, RecoveryCause.IDLE_HOLDER):
+            self.counts[recovery.cause.value] += 1  # placed anew, as a release
+            job.model_left = job.idle_holder = False
             self._place(job, queue, bump_epoch=True)
             return True
         if job.parked_on is not None:

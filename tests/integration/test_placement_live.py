@@ -270,3 +270,58 @@ def test_a_chunk_whose_model_left_its_worker_is_placed_anew_on_the_worker_holdin
     assert moved.queue == "w2@left.interactive.placed"
     assert moved.epoch == seen.epoch + 1
     assert moved.next_chunk == 1
+
+
+def test_a_chunk_parked_on_a_busy_worker_moves_to_an_idle_worker_holding_its_model(
+    redis_client: redis.Redis,
+) -> None:
+    """The tick's IDLE_HOLDER move on the real store, from the read to the release: a job's
+    next chunk waits on the own queue of a worker running another job's chunk while an idle
+    worker holds its model; the tick's read marks it (``tasks.affinity.ExpectedLoads``), the
+    plan recovers it, and the release places it on the idle worker's placement queue under a
+    new epoch (the parked message is stale)."""
+    from scheduler import plan_tick
+    from scheduler.recovery import RecoveryCause
+    from tasks.adapter import LiveTarget, policy_config
+    from tasks.affinity import ExpectedLoads
+    from tasks.routing import with_affinity
+    from tasks.snapshot import learned_cost_model, read_snapshot
+    from tasks.store import write_heartbeat
+
+    settings = current_settings()
+    settings = settings.model_copy(update={"affinity": settings.affinity.model_copy(
+        update={"placement": "stepline"})})
+    store = JobStore(redis_client)
+    service = JobService(store, settings)
+    busy, waiting = (service.submit(JobSpec(kind="simulated", slo=SloClass.INTERACTIVE,
+                                            params=_params("m1"), deadline_s=60))[0]
+                     for _ in range(2))
+    # given w1 runs "busy" and holds m1, "waiting" parked on w1's own queue, w2 idle with m1
+    now = time.time()
+    store.set_fields(busy, state=JobState.RUNNING, queue="w1@idle.interactive",
+                     running_on="w1@idle", lease_until_s=now + 30.0, next_chunk=0)
+    store.set_fields(waiting, state=JobState.QUEUED, queue="w1@idle.interactive",
+                     next_chunk=1, service_s=0.05, queued_at_s=now - 0.1)
+    pipe = redis_client.pipeline()
+    for name, job in (("w1@idle", busy), ("w2@idle", None)):
+        write_heartbeat(pipe, Heartbeat(
+            name=name, ts=now, busy_job=job, batch=1 if job else 0,
+            queues=with_affinity(name, ("interactive", "batch")),
+            residency={"device": {"simulated:m1": MODEL_BYTES}, "host": {},
+                       "budget_bytes": BUDGET}), lease_s=30.0)
+    pipe.execute()
+    # when the tick reads, marks, plans and applies the recovery
+    policy = policy_config(settings, store)
+    seen = read_snapshot(store, learned_cost_model(store, policy), policy, now)
+    snapshot = ExpectedLoads().apply(settings, seen.snapshot, seen.records, seen.heartbeats)
+    assert {v.job_id for v in snapshot.jobs if v.idle_holder} == {waiting}
+    plan = plan_tick(snapshot, policy, now)
+    moves = [r for r in plan.recoveries if r.job_id == waiting]
+    assert [r.cause for r in moves] == [RecoveryCause.IDLE_HOLDER]
+    before = store.record(waiting)
+    assert LiveTarget(store, dict(seen.records), settings).recover(moves[0])
+    # then its next chunk waits on w2's placement queue under a new epoch
+    moved = store.record(waiting)
+    assert moved.state is JobState.QUEUED
+    assert moved.queue == "w2@idle.interactive.placed"
+    assert moved.epoch == before.epoch + 1 and moved.next_chunk == 1

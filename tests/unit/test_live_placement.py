@@ -354,6 +354,49 @@ def test_a_chunk_parked_on_a_worker_that_evicted_its_model_is_marked_for_the_tic
     assert not model_left(hop, need, {"w1": (frozenset(), None)})
 
 
+def test_a_chunk_parked_on_a_busy_worker_is_marked_when_an_idle_worker_holds_its_model() -> None:
+    from tasks.affinity import ExpectedLoads
+    from tasks.snapshot import job_view
+    from tests.unit.test_scheduler_support import make_snapshot, running
+
+    # given w1 runs job "busy"; chunks of m1 wait on w1's own queues; idle w2 holds m1 and the
+    # adapter "ink", idle w3 holds m1 alone; w4 holds m1 but a chunk is placed on it
+    beats = {"w1": _beat("w1", {_sim_key("m1"): MB}, busy="busy"),
+             "w2": _beat("w2", {_sim_key("m1"): MB}, adapters={_sim_key("m1"): ["ink"]}),
+             "w3": _beat("w3", {_sim_key("m1"): MB}),
+             "w4": _beat("w4", {_sim_key("m1"): MB})}
+    hop = replace(_sim("m1", "hop", state=JobState.QUEUED), queue="w1.batch", next_chunk=1,
+                  queued_at_s=-1.0)
+    styled = replace(hop, job_id="styled", deadline_at_s=150.0,
+                     params={**hop.params, "adapters": [{"name": "ink", "scale": 1.0}]})
+    records = {r.job_id: r for r in (
+        hop, styled,
+        replace(hop, job_id="placed", queue="w1.batch.placed", deadline_at_s=900.0),
+        replace(hop, job_id="onw4", queue="w4.batch.placed"),
+        replace(hop, job_id="class", queue="batch"))}  # not parked
+
+    def marked(beats: dict[str, Heartbeat], *running_jobs: Any) -> set[str]:
+        views = [job_view(r) for r in records.values()]
+        snapshot = make_snapshot([*views, *running_jobs])
+        planned = ExpectedLoads().apply(_placing("stepline"), snapshot, records, beats)
+        return {v.job_id for v in planned.jobs if v.idle_holder}
+
+    # when the tick reads the heartbeats: w1 runs "busy", so its parked chunks are candidates,
+    # earliest deadline first: the styled one takes w2, the only holder of "ink", the hop
+    # w3; the one placed there with the latest deadline finds no idle holder left (w4 has a
+    # chunk parked on it)
+    on_w1 = running("busy", "w1")
+    assert marked(beats, on_w1) == {"styled", "hop"}
+    # with w1 idle in the snapshot nothing moves: it takes its own chunks next
+    assert marked(beats) == set()
+    # an idle worker whose heartbeat says it runs a chunk is not idle
+    assert marked({**beats, "w3": _beat("w3", {_sim_key("m1"): MB}, busy="x")}, on_w1) == \
+        {"styled"}
+    # the baselines' placements mark nothing
+    snapshot = make_snapshot([*(job_view(r) for r in records.values()), on_w1])
+    assert ExpectedLoads().apply(_placing("warm"), snapshot, records, beats) is snapshot
+
+
 # the simulated job's model params --------------------------------------------------------------
 def test_simulated_model_params_are_validated_and_stored_only_with_a_model() -> None:
     plain = validate_params("simulated", {"steps": 2})

@@ -13,9 +13,11 @@ from scheduler.placement import (
     Holding,
     LoadEstimates,
     ModelNeed,
+    Parked,
     PlacementPolicy,
     assign,
     expected_load_s,
+    idle_holders,
     place,
     stage,
 )
@@ -213,3 +215,50 @@ def test_a_base_in_host_memory_is_charged_only_the_adapters_it_does_not_bring_ba
         estimates.estimate("m0", "host") + adapter_s)
     assert estimates.load_s(need, on_disk) == pytest.approx(
         estimates.estimate("m0", "disk") + 2 * adapter_s)
+
+
+parked_jobs = st.lists(st.builds(Parked, st.uuids().map(str), needs, st.floats(0.0, 100.0),
+                                 st.sampled_from(("interactive", "batch", "standby"))),
+                       max_size=8)
+idle_by_queue = st.dictionaries(st.sampled_from(("interactive", "batch", "standby")), pools(),
+                                max_size=3)
+
+
+@settings(max_examples=100, deadline=None)
+@given(parked_jobs, idle_by_queue)
+def test_each_idle_holder_takes_at_most_one_job_that_it_holds_and_serves(
+        parked: list[Parked], idle: dict[str, tuple[Holding, ...]]) -> None:
+    moved = idle_holders(parked, idle)
+    assert moved <= {p.job_id for p in parked}
+    # a matching: each moved job to a distinct idle worker that holds it and serves its queue
+    names = {w.name for pool in idle.values() for w in pool}
+    assert len(moved) <= len(names)
+    for job in parked:
+        if job.job_id in moved:
+            assert any(w.holds(job.need) for w in idle.get(job.class_queue, ()))
+    # a job no idle worker of its queue holds never moves
+    for job in parked:
+        if not any(w.holds(job.need) for w in idle.get(job.class_queue, ())):
+            assert job.job_id not in moved
+
+
+def test_idle_holders_go_to_the_earliest_deadlines_one_job_each() -> None:
+    m1 = ModelNeed("m1")
+    styled = ModelNeed("m1", frozenset({"m1/a0"}))
+    w1 = Holding("w1", device=frozenset({"m1"}))
+    w2 = Holding("w2", device=frozenset({"m1"}), adapters=frozenset({"m1/a0"}))
+    late, soon, sooner = (Parked("late", m1, 30.0, "batch"), Parked("soon", m1, 20.0, "batch"),
+                          Parked("sooner", m1, 10.0, "batch"))
+    # one idle worker holding m1: the earliest deadline moves, the others stay
+    assert idle_holders([late, soon, sooner], {"batch": [w1]}) == {"sooner"}
+    # an idle worker serving another class queue only is not counted
+    assert idle_holders([late], {"interactive": [w1]}) == frozenset()
+    # a job with an adapter needs an idle worker holding that adapter too, and a worker taken
+    # by one job (listed under two queues) is not given to another
+    styled_job = Parked("styled", styled, 5.0, "batch")
+    assert idle_holders([styled_job, late], {"batch": [w1]}) == {"late"}
+    assert idle_holders([styled_job, late], {"batch": [w2], "standby": [w2]}) == {"styled"}
+    assert idle_holders([styled_job, late], {"batch": [w1, w2]}) == {"styled", "late"}
+    # a job without adapters takes the holder without them, leaving the other to the styled
+    first = Parked("first", m1, 1.0, "batch")
+    assert idle_holders([first, styled_job], {"batch": [w2, w1]}) == {"first", "styled"}

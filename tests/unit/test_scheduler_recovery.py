@@ -109,6 +109,23 @@ def test_a_chunk_parked_where_its_model_was_evicted_is_placed_anew_at_once() -> 
     assert recoveries == ()
 
 
+def test_a_chunk_parked_on_a_busy_worker_moves_at_once_when_an_idle_one_holds_its_model() -> None:
+    # given chunks parked on w0 a moment ago, one marked: an idle worker holds its model
+    kept = make_job("a", state=JobState.QUEUED, queue="batch", parked_on="w0",
+                    waiting_since_s=NOW_S - 0.01, published=(1, 0), service_s=2.0)
+    idle = replace(kept, job_id="b", idle_holder=True)
+    # an evicted model is the first reason given; a dead worker the only one
+    both = replace(idle, job_id="c", model_left=True)
+    orphaned = replace(idle, job_id="d", parked_on="w9")
+    assert _causes([kept, idle, both, orphaned]) == {
+        "b": RecoveryCause.IDLE_HOLDER, "c": RecoveryCause.MODEL_LEFT,
+        "d": RecoveryCause.PARKED}
+    # with affinity off nothing is parked for a model
+    off = replace(CONFIG, affinity_max_wait_s=None)
+    recoveries, _ = plan_recoveries([idle], ALIVE, CostModel(), off, NOW_S)
+    assert recoveries == ()
+
+
 def test_a_waiting_job_whose_dependency_failed_is_failed_and_never_released() -> None:
     # given a pending job whose dependency failed, and idle workers that could run it
     job = make_job("a", depends_on=("gone",), failed_dependency="dependency gone ended FAILED")
@@ -153,12 +170,16 @@ def test_plans_with_recoveries_keep_every_invariant(snapshot) -> None:  # type: 
     running_ids = {j.job_id for j in jobs if j.state is JobState.RUNNING}
     recovered = {r.job_id for r in plan.recoveries}
     assert running_ids <= recovered
-    # the others: chunks parked on a worker that is gone, or that evicted their model
+    # the others: chunks parked on a worker that is gone, that evicted their model, or
+    # busy while an idle worker holds it
     by_id = {j.job_id: j for j in jobs}
     for r in plan.recoveries:
         if r.job_id not in running_ids:
             job = by_id[r.job_id]
             assert job.state is JobState.QUEUED and job.parked_on is not None
-            assert r.cause in (RecoveryCause.PARKED, RecoveryCause.MODEL_LEFT)
-            assert (r.cause is RecoveryCause.MODEL_LEFT) == (
-                job.model_left and job.parked_on in {w.name for w in snapshot.workers if w.alive})
+            alive = job.parked_on in {w.name for w in snapshot.workers if w.alive}
+            assert r.cause in (RecoveryCause.PARKED, RecoveryCause.MODEL_LEFT,
+                               RecoveryCause.IDLE_HOLDER)
+            assert (r.cause is RecoveryCause.MODEL_LEFT) == (job.model_left and alive)
+            assert (r.cause is RecoveryCause.IDLE_HOLDER) == (
+                job.idle_holder and not job.model_left and alive)

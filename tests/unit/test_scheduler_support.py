@@ -145,6 +145,7 @@ def _job(draw: st.DrawFn, job_id: str, state: JobState, worker: str | None,
         preempt_requested=state is JobState.RUNNING and draw(st.booleans()),
         batch_group=group, batch_id=batch,
         parked_on=parked, model_left=parked is not None and draw(st.booleans()),
+        idle_holder=parked is not None and draw(st.booleans()),
     )
 
 

@@ -194,14 +194,14 @@ def test_a_simulated_chunk_parked_where_its_model_was_evicted_is_marked_and_plac
     job.parked_q, job.service_s = f"{w0.name}.batch", 1.0
     w1.mem.acquire(model, (), 0.0)
     w0.mem.acquire(model, (), 0.0)
-    sim._mark_models_left([job])
+    sim._mark_moves([job])
     assert not job.model_left  # w0 still holds it
     w0.mem.device.clear()  # evicted for another job's
-    sim._mark_models_left([job])
+    sim._mark_moves([job])
     assert job.model_left and job.job_view().model_left
     # a chunk placed to load there is not marked: the load is what placement chose
     job.parked_q = f"{w0.name}.batch.placed"
-    sim._mark_models_left([job])
+    sim._mark_moves([job])
     assert not job.model_left
     # the recovery places it anew: on w1, which holds its model (idle: it takes it at once)
     job.parked_q, job.model_left = f"{w0.name}.batch", True
@@ -210,3 +210,47 @@ def test_a_simulated_chunk_parked_where_its_model_was_evicted_is_marked_and_plac
     assert job.running_on == w1.name and w1.job is job
     assert job.epoch == epoch + 1 and not job.model_left
     assert sim.counts["model_left"] == 1
+
+
+def test_a_simulated_chunk_parked_on_a_busy_worker_moves_to_an_idle_one_holding_its_model(
+) -> None:
+    from app.bench.models_sim import models_config, sim_trace
+    from app.bench.models_workload import generate_jobs
+    from scheduler.lifecycle import JobState
+    from scheduler.recovery import Recovery, RecoveryCause
+
+    jobs = generate_jobs(WORKLOAD, CATALOG)
+    residency = residency_for("stepline", CATALOG, 20 * GB, 0, 60.0)
+    config = models_config(WORKLOAD, residency, jobs, tick_s=1.0)
+    sim = ClusterSim(config, sim_trace(jobs), sim_policy(config, "stepline"))
+    job, other = sim.jobs[0], sim.jobs[1]
+    model = job.arrival.model
+    w0, w1 = sim.workers[0], sim.workers[1]
+    assert w0.mem is not None and w1.mem is not None and model is not None
+    # given its next chunk waits on w0's own queue, and w0 holds its model but runs another's
+    sim.live[job.id] = job
+    job.state, job.queue, job.parked_on = JobState.QUEUED, "batch", w0.name
+    job.parked_q, job.service_s = f"{w0.name}.batch", 1.0
+    w0.mem.acquire(model, job.arrival.adapters, 0.0)
+    sim._mark_moves([job])
+    assert not job.idle_holder  # w0 idle: it takes the chunk itself
+    w0.job = other
+    sim.idle.pop(w0.name, None)
+    sim._mark_moves([job])
+    assert not job.idle_holder  # no idle worker holds its model
+    # when idle w1 holds its model and adapters, the chunk is marked to move
+    w1.mem.acquire(model, job.arrival.adapters, 0.0)
+    sim._mark_moves([job])
+    assert job.idle_holder and job.job_view().idle_holder and not job.model_left
+    # not while a chunk is parked on w1 (it is about to take that one)
+    other.parked_on = w1.name
+    sim._mark_moves([job, other])
+    assert not job.idle_holder
+    other.parked_on = None
+    sim._mark_moves([job])
+    # the recovery places it anew: on w1, which takes it at once
+    epoch = job.epoch
+    assert sim.recover(Recovery(job.id, RecoveryCause.IDLE_HOLDER, "idle holder"))
+    assert job.running_on == w1.name and w1.job is job
+    assert job.epoch == epoch + 1 and not job.idle_holder
+    assert sim.counts["idle_holder"] == 1
