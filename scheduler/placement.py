@@ -303,8 +303,8 @@ def idle_holders(parked: Iterable[Parked], idle: Mapping[str, Sequence[Holding]]
     """The jobs of ``parked`` to place anew because an idle worker holds their base model and
     adapters (``JobView.idle_holder``): earliest deadline first, each idle worker given to one
     job (so that two jobs do not both move to a worker that can start only one), the holder
-    with the fewest adapters first. ``idle``: per
-    class queue, the idle workers that consume it with nothing parked on them."""
+    with the fewest adapters first. ``idle``: per class queue, the idle workers that consume
+    it with nothing parked on them."""
     free = {queue: list(workers) for queue, workers in idle.items()}
     moved: set[str] = set()
     for job in sorted(parked, key=lambda p: (p.deadline_s, p.job_id)):
