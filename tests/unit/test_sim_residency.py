@@ -175,15 +175,10 @@ def test_the_paired_difference_is_taken_trace_by_trace() -> None:
 
 
 def test_a_simulated_chunk_parked_where_its_model_was_evicted_is_marked_and_placed_anew() -> None:
-    from app.bench.models_sim import models_config, sim_trace
-    from app.bench.models_workload import generate_jobs
     from scheduler.lifecycle import JobState
     from scheduler.recovery import Recovery, RecoveryCause
 
-    jobs = generate_jobs(WORKLOAD, CATALOG)
-    residency = residency_for("stepline", CATALOG, 20 * GB, 0, 60.0)
-    config = models_config(WORKLOAD, residency, jobs, tick_s=1.0)
-    sim = ClusterSim(config, sim_trace(jobs), sim_policy(config, "stepline"))
+    sim = _stepline_sim()
     job = sim.jobs[0]
     model = job.arrival.model
     w0, w1 = sim.workers[0], sim.workers[1]
@@ -214,15 +209,10 @@ def test_a_simulated_chunk_parked_where_its_model_was_evicted_is_marked_and_plac
 
 def test_a_simulated_chunk_parked_on_a_busy_worker_moves_to_an_idle_one_holding_its_model(
 ) -> None:
-    from app.bench.models_sim import models_config, sim_trace
-    from app.bench.models_workload import generate_jobs
     from scheduler.lifecycle import JobState
     from scheduler.recovery import Recovery, RecoveryCause
 
-    jobs = generate_jobs(WORKLOAD, CATALOG)
-    residency = residency_for("stepline", CATALOG, 20 * GB, 0, 60.0)
-    config = models_config(WORKLOAD, residency, jobs, tick_s=1.0)
-    sim = ClusterSim(config, sim_trace(jobs), sim_policy(config, "stepline"))
+    sim = _stepline_sim()
     job, other = sim.jobs[0], sim.jobs[1]
     model = job.arrival.model
     w0, w1 = sim.workers[0], sim.workers[1]
@@ -254,3 +244,14 @@ def test_a_simulated_chunk_parked_on_a_busy_worker_moves_to_an_idle_one_holding_
     assert job.running_on == w1.name and w1.job is job
     assert job.epoch == epoch + 1 and not job.idle_holder
     assert sim.counts["idle_holder"] == 1
+
+
+def _stepline_sim() -> ClusterSim:
+    """The workload's trace in a simulator under the Stepline placement, not yet run."""
+    from app.bench.models_sim import models_config, sim_trace
+    from app.bench.models_workload import generate_jobs
+
+    jobs = generate_jobs(WORKLOAD, CATALOG)
+    residency = residency_for("stepline", CATALOG, 20 * GB, 0, 60.0)
+    config = models_config(WORKLOAD, residency, jobs, tick_s=1.0)
+    return ClusterSim(config, sim_trace(jobs), sim_policy(config, "stepline"))
