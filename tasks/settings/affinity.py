@@ -40,6 +40,7 @@ class AffinitySettings(BaseModel):
     three traces with fewer loads than ``warm``; but as the default, a job the tick released
     into a running batch was moved to standby at the next tick in a one-worker batching test
     (``tests/integration/test_batching.py``, the mid-way join: 10 of 17 runs; 0 of 4 under
-    ``warm``), which is to be understood first.
+    ``warm``): the tick charged the joiner a cold load while the worker's heartbeat did
+    not yet list the model just built for the first job; to be fixed first.
     Unless ``oblivious``, such a job's next chunk stays on the worker that ran its last (no
     model switch mid-job)."""
