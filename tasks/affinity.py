@@ -14,7 +14,7 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
@@ -51,6 +51,7 @@ from tasks.routing import (
     class_queue_of,
     hop_worker,
     placed_queue,
+    replaced_from,
     with_affinity,
 )
 from tasks.settings import Settings
@@ -321,12 +322,20 @@ class ExpectedLoads:
         memo: dict[ModelNeed, float] = {}
         marks: dict[int, tuple[float, bool]] = {}
         waiting: list[tuple[JobView, ModelNeed]] = []
+        running: set[str] = set()  # workers running a chunk, as the snapshot has it
+        parked_on: set[str] = set()  # workers a queued chunk waits on
         needs: dict[str, tuple[JobRecord, ModelNeed | None]] = {}
         with _ESTIMATES_LOCK:
             observe_loads(_ESTIMATES, beats.values())
             for i, view in enumerate(snapshot.jobs):
-                if view.state is JobState.RUNNING or view.state.is_terminal:
+                if view.state is JobState.RUNNING:
+                    if view.running_on is not None:
+                        running.add(view.running_on)
                     continue
+                if view.state.is_terminal:
+                    continue
+                if view.state is JobState.QUEUED and view.parked_on is not None:
+                    parked_on.add(view.parked_on)
                 record = records.get(view.job_id)
                 if record is None:
                     continue
@@ -343,7 +352,7 @@ class ExpectedLoads:
                 marks[i] = (load_s, left)
                 if not left:
                     waiting.append((view, need))
-        moved = idle_holder_jobs(snapshot, waiting, workers, beats)
+        moved = idle_holder_jobs(waiting, running, parked_on, workers, beats)
         kept: dict[str, tuple[JobView, tuple[float, bool, bool], JobView]] = {}
         jobs: list[JobView] | None = None
         for i, (load_s, left) in marks.items():
@@ -362,34 +371,30 @@ class ExpectedLoads:
         return snapshot if jobs is None else replace(snapshot, jobs=tuple(jobs))
 
 
-def idle_holder_jobs(snapshot: ClusterSnapshot, waiting: Iterable[tuple[JobView, ModelNeed]],
-                     workers: Sequence[Holding], beats: Mapping[str, Heartbeat]
-                     ) -> frozenset[str]:
+def idle_holder_jobs(waiting: Iterable[tuple[JobView, ModelNeed]], running: Set[str],
+                     parked_on: Set[str], workers: Sequence[Holding],
+                     beats: Mapping[str, Heartbeat]) -> frozenset[str]:
     """The waiting jobs whose next chunk should move off the worker it is parked on
     (``JobView.idle_holder``): it waits on a worker's own queue (a hop's or a placement's)
-    while the snapshot has that worker running another job's chunk, and a worker that is idle
-    (no running chunk in the snapshot nor in its heartbeat, nothing parked on it, consuming
-    where the chunk would go) holds its model and adapters on its device; each idle worker to
-    one job, earliest deadline first (:func:`scheduler.placement.idle_holders`). ``waiting``:
-    the jobs on a model whose worker still holds it (not ``model_left``)."""
-    running = {v.running_on for v in snapshot.jobs
-               if v.state is JobState.RUNNING and v.running_on is not None}
+    while the snapshot has that worker running another job's chunk (``running``), and a worker
+    that is idle (no running chunk in the snapshot nor in its heartbeat, no queued chunk parked
+    on it: ``parked_on``, consuming where the chunk would go) holds its model and adapters on
+    its device; each idle worker to one job, earliest deadline first
+    (:func:`scheduler.placement.idle_holders`). ``waiting``: the jobs on a model whose worker
+    still holds it (not ``model_left``)."""
     parked = [Parked(view.job_id, need, view.deadline_s, queue)
               for view, need in waiting
               if view.state is JobState.QUEUED and view.parked_on in running
               and (queue := class_queue_of(view.queue or "")) in OWN_QUEUE_CLASSES]
     if not parked:
         return frozenset()
-    parked_on = {v.parked_on for v in snapshot.jobs
-                 if v.state is JobState.QUEUED and v.parked_on is not None}
     idle: dict[str, list[Holding]] = {}
     for w in workers:
         beat = beats[w.name]
         if beat.busy_job is not None or w.name in running or w.name in parked_on:
             continue
         for queue in OWN_QUEUE_CLASSES:
-            taken_from = placed_queue(w.name, queue) if queue in AFFINITY_CLASSES else queue
-            if taken_from in beat.queues:
+            if replaced_from(w.name, queue) in beat.queues:
                 idle.setdefault(queue, []).append(w)
     return idle_holders(parked, idle) if idle else frozenset()
 

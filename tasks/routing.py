@@ -35,6 +35,7 @@ __all__ = [
     "class_queue_of",
     "hop_worker",
     "placed_queue",
+    "replaced_from",
     "with_affinity",
 ]
 
@@ -75,6 +76,13 @@ def placed_queue(worker: str, class_queue: str) -> str:
     it runs) and before the class queue. A job placed on a busy worker that holds its model
     waits there for the jobs the worker runs to finish rather than sharing it chunk by chunk."""
     return f"{affinity_queue(worker, class_queue)}.{PLACED}"
+
+
+def replaced_from(worker: str, class_queue: str) -> str:
+    """The queue ``worker`` would take a chunk of ``class_queue`` from once placement puts it
+    anew there: its placement queue for a class with one, else the class queue itself (the
+    shared standby queue)."""
+    return placed_queue(worker, class_queue) if class_queue in AFFINITY_CLASSES else class_queue
 
 
 def _split(queue: str) -> tuple[str, str] | None:

@@ -71,6 +71,7 @@ from tasks.routing import (
     class_queue_of,
     hop_worker,
     placed_queue,
+    replaced_from,
     with_affinity,
 )
 
@@ -833,16 +834,16 @@ class ClusterSim:
         parked: list[Parked] = []
         for job in waiting:
             w = self.by_name.get(job.parked_on or "")
-            mem = w.mem if w is not None else None
-            own = mem is not None and job.state is JobState.QUEUED and job.parked_q is not None
-            left = own and mem is not None and hop_worker(job.parked_q or "") is not None \
-                and job.arrival.model not in mem.device
+            own = job.parked_q if job.state is JobState.QUEUED else None
+            left = False
+            if w is not None and w.mem is not None and own is not None:
+                left = hop_worker(own) is not None and job.arrival.model not in w.mem.device
+                queue = class_queue_of(own)
+                if not left and queue in OWN_QUEUE_CLASSES and w.job not in (None, job):
+                    parked.append(Parked(job.id, self._need(job), job.arrival.deadline_s,
+                                         queue))
             if left != job.model_left:
                 job.model_left, job.view = left, None
-            queue = class_queue_of(job.parked_q or "")
-            if own and not left and queue in OWN_QUEUE_CLASSES and w is not None \
-                    and w.job is not None and w.job is not job:
-                parked.append(Parked(job.id, self._need(job), job.arrival.deadline_s, queue))
         moved = idle_holders(parked, self._idle_holdings(waiting)) if parked else frozenset()
         for job in waiting:
             if (job.id in moved) != job.idle_holder:
@@ -861,8 +862,7 @@ class ClusterSim:
             held = Holding(w.name, 0.0, frozenset(mem.device), frozenset(mem.host),
                            frozenset(mem.adapters))
             for queue in OWN_QUEUE_CLASSES:
-                if (placed_queue(w.name, queue) if queue in AFFINITY_CLASSES
-                        else queue) in w.consumes:
+                if replaced_from(w.name, queue) in w.consumes:
                     out.setdefault(queue, []).append(held)
         return out
 

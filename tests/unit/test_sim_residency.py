@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -175,18 +176,12 @@ def test_the_paired_difference_is_taken_trace_by_trace() -> None:
 
 
 def test_a_simulated_chunk_parked_where_its_model_was_evicted_is_marked_and_placed_anew() -> None:
-    from scheduler.lifecycle import JobState
     from scheduler.recovery import Recovery, RecoveryCause
 
     sim = _stepline_sim()
-    job = sim.jobs[0]
-    model = job.arrival.model
-    w0, w1 = sim.workers[0], sim.workers[1]
-    assert w0.mem is not None and w1.mem is not None and model is not None
     # given its last chunk ran on w0, its next waits on w0's own queue; w1 holds its model
-    sim.live[job.id] = job
-    job.state, job.queue, job.parked_on = JobState.QUEUED, "batch", w0.name
-    job.parked_q, job.service_s = f"{w0.name}.batch", 1.0
+    job, model, w0, w1 = _parked_on_w0(sim)
+    assert w0.mem is not None and w1.mem is not None
     w1.mem.acquire(model, (), 0.0)
     w0.mem.acquire(model, (), 0.0)
     sim._mark_moves([job])
@@ -209,18 +204,13 @@ def test_a_simulated_chunk_parked_where_its_model_was_evicted_is_marked_and_plac
 
 def test_a_simulated_chunk_parked_on_a_busy_worker_moves_to_an_idle_one_holding_its_model(
 ) -> None:
-    from scheduler.lifecycle import JobState
     from scheduler.recovery import Recovery, RecoveryCause
 
     sim = _stepline_sim()
-    job, other = sim.jobs[0], sim.jobs[1]
-    model = job.arrival.model
-    w0, w1 = sim.workers[0], sim.workers[1]
-    assert w0.mem is not None and w1.mem is not None and model is not None
+    other = sim.jobs[1]
     # given its next chunk waits on w0's own queue, and w0 holds its model but runs another's
-    sim.live[job.id] = job
-    job.state, job.queue, job.parked_on = JobState.QUEUED, "batch", w0.name
-    job.parked_q, job.service_s = f"{w0.name}.batch", 1.0
+    job, model, w0, w1 = _parked_on_w0(sim)
+    assert w0.mem is not None and w1.mem is not None
     w0.mem.acquire(model, job.arrival.adapters, 0.0)
     sim._mark_moves([job])
     assert not job.idle_holder  # w0 idle: it takes the chunk itself
@@ -255,3 +245,18 @@ def _stepline_sim() -> ClusterSim:
     residency = residency_for("stepline", CATALOG, 20 * GB, 0, 60.0)
     config = models_config(WORKLOAD, residency, jobs, tick_s=1.0)
     return ClusterSim(config, sim_trace(jobs), sim_policy(config, "stepline"))
+
+
+def _parked_on_w0(sim: ClusterSim) -> tuple[Any, str, Any, Any]:
+    """The trace's first job, its last chunk run on the simulator's first worker: its next
+    waits on that worker's own batch queue. Returns (job, its model, w0, w1)."""
+    from scheduler.lifecycle import JobState
+
+    job = sim.jobs[0]
+    model = job.arrival.model
+    assert model is not None
+    w0, w1 = sim.workers[0], sim.workers[1]
+    sim.live[job.id] = job
+    job.state, job.queue, job.parked_on = JobState.QUEUED, "batch", w0.name
+    job.parked_q, job.service_s = f"{w0.name}.batch", 1.0
+    return job, model, w0, w1
