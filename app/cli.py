@@ -463,7 +463,7 @@ def simulate(
                                         "rows and every policy; uses --overhead-ms, --seed, "
                                         "--out); writes suite.json.")] = False,
 ) -> None:
-    """SIMULATED: the real plan_tick on a virtual clock at scale; writes simulation.json (with
+    """SIMULATED: the live tick's planner on a virtual clock at scale; writes simulation.json (with
     --suite: every policy on the evaluation suite's rows, with a verdict each; suite.json)."""
     import json
 

@@ -56,7 +56,7 @@ COST_KEY = "image-1024"
 """The cost key a simulated diffusion step is learned under."""
 PLACEMENTS = ("oblivious", "warm", "stepline", "oracle")
 CLASSES = (SloClass.INTERACTIVE, SloClass.BATCH)
-NOTE = ("simulated: the real plan_tick and scheduler.placement.place on a virtual clock; model "
+NOTE = ("simulated: the live tick's planner and scheduler.placement.place on a virtual clock; model "
         "loads, sizes and job times are drawn from distributions shaped on the GenTD26 "
         "production trace's figures (Lin et al., SoCC '25), not measured on this machine")
 

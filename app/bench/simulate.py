@@ -1,12 +1,13 @@
-"""Discrete-event simulation of Stepline at scale: the real ``plan_tick`` on a virtual clock.
+"""Discrete-event simulation of Stepline at scale: the live tick's planner on a virtual clock.
 
 No Celery, no Redis, no devices: N simulated workers consume simulated queues the way the real
 ones do (strict queue order, the reserve's realtime-only workers, one chunk at a time, a
-dispatch overhead per hop), and every ``tick_s`` the same ``plan_tick`` the adapter calls plans
-the cluster; its plan goes through the live tick's own apply loop (``tasks.apply.apply_plan``)
-with the simulated cluster as the target, recoveries included. Chunk durations are the
-published GPU step figures of the cost model's priors, with jitter. Everything it reports is
-labelled as simulation.
+dispatch overhead per hop), and every ``tick_s`` the planner the live tick holds
+(:class:`scheduler.IncrementalPlanner`, held across ticks as ``tasks.tick`` holds it; its
+plans equal ``plan_tick``'s) plans the cluster; its plan goes through the live tick's own
+apply loop (``tasks.apply.apply_plan``) with the simulated cluster as the target, recoveries
+included. Chunk durations are the published GPU step figures of the cost model's priors, with
+jitter. Everything it reports is labelled as simulation.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ from scheduler import (
     Tier,
     WorkerView,
     check_plan_invariants,
+    IncrementalPlanner,
     decide_submit,
-    plan_tick,
 )
 from scheduler.placement import (
     Holding,
@@ -76,7 +77,7 @@ from tasks.routing import (
 )
 
 NOTE = ("simulated: a discrete-event model of the adapter, the workers and the Celery queues "
-        "driving the real plan_tick on a virtual clock; chunk times are published H100 step "
+        "driving the live tick's planner on a virtual clock; chunk times are published H100 step "
         "figures (cost-model priors) with jitter, not measurements of this machine")
 SIM_POLICIES = ("fifo", "priority", "edf", "srpt", "least_slack", "stepline")
 ORACLES = ("oracle-edf", "oracle-srpt")
@@ -419,6 +420,9 @@ class ClusterSim:
         self.status = ["unfinished"] * len(trace)
         self.lost_s = 0.0
         self.ticks = 0
+        self.planner = IncrementalPlanner()
+        """The live tick's planner, held across ticks (it reads only the views that changed:
+        a job's view is rebuilt only when what it shows changes, as the live cache does)."""
         self.result = SimResult([None] * len(trace), self.status, 0.0, 0.0, 0.0, 0.0)
         res = config.residency
         self.res = res if res is not None and any(a.model for a in trace) else None
@@ -817,7 +821,7 @@ class ClusterSim:
         snapshot = ClusterSnapshot(tuple(j.job_view() for j in self.live.values()),
                                    self._worker_views(), self.cost, self.state)
         started = time.perf_counter()
-        plan = plan_tick(snapshot, self.policy, self.now)
+        plan = self.planner.plan(snapshot, self.policy, self.now)
         self.result.tick_ms.append((time.perf_counter() - started) * 1e3)
         self.result.tick_jobs.append(len(snapshot.jobs))
         if self.check_invariants:
