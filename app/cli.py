@@ -307,13 +307,35 @@ def bench(
     duration_s: Annotated[Optional[float], typer.Option(min=1, help="Trace length.")] = None,
     trace: Annotated[Optional[Path], typer.Option(help="Replay this JSONL trace.")] = None,
     out: Annotated[Path, typer.Option(help="Report directory.")] = Path("bench-out"),
+    gentd26: Annotated[Optional[Path], typer.Option(
+        help="Trace mode: a directory with the GenTD26 request and latency files; its windows "
+             "run in the simulator and on the live stack; writes gentd26.json.")] = None,
+    windows: Annotated[int, typer.Option(min=1, max=50, help="Trace mode: windows per pool.")] = 4,
+    window_jobs: Annotated[int, typer.Option(min=20, max=20000,
+                                             help="Trace mode: requests per window.")] = 240,
+    sim_workers: Annotated[str, typer.Option(
+        help="Trace mode: comma-separated simulated pool sizes.")] = "2,3,4,8,32",
+    jobs_per_worker: Annotated[int, typer.Option(
+        min=1, help="Trace mode: a larger pool's windows hold at least this many per worker.")
+    ] = 30,
+    live: Annotated[bool, typer.Option(help="Trace mode: also run the live stack.")] = True,
+    live_windows: Annotated[int, typer.Option(min=1, max=20)] = 1,
+    held_out: Annotated[bool, typer.Option(
+        help="Trace mode: evaluate on the held-out requests (from 2024-12-01).")] = False,
     run_dir: RunDir = None,
 ) -> None:
-    """Replay one trace under each policy on the same real workers; write report.json + plots."""
+    """Replay one trace under each policy on the same real workers; write report.json + plots.
+    With --gentd26: the production-trace benchmark (simulated and live), gentd26.json."""
     from app.bench.run import check_policies as check_bench_policies  # deferred: heavy
     from app.bench.run import run_bench, summary_table  # deferred: heavy
 
     _setup(run_dir or Path(".stepline-bench"), None)
+    if gentd26 is not None:
+        _trace_bench(gentd26, out, windows=windows, jobs=window_jobs, sim_workers=sim_workers,
+                     jobs_per_worker=jobs_per_worker,
+                     load=0.8 if load is None else load, live=live, live_workers=workers,
+                     live_windows=live_windows, held_out=held_out)
+        return
 
     policies = [p.strip() for p in policy.split(",") if p.strip()]
     try:
@@ -325,6 +347,38 @@ def bench(
                        run_dir=Path(os.environ["STEPLINE_RUN_DIR"]))
     console().print(summary_table(report))
     console().print(f"report: {out / 'report.json'}; plots: {', '.join(report['plots'])}")
+
+
+def _trace_bench(trace_dir: Path, out: Path, *, windows: int, jobs: int, sim_workers: str,
+                 jobs_per_worker: int, load: float, live: bool, live_workers: int,
+                 live_windows: int, held_out: bool) -> None:
+    """``stepline bench --gentd26 DIR``: app.bench.trace_bench, printed and written."""
+    import json  # deferred with the bench
+
+    from app.bench.gentd26 import TraceError  # deferred: the bench
+    from app.bench.trace_bench import run_trace_bench  # deferred: the bench
+
+    try:
+        pools = [int(x) for x in sim_workers.split(",") if x.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"{sim_workers!r} is not a comma-separated list of pool "
+                                 "sizes", param_hint="--sim-workers") from None
+    if not pools or min(pools) < 1:
+        raise typer.BadParameter("give at least one pool size of 1 or more",
+                                 param_hint="--sim-workers")
+    try:
+        report = run_trace_bench(trace_dir, windows=windows, jobs=jobs, workers=pools,
+                                 jobs_per_worker=jobs_per_worker, load=load,
+                                 held_out=held_out, live=live,
+                                 live_workers=live_workers, live_windows=live_windows,
+                                 run_dir=Path(os.environ["STEPLINE_RUN_DIR"]),
+                                 progress=console().print)
+    except TraceError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--gentd26") from exc
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "gentd26.json"
+    path.write_text(json.dumps(report, indent=1, default=str))
+    console().print(f"report: {path} ({report['wall_s']:.0f} s); figures from {report['citation']}")
 
 
 @cli.command()

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -56,9 +56,9 @@ COST_KEY = "image-1024"
 """The cost key a simulated diffusion step is learned under."""
 PLACEMENTS = ("oblivious", "warm", "stepline", "oracle")
 CLASSES = (SloClass.INTERACTIVE, SloClass.BATCH)
-NOTE = ("simulated: the live tick's planner and scheduler.placement.place on a virtual clock; model "
-        "loads, sizes and job times are drawn from distributions shaped on the GenTD26 "
-        "production trace's figures (Lin et al., SoCC '25), not measured on this machine")
+NOTE = ("simulated: the live tick's planner and scheduler.placement.place on a virtual "
+        "clock; model loads, sizes and job times are drawn from distributions shaped on the "
+        "GenTD26 production trace's figures (Lin et al., SoCC '25), not measured on this machine")
 
 
 def sim_trace(jobs: Sequence[ModelJob], seed: int = 1, jitter: float = 0.1) -> list[SimArrival]:
@@ -155,7 +155,7 @@ def placement_figures(trace: Sequence[SimArrival], result: SimResult, config: Si
     worker that went to loading; the share whose first chunk started on a worker holding their
     base. ``load_share_of_capacity`` is over the whole run."""
     measured = [a for a in trace if a.index >= warmup]
-    groups: dict[str, Any] = {}
+    groups: dict[str, Any] = {}  # each with its jobs' outcomes: done, shed, expired, ...
     for name, picked in (("all", measured),
                          *((c.value, [a for a in measured if a.shape.slo is c])
                            for c in CLASSES)):
@@ -164,6 +164,9 @@ def placement_figures(trace: Sequence[SimArrival], result: SimResult, config: Si
         lat = sorted(f - a.arrival_s for a in picked
                      if (f := result.finished_s[a.index]) is not None)
         groups[name] = group_figures(len(picked), met, lat)
+        groups[name]["outcomes"] = {
+            status: sum(1 for a in picked if result.status[a.index] == status)
+            for status in sorted({result.status[a.index] for a in picked})}
     res = result.residency or {}
     per_job = res.get("per_job", {})
     n = max(len(measured), 1)
@@ -228,7 +231,9 @@ def pool_figures(per_trace: Sequence[dict[str, Any]]) -> dict[str, Any]:
         groups[name] = {"jobs": jobs, "met": met, "attainment": met / jobs if jobs else None,
                         "ci95": list(ci) if ci else None,
                         "p95_latency_s": sum(p95s) / len(p95s) if p95s else None,
-                        "unfinished": sum(f["groups"][name]["unfinished"] for f in per_trace)}
+                        "unfinished": sum(f["groups"][name]["unfinished"] for f in per_trace),
+                        "outcomes": _summed(f["groups"][name].get("outcomes", {})
+                                            for f in per_trace)}
     pooled: dict[str, Any] = {k: v for k, v in first.items() if k not in groups}
     pooled["groups"] = groups
     for key in WEIGHTED:
@@ -246,6 +251,14 @@ def pool_figures(per_trace: Sequence[dict[str, Any]]) -> dict[str, Any]:
     pooled["trace_attainment"] = attained
     pooled["trace_mean"] = {"mean": spread["mean"], "ci95": [spread["lo"], spread["hi"]]}
     return pooled
+
+
+def _summed(counts: Iterable[dict[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in counts:
+        for key, n in c.items():
+            out[key] = out.get(key, 0) + n
+    return dict(sorted(out.items()))
 
 
 def paired_points(mine: Sequence[float], other: Sequence[float],

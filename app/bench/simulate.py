@@ -29,6 +29,7 @@ from app.bench.workload import Arrivals, arrival_times
 from scheduler import (
     AdmissionStatus,
     ClusterSnapshot,
+    IncrementalPlanner,
     JobKind,
     JobState,
     JobView,
@@ -44,7 +45,6 @@ from scheduler import (
     Tier,
     WorkerView,
     check_plan_invariants,
-    IncrementalPlanner,
     decide_submit,
 )
 from scheduler.placement import (
