@@ -318,6 +318,9 @@ def bench(
     jobs_per_worker: Annotated[int, typer.Option(
         min=1, help="Trace mode: a larger pool's windows hold at least this many per worker.")
     ] = 30,
+    scale_scheduler: Annotated[bool, typer.Option(
+        help="Trace mode: the scheduler's quanta and aging bound scaled to the window's median "
+             "job (else the defaults, set for second-long jobs).")] = True,
     live: Annotated[bool, typer.Option(help="Trace mode: also run the live stack.")] = True,
     live_windows: Annotated[int, typer.Option(min=1, max=20)] = 1,
     held_out: Annotated[bool, typer.Option(
@@ -332,7 +335,7 @@ def bench(
     _setup(run_dir or Path(".stepline-bench"), None)
     if gentd26 is not None:
         _trace_bench(gentd26, out, windows=windows, jobs=window_jobs, sim_workers=sim_workers,
-                     jobs_per_worker=jobs_per_worker,
+                     jobs_per_worker=jobs_per_worker, scale_scheduler=scale_scheduler,
                      load=0.8 if load is None else load, live=live, live_workers=workers,
                      live_windows=live_windows, held_out=held_out)
         return
@@ -350,8 +353,8 @@ def bench(
 
 
 def _trace_bench(trace_dir: Path, out: Path, *, windows: int, jobs: int, sim_workers: str,
-                 jobs_per_worker: int, load: float, live: bool, live_workers: int,
-                 live_windows: int, held_out: bool) -> None:
+                 jobs_per_worker: int, scale_scheduler: bool, load: float, live: bool,
+                 live_workers: int, live_windows: int, held_out: bool) -> None:
     """``stepline bench --gentd26 DIR``: app.bench.trace_bench, printed and written."""
     import json  # deferred with the bench
 
@@ -369,7 +372,7 @@ def _trace_bench(trace_dir: Path, out: Path, *, windows: int, jobs: int, sim_wor
     try:
         report = run_trace_bench(trace_dir, windows=windows, jobs=jobs, workers=pools,
                                  jobs_per_worker=jobs_per_worker, load=load,
-                                 held_out=held_out, live=live,
+                                 held_out=held_out, scale_scheduler=scale_scheduler, live=live,
                                  live_workers=live_workers, live_windows=live_windows,
                                  run_dir=Path(os.environ["STEPLINE_RUN_DIR"]),
                                  progress=console().print)

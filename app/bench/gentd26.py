@@ -322,6 +322,18 @@ def trace_catalog(picked: Sequence[TraceRequest], samples: LatencySamples,
     return TraceCatalog(tuple(specs), window.time_scale, samples=samples, places=places)
 
 
+def scheduler_scale(jobs: Sequence[ModelJob]) -> dict[str, float]:
+    """The scheduler's time knobs for the window's job sizes: its defaults (a realtime quantum
+    of 1 s, an interactive one of 5 s, aging after 20 s) are set for work whose typical job
+    runs about a second; these are the same multiples of the window's median run time. At the
+    defaults every job of a trace whose median runs 20 s joins the lowest level, interactive or
+    not: the classes are not told apart, and a job is demoted mid-run for fresher ones (whose
+    models then evict its own)."""
+    unit = quantile(sorted(j.exec_s for j in jobs), 0.5)
+    return {"realtime_quantum": unit, "interactive_quantum": 5.0 * unit,
+            "aging_bound": 20.0 * unit}
+
+
 def window_summary(requests: Sequence[TraceRequest], window: TraceWindow,
                    jobs: Sequence[ModelJob]) -> dict[str, Any]:
     """What the window holds: its dates, models, adapters, run times and arrival burstiness."""

@@ -24,12 +24,18 @@ import statistics
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from app.bench.driver import Outcome, replay
-from app.bench.models_sim import group_figures, models_config, paired_points, residency_for
+from app.bench.models_sim import (
+    group_figures,
+    models_config,
+    paired_points,
+    residency_for,
+    with_scheduler,
+)
 from app.bench.models_workload import (
     Catalog,
     ModelJob,
@@ -82,6 +88,9 @@ class LiveSetup:
     chunk_lease_s: float = 2.0
     """The live chunk lease: a worker beats every third of it (and at once after a load), so
     placement reads what it holds and whether it is busy at most that late."""
+    scheduler: Mapping[str, float] = field(default_factory=dict)
+    """Scheduler settings both sides run with (``models_sim.SCHEDULER_FIELDS``: live as
+    ``STEPLINE_SCHEDULER__<NAME>``), e.g. quanta scaled to the workload's job sizes."""
     hop_s: float | None = None
     """The overhead the simulator charges each chunk (None: its default, a hop measured on a
     quiet machine); :func:`compare` also runs it with the overhead the live run measured."""
@@ -136,7 +145,8 @@ def run_sim(setup: LiveSetup, placement: str, jobs: Sequence[ModelJob],
                         stage_min_queued=STAGE_MIN_QUEUED)
     config = models_config(setup.workload, residency, jobs, setup.tick_s, setup.hop_s)
     trace = sim_trace(jobs)
-    result = ClusterSim(config, trace, sim_policy(config, "stepline")).run()
+    result = ClusterSim(config, trace, with_scheduler(sim_policy(config, "stepline"),
+                                                      setup.scheduler)).run()
     finished = {a.index: result.finished_s[a.index] for a in trace}
     res = result.residency or {}
     per_100 = 100.0 / max(len(jobs), 1)
@@ -170,6 +180,8 @@ def run_live(setup: LiveSetup, placement: str, jobs: Sequence[ModelJob], catalog
         "STEPLINE_SCHEDULER__ORIGIN_DETECTION_INTERVAL": str(setup.tick_s),
         "STEPLINE_BROKER__CHUNK_LEASE": str(setup.chunk_lease_s),
         "STEPLINE_WARM_START": "false",
+        **{f"STEPLINE_SCHEDULER__{name.upper()}": repr(float(value))
+           for name, value in setup.scheduler.items()},
     }
     root = run_dir or Path(tempfile.mkdtemp(prefix="stepline-models-live-"))
     saved = {k: os.environ.get(k) for k in (*env, "STEPLINE_RUN_DIR")}

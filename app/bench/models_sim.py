@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -116,11 +116,13 @@ def run_placement(workload: ModelsWorkload, placement: str, *, device_models: fl
                   park_max_wait_s: float = 20.0, slots_per_worker: int = 1,
                   warmup: float = 0.0,
                   jobs: Sequence[ModelJob] | None = None,
-                  catalog: Catalog | None = None) -> dict[str, Any]:
+                  catalog: Catalog | None = None,
+                  scheduler: Mapping[str, float] | None = None) -> dict[str, Any]:
     """One policy on the workload's seeded trace: the figures of :func:`placement_figures`.
     Budgets are in models of the catalog's median size (``host_models`` 0: no host tier);
     ``warmup``: the share of the first jobs run but not measured;
-    ``park_max_wait_s`` and ``tick_s`` are on the workload's clock at ``time_scale`` 1."""
+    ``park_max_wait_s`` and ``tick_s`` are on the workload's clock at ``time_scale`` 1;
+    ``scheduler``: scheduler settings by name to run with (:func:`with_scheduler`)."""
     catalog = catalog or model_catalog(workload)
     jobs = list(jobs) if jobs is not None else generate_jobs(workload, catalog)
     median = sorted(m.bytes for m in catalog.models)[len(catalog.models) // 2]
@@ -130,11 +132,35 @@ def run_placement(workload: ModelsWorkload, placement: str, *, device_models: fl
                               park_max_wait_s * workload.time_scale)
     config = models_config(workload, residency, jobs, tick_s * workload.time_scale)
     trace = sim_trace(jobs, workload.seed)
-    policy = replace(sim_policy(config, "stepline"), slots_per_worker=slots_per_worker)
+    policy = with_scheduler(replace(sim_policy(config, "stepline"),
+                                    slots_per_worker=slots_per_worker), scheduler)
     result = ClusterSim(config, trace, policy).run()
     return placement_figures(trace, result, config, int(warmup * len(jobs))) | {
         "device_budget_gb": device / GB * workload.byte_scale ** -1,
         "host_budget_gb": int(host_models * median) / GB * workload.byte_scale ** -1}
+
+
+SCHEDULER_FIELDS = {"realtime_quantum": "level_quanta_s[0]",
+                    "interactive_quantum": "level_quanta_s[1]",
+                    "aging_bound": "aging_bound_s"}
+"""The scheduler settings (``tasks.settings.scheduler``, ``STEPLINE_SCHEDULER__<NAME>`` live)
+a benchmark may set, and the policy field each becomes."""
+
+
+def with_scheduler(policy: PolicyConfig, scheduler: Mapping[str, float] | None) -> PolicyConfig:
+    """``policy`` with the scheduler settings named in ``scheduler`` (:data:`SCHEDULER_FIELDS`)
+    as the live settings would turn them into it."""
+    if not scheduler:
+        return policy
+    unknown = set(scheduler) - set(SCHEDULER_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown scheduler settings {sorted(unknown)}; "
+                         f"use {', '.join(SCHEDULER_FIELDS)}")
+    quanta = list(policy.level_quanta_s)
+    quanta[0] = scheduler.get("realtime_quantum", quanta[0])
+    quanta[1] = scheduler.get("interactive_quantum", quanta[1])
+    return replace(policy, level_quanta_s=(quanta[0], quanta[1]),
+                   aging_bound_s=scheduler.get("aging_bound", policy.aging_bound_s))
 
 
 def group_figures(jobs: int, met: int, latencies_s: Sequence[float]) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from app.bench.gentd26 import (
     TraceWindow,
     read_latencies,
     read_requests,
+    scheduler_scale,
     window_jobs,
     window_starts,
     window_summary,
@@ -43,18 +44,20 @@ NOTE = ("GenTD26 requests (real base-model ids, LoRA counts, run times, arrival 
 
 def sim_row(requests: Sequence[TraceRequest], samples: LatencySamples, window: TraceWindow,
             placements: Sequence[str], device_models: float, host_models: float,
-            tick_s: float) -> dict[str, Any]:
-    """One window through the simulator under each placement (each on the same jobs)."""
+            tick_s: float, scale_scheduler: bool = True) -> dict[str, Any]:
+    """One window through the simulator under each placement (each on the same jobs), with
+    the scheduler's time knobs scaled to its jobs (:func:`scheduler_scale`) or at defaults."""
     catalog, jobs = window_jobs(requests, samples, window)
+    scheduler = scheduler_scale(jobs) if scale_scheduler else {}
     workload = ModelsWorkload(jobs=len(jobs), workers=window.workers, load=window.load,
                               seed=window.seed, time_scale=window.time_scale)
     per: dict[str, Any] = {}
     for placement in placements:
         figures = run_placement(workload, placement, jobs=jobs, catalog=catalog,
                                 device_models=device_models, host_models=host_models,
-                                tick_s=tick_s)
+                                tick_s=tick_s, scheduler=scheduler)
         per[placement] = summarise(figures, window.load)
-    return {"window": window_summary(requests, window, jobs),
+    return {"window": window_summary(requests, window, jobs), "scheduler": scheduler,
             "workers": window.workers, "load": window.load, "policies": per}
 
 
@@ -119,7 +122,8 @@ def run_trace_bench(trace_dir: Path, *, windows: int = 4, jobs: int = 240,
                     host_models: float = 0.0, tick_s: float = 1.0,
                     placements: Sequence[str] = PLACEMENTS, held_out: bool = False,
                     interactive_share: float = 0.5, slo_x: float = 3.0, seed: int = 1,
-                    live: bool = False, live_workers: int = 2, live_windows: int = 1,
+                    scale_scheduler: bool = True, live: bool = False, live_workers: int = 2,
+                    live_windows: int = 1,
                     live_time_scale: float = 0.05, live_byte_scale: float = 1e-3,
                     live_steps: int = 10, live_placements: Sequence[str] = (
                         "stepline", "warm", "oblivious"),
@@ -138,7 +142,7 @@ def run_trace_bench(trace_dir: Path, *, windows: int = 4, jobs: int = 240,
                                  interactive_share=interactive_share, slo_x=slo_x, seed=seed,
                                  held_out=held_out)
             row = sim_row(requests, samples, window, placements, device_models, host_models,
-                          tick_s)
+                          tick_s, scale_scheduler)
             rows.append(row)
             say(row_line("SIMULATED", row))
         sim.append({"workers": pool, "jobs": count, "rows": rows,
@@ -149,7 +153,8 @@ def run_trace_bench(trace_dir: Path, *, windows: int = 4, jobs: int = 240,
         "settings": {"windows": windows, "jobs": jobs, "jobs_per_worker": jobs_per_worker,
                      "load": load, "device_models": device_models, "host_models": host_models,
                      "tick_s": tick_s, "interactive_share": interactive_share,
-                     "slo_x": slo_x, "seed": seed, "placements": list(placements)},
+                     "slo_x": slo_x, "seed": seed, "placements": list(placements),
+                     "scale_scheduler": scale_scheduler},
         "simulated": sim}
     if live:
         out["live"] = live_rows(requests, samples, windows=live_windows, jobs=jobs,
@@ -158,7 +163,7 @@ def run_trace_bench(trace_dir: Path, *, windows: int = 4, jobs: int = 240,
                                 byte_scale=live_byte_scale, steps=live_steps,
                                 placements=live_placements, held_out=held_out,
                                 interactive_share=interactive_share, slo_x=slo_x, seed=seed,
-                                run_dir=run_dir, say=say)
+                                scale_scheduler=scale_scheduler, run_dir=run_dir, say=say)
     out["wall_s"] = time.perf_counter() - started
     return out
 
@@ -167,7 +172,7 @@ def live_rows(requests: Sequence[TraceRequest], samples: LatencySamples, *, wind
               jobs: int, workers: int, load: float, device_models: float, host_models: float,
               time_scale: float, byte_scale: float, steps: int, placements: Sequence[str],
               held_out: bool, interactive_share: float, slo_x: float, seed: int,
-              run_dir: Path | None, say: Any) -> list[dict[str, Any]]:
+              scale_scheduler: bool, run_dir: Path | None, say: Any) -> list[dict[str, Any]]:
     """Each of ``windows`` windows live and simulated on the same jobs, budgets and knobs
     (``app.bench.models_live``), with each side's figures and their gaps."""
     from app.bench.models_live import LiveSetup, run_live, run_sim  # deferred: the stack
@@ -183,7 +188,8 @@ def live_rows(requests: Sequence[TraceRequest], samples: LatencySamples, *, wind
                                          time_scale=time_scale, byte_scale=byte_scale,
                                          steps=steps),
                           device_models=device_models, host_models=host_models,
-                          park_max_wait_s=2.0)
+                          park_max_wait_s=2.0,
+                          scheduler=scheduler_scale(trace_jobs) if scale_scheduler else {})
         per: dict[str, Any] = {}
         for placement in placements:
             live_figures = run_live(setup, placement, trace_jobs, catalog, run_dir)
@@ -199,6 +205,7 @@ def live_rows(requests: Sequence[TraceRequest], samples: LatencySamples, *, wind
                 f"live {live_figures['base_loads_per_100'] / 100:.2f} "
                 f"sim {sim_figures['base_loads_per_100'] / 100:.2f}")
         rows.append({"window": window_summary(requests, window, trace_jobs),
+                     "scheduler": dict(setup.scheduler),
                      "workers": workers, "load": load, "policies": per})
     return rows
 

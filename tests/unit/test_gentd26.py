@@ -266,3 +266,22 @@ def test_stepline_bench_trace_mode_writes_one_json_and_refuses_a_bad_directory(
     bad = CliRunner().invoke(cli, ["bench", "--gentd26", str(tmp_path / "missing"),
                                    "--no-live", "--run-dir", str(tmp_path / "run")])
     assert bad.exit_code != 0 and "no GenTD26 request file" in bad.output
+
+
+def test_the_scheduler_s_time_knobs_scale_to_the_window_s_median_job(tmp_path: Path) -> None:
+    from app.bench.gentd26 import scheduler_scale
+    from app.bench.models_sim import with_scheduler
+    from scheduler import PolicyConfig
+
+    synthetic_trace(tmp_path)
+    _, jobs = window_jobs(read_requests(tmp_path), read_latencies(tmp_path),
+                          TraceWindow(jobs=41, time_scale=0.5))
+    unit = sorted(j.exec_s for j in jobs)[20]
+    knobs = scheduler_scale(jobs)
+    assert knobs == {"realtime_quantum": unit, "interactive_quantum": 5 * unit,
+                     "aging_bound": 20 * unit}
+    policy = with_scheduler(PolicyConfig(), knobs)
+    assert policy.level_quanta_s == (unit, 5 * unit) and policy.aging_bound_s == 20 * unit
+    assert with_scheduler(PolicyConfig(), {}) == PolicyConfig()
+    with pytest.raises(ValueError, match="unknown scheduler settings"):
+        with_scheduler(PolicyConfig(), {"quantum": 1.0})
