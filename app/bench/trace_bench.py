@@ -157,7 +157,8 @@ def run_trace_bench(trace_dir: Path, *, windows: int = 4, jobs: int = 240,
                      "scale_scheduler": scale_scheduler},
         "simulated": sim}
     if live:
-        out["live"] = live_rows(requests, samples, windows=live_windows, jobs=jobs,
+        out["live"] = live_rows(requests, samples, windows=max(windows, live_windows),
+                                take=live_windows, jobs=jobs,
                                 workers=live_workers, load=load, device_models=device_models,
                                 host_models=host_models, time_scale=live_time_scale,
                                 byte_scale=live_byte_scale, steps=live_steps,
@@ -169,16 +170,18 @@ def run_trace_bench(trace_dir: Path, *, windows: int = 4, jobs: int = 240,
 
 
 def live_rows(requests: Sequence[TraceRequest], samples: LatencySamples, *, windows: int,
-              jobs: int, workers: int, load: float, device_models: float, host_models: float,
+              jobs: int, take: int | None = None, workers: int, load: float,
+              device_models: float, host_models: float,
               time_scale: float, byte_scale: float, steps: int, placements: Sequence[str],
               held_out: bool, interactive_share: float, slo_x: float, seed: int,
               scale_scheduler: bool, run_dir: Path | None, say: Any) -> list[dict[str, Any]]:
-    """Each of ``windows`` windows live and simulated on the same jobs, budgets and knobs
-    (``app.bench.models_live``), with each side's figures and their gaps."""
+    """The first ``take`` (None: all) of the ``windows`` windows of :func:`window_starts` (the
+    simulated rows' windows of the same size) live and simulated on the same jobs, budgets and
+    knobs (``app.bench.models_live``), with each side's figures and their gaps."""
     from app.bench.models_live import LiveSetup, run_live, run_sim  # deferred: the stack
 
     rows: list[dict[str, Any]] = []
-    for start in window_starts(requests, windows, jobs, held_out=held_out):
+    for start in window_starts(requests, windows, jobs, held_out=held_out)[:take]:
         window = TraceWindow(start=start, jobs=jobs, workers=workers, load=load,
                              time_scale=time_scale, byte_scale=byte_scale, steps=steps,
                              interactive_share=interactive_share, slo_x=slo_x, seed=seed,
