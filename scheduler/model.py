@@ -159,6 +159,20 @@ class WorkerView:
     queues: tuple[str, ...] = ()
     """Queues it consumes now, in order."""
     device: str = "cpu"
+    idle_since_s: float | None = None
+    """Since when it has been idle consuming ``queues`` (None: busy, warming, or not said)."""
+    seen_at_s: float | None = None
+    """When its heartbeat was written (None: not said)."""
+
+    def idle_over_s(self, since_s: float) -> float:
+        """How long, up to its heartbeat, it has been idle consuming ``queues`` since
+        ``since_s`` (0: busy or not known): a message on one of them since ``since_s`` would
+        have been taken within a hop, so one still waiting after that long is not on them —
+        another consumer holds it (:class:`~scheduler.recovery.RecoveryCause` ``UNCLAIMED``)."""
+        if not self.alive or self.busy_job is not None or self.idle_since_s is None \
+                or self.seen_at_s is None:
+            return 0.0
+        return max(0.0, self.seen_at_s - max(self.idle_since_s, since_s))
 
 
 @dataclass(frozen=True, slots=True)

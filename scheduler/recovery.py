@@ -2,22 +2,23 @@
 
 A RUNNING job whose chunk lease lapsed lost its worker; one whose worker still heartbeats but
 whose chunk ran far past its expected time is stuck; a QUEUED job whose last publish names
-another chunk or epoch was never published; a chunk parked on a worker's own queue waited too
-long, its worker is gone, or its worker evicted its model; a waiting job whose dependency
-failed can never run; a record the store cannot read is failed with its reason, once. Each
-becomes an action of the ``TickPlan``.
+another chunk or epoch was never published; one whose message was published but that an idle
+live worker consuming its queue has not taken is held by a hung consumer; a chunk parked on a
+worker's own queue waited too long, its worker is gone, or its worker evicted its model; a
+waiting job whose dependency failed can never run; a record the store cannot read is failed
+with its reason, once. Each becomes an action of the ``TickPlan``.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
 from scheduler.cost import CostModel
 from scheduler.lifecycle import JobState
-from scheduler.model import JobView
+from scheduler.model import JobView, WorkerView
 from scheduler.placement import slack_s
 
 
@@ -30,6 +31,13 @@ class RecoveryCause(str, Enum):
     """Its chunk ran far past the expected time with a live heartbeat."""
     UNPUBLISHED = "unpublished"
     """It is QUEUED but its chunk message was never published."""
+    UNCLAIMED = "unclaimed"
+    """It is QUEUED and its message was published, but an idle live worker consuming its queue
+    has not taken it for ``RecoveryConfig.claim_within_s`` past ``unclaimed_after_s`` of
+    waiting: the message is not on the queue — a consumer that stopped (SIGSTOP, a frozen
+    host: alive, its connection open, its heartbeat lapsed) took it, reserved and unclaimed,
+    or it sits in that consumer's socket. Its message is published again under a new epoch;
+    the old one, if the consumer wakes, is refused at its claim."""
     PARKED = "parked"
     """Its chunk waited on a worker's own (affinity) queue too long, or that worker is gone."""
     MODEL_LEFT = "model_left"
@@ -76,6 +84,12 @@ class RecoveryConfig:
     """Measured chunks a cost key (or the job itself) needs before its time is trusted."""
     unpublished_after_s: float = 10.0
     """A QUEUED job with no matching publish this long after it was queued was never published."""
+    unclaimed_after_s: float = 10.0
+    """No published message is judged unclaimed before its job waited this long: the
+    heartbeat timeout (the chunk lease), within which a hung consumer's heartbeat lapses."""
+    claim_within_s: float = 0.5
+    """An idle worker takes a message on a queue it consumes within a hop; one idle this long
+    while the message waited says the message is not there."""
     affinity_max_wait_s: float | None = 0.3
     """A parked chunk moves to its class queue after this wait (None: affinity is off)."""
     wait_within_slack: bool = False
@@ -95,12 +109,15 @@ class RecoveryConfig:
 
 def plan_recoveries(
     jobs: Iterable[JobView], alive_workers: frozenset[str], cost: CostModel,
-    config: RecoveryConfig, now_s: float,
+    config: RecoveryConfig, now_s: float, workers: Sequence[WorkerView] = (),
 ) -> tuple[tuple[Recovery, ...], tuple[Failure, ...]]:
-    """The recoveries and failures of this tick, from the snapshot's facts alone."""
+    """The recoveries and failures of this tick, from the snapshot's facts alone (``workers``:
+    the snapshot's, whose idle ones witness a published message that nobody claims)."""
     recoveries: list[Recovery] = []
     failures: list[Failure] = []
     jobs = tuple(jobs)
+    idle = tuple(w for w in workers if w.alive and w.busy_job is None
+                 and w.idle_since_s is not None)
 
     @functools.cache
     def running_batches() -> frozenset[str]:  # a pass over the jobs only when a joiner waits
@@ -112,9 +129,33 @@ def plan_recoveries(
             failures.append(Failure(job.job_id, job.failed_dependency))
             continue
         recovery = _recovery_of(job, alive_workers, cost, config, now_s, running_batches)
+        if recovery is None and idle:
+            recovery = _unclaimed(job, idle, config, now_s)
         if recovery is not None:
             recoveries.append(recovery)
     return tuple(recoveries), tuple(failures)
+
+
+def _unclaimed(job: JobView, idle: Sequence[WorkerView], config: RecoveryConfig,
+               now_s: float) -> Recovery | None:
+    """``UNCLAIMED``: a QUEUED job on a shared queue (a class queue or standby, not a worker's
+    own: only that worker consumes it, and the parked rules judge it) whose message was
+    published as it was queued, waiting ``unclaimed_after_s`` or more, while a live worker
+    that consumes its queue has been idle ``claim_within_s`` since it was queued."""
+    if (job.state is not JobState.QUEUED or job.parked_on is not None or job.queue is None
+            or job.batch_id is not None
+            or job.published != (job.next_chunk, job.epoch)
+            or now_s - job.waiting_since_s < config.unclaimed_after_s):
+        return None
+    for worker in idle:
+        idle_s = worker.idle_over_s(job.waiting_since_s)
+        if idle_s >= config.claim_within_s and job.queue in worker.queues:
+            return Recovery(job.job_id, RecoveryCause.UNCLAIMED,
+                            f"chunk {job.next_chunk} epoch {job.epoch} unclaimed for "
+                            f"{now_s - job.waiting_since_s:.1f}s while {worker.name} sat idle "
+                            f"on {job.queue} for {idle_s:.1f}s: a hung consumer holds its "
+                            "message; published again")
+    return None
 
 
 def _affords_waiting(job: JobView, cost: CostModel, now_s: float) -> bool:
@@ -150,10 +191,12 @@ def _recovery_of(job: JobView, alive: frozenset[str], cost: CostModel, config: R
                             f"affinity: {job.parked_on} is busy with another job and an idle "
                             "worker holds its model; placed anew")
     max_wait_s = config.parked_wait_s(job) if job.parked_on is not None else None
-    if job.parked_on is not None and max_wait_s is not None:
+    if job.parked_on is not None and (max_wait_s is not None or job.parked_on not in alive):
+        # a worker gone (its heartbeat lapsed: dead, or hung) never takes what it was given,
+        # whether or not affinity is on now
         waited_s = now_s - job.waiting_since_s
         if job.parked_on not in alive or (
-                waited_s >= max_wait_s and not (
+                max_wait_s is not None and waited_s >= max_wait_s and not (
                     config.wait_within_slack and _affords_waiting(job, cost, now_s))):
             why = "gone" if job.parked_on not in alive else f"busy for {waited_s * 1000:.0f} ms"
             return Recovery(job.job_id, RecoveryCause.PARKED,

@@ -33,7 +33,8 @@ def with_recoveries(snapshot: ClusterSnapshot, policy: PolicyConfig, now_s: floa
     they move. ``jobs``: the snapshot's jobs in order, or those of them that recovery may act on
     (QUEUED or RUNNING, or PENDING with a failed dependency)."""
     alive = frozenset(w.name for w in snapshot.workers if w.alive)
-    recoveries, failures = plan_recoveries(jobs, alive, snapshot.cost, policy.recovery, now_s)
+    recoveries, failures = plan_recoveries(jobs, alive, snapshot.cost, policy.recovery, now_s,
+                                           snapshot.workers)
     failures += tuple(Failure(job_id, f"unreadable record: {problem}")
                       for job_id, problem in snapshot.unreadable)
     moving = {r.job_id for r in recoveries} | {f.job_id for f in failures}

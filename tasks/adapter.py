@@ -85,7 +85,7 @@ def configured_policy(settings: Settings, active: str) -> PolicyConfig:
     broker, affinity = settings.broker, settings.affinity
     recovery = RecoveryConfig(
         stuck_min_s=broker.stuck_min_s, stuck_factor=broker.stuck_factor,
-        unpublished_after_s=broker.chunk_lease,
+        unpublished_after_s=broker.chunk_lease, unclaimed_after_s=broker.chunk_lease,
         affinity_max_wait_s=affinity.max_wait if affinity.enabled else None,
         wait_within_slack=affinity.enabled
         and placement_policy(settings) is PlacementPolicy.STEPLINE,
@@ -327,6 +327,9 @@ class LiveTarget:
         job = self.seen[recovery.job_id]
         if recovery.cause is RecoveryCause.PARKED:
             moved = release(self.store, job, queue=class_queue_of(job.queue), by="scheduler",
+                            bump_epoch=True, reason=recovery.reason)
+        elif recovery.cause is RecoveryCause.UNCLAIMED:  # the held message is fenced off
+            moved = release(self.store, job, queue=class_queue_of(job.queue), by="watchdog",
                             bump_epoch=True, reason=recovery.reason)
         elif recovery.cause in (RecoveryCause.MODEL_LEFT, RecoveryCause.IDLE_HOLDER):
             # placed anew, as a release: a placement's move, not a fault

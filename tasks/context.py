@@ -85,6 +85,10 @@ class WorkerContext:
     before it measured any."""
     s_per_unit: float | None = None
     """Its chunks' seconds per cost unit, an exponentially weighted mean."""
+    idle_since: float | None = None
+    """Since when it has been idle consuming the queues its last heartbeat listed (Unix
+    seconds; None while a chunk runs and before its first): the heartbeat's ``idle_since``."""
+    _beat_queues: tuple[str, ...] = ()
     consumer: Any = None
     """Celery's consumer of this worker (set once ready): what it consumes right now."""
     experts: dict[str, dict[str, object]] = field(default_factory=dict)
@@ -220,6 +224,7 @@ class WorkerContext:
         with self._runner_lock, models.in_use():  # its models are never evicted meanwhile
             self.busy_job, self.batch_jobs = job_ids[0], tuple(job_ids[1:])
             self.chunk_since = began = time.time()
+            self.idle_since = None
             waited = self.load_wait_s()
             rate = self.s_per_unit
             self.left_s = None if rate is None else units_left * rate
@@ -228,6 +233,7 @@ class WorkerContext:
             finally:
                 self.busy_job, self.batch_jobs = None, ()
                 self.chunk_since = self.left_s = None
+                self.idle_since = time.time()
                 if chunk_units > 0:  # its work's pace: the loads it waited for left out
                     took = max(time.time() - began - (self.load_wait_s() - waited),
                                0.0) / chunk_units
@@ -317,16 +323,24 @@ class WorkerContext:
 
     def heartbeat_once(self) -> None:
         lease_s = self.settings.broker.chunk_lease
+        queues, now = self.consuming(), time.time()
+        if queues != self._beat_queues:  # idle on these queues only from now
+            self._beat_queues = queues
+            self.idle_since = None if self.idle_since is None else now
+        if self.idle_since is None and self.busy_job is None and self.chunk_since is None:
+            self.idle_since = now  # its first beat, or its first after a queue change
+        consuming = self.consumer is not None and self.warm and self.busy_job is None
         beat = Heartbeat(
-            name=self.name, busy_job=self.busy_job, queues=self.consuming(),
+            name=self.name, busy_job=self.busy_job, queues=queues,
             batch=len(self.batch_jobs) + 1 if self.batch_jobs else (1 if self.busy_job else 0),
-            device=self.settings.device, ts=time.time(), chunks_run=self.chunks_run,
+            device=self.settings.device, ts=now, chunks_run=self.chunks_run,
             ckpt_cache={"hits": self.cache.hits, "misses": self.cache.misses,
                         "hit_rate": round(self.cache.hit_rate, 4)},
             experts=self.experts, hop_profile=self.profile.as_dict(),
             expert_cache=self.expert_cache, warm=self.warm, warmed=tuple(self.warmed),
             residency=self._residency_summary(),
             chunk_since=self.chunk_since, left_s=self.left_s,
+            idle_since=self.idle_since if consuming else None,
         )
         pipe = self.store.redis.pipeline(transaction=False)
         write_heartbeat(pipe, beat, lease_s)

@@ -57,6 +57,10 @@ class Heartbeat:
     left_s: float | None = None
     """Expected seconds of its running job's remaining work from ``chunk_since`` (None: not
     known)."""
+    idle_since: float | None = None
+    """Since when (its clock, Unix seconds) it has been idle, consuming the queues it lists
+    now: a message on one of them since then would have been taken already. None while it
+    runs a chunk, before it consumes, and from an older worker."""
 
     def free_in_s(self, now_s: float) -> float | None:
         """Seconds until the job it runs now is expected to end (0: overdue, any moment;
@@ -129,6 +133,8 @@ class Heartbeat:
             body["chunk_since"] = self.chunk_since
         if self.left_s is not None:
             body["left_s"] = round(self.left_s, 6)
+        if self.idle_since is not None:
+            body["idle_since"] = self.idle_since
         return json.dumps(body)
 
     @classmethod
@@ -155,6 +161,7 @@ class Heartbeat:
             warm=fields.get("warm", bool, True), warmed=tuple(fields.strings("warmed")),
             residency=fields.get("residency", dict, {}),
             chunk_since=fields.number("chunk_since"), left_s=fields.number("left_s"),
+            idle_since=fields.number("idle_since"),
         )
 
 

@@ -190,13 +190,18 @@ def own_median(r: JobRecord, commits: Iterable[tuple[int, float]]) -> float | No
 
 
 def worker_views(beats: Iterable[Any]) -> tuple[WorkerView, ...]:
-    """Chunk workers from their heartbeats (scheduler workers, on ``control``, run ticks)."""
+    """Chunk workers from their heartbeats (scheduler workers, on ``control``, run ticks): a
+    heartbeat read is one written within its chunk lease (its key expires with it), so each is
+    alive; one that says it is idle says since when (not while it warms up: it may not consume
+    yet)."""
     views = []
     for beat in beats:
         if CONTROL in beat.queues:
             continue
+        idle = beat.idle_since if beat.busy_job is None and beat.warm else None
         views.append(WorkerView(name=beat.name, alive=True, busy_job=beat.busy_job,
-                                queues=beat.queues, device=beat.device))
+                                queues=beat.queues, device=beat.device, idle_since_s=idle,
+                                seen_at_s=beat.ts))
     return tuple(views)
 
 
