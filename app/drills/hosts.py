@@ -9,8 +9,11 @@ bucket. The drill's own client (the load, the checks) runs in a client namespace
 the machine's own namespace talks to the hosts.
 
 Faults, one at a time under a steady load, each timed to its recovery: a host SIGKILLed
-mid-step, a host's link down and up, the Redis master SIGSTOPped past the sentinels' timeout,
-the master SIGKILLed, a ``SENTINEL FAILOVER``, the object store restarted. Every accepted job
+mid-step, a host's link down and up, a host's chunk worker SIGSTOPped mid-step (hung: alive,
+its connections open, no heartbeat) while interactive jobs arrive, the scheduler holding the
+tick lease SIGSTOPped (a standby scheduler on the last host takes over), the Redis master
+SIGSTOPped past the sentinels' timeout, the master SIGKILLed, a ``SENTINEL FAILOVER``, the
+object store restarted. Every accepted job
 must end DONE, each chunk committed once, its artifact byte-identical to an uninterrupted run
 of the same parameters (reference jobs run before the first fault).
 """
@@ -69,12 +72,16 @@ BUCKET = "stepline-artifacts"
 S3_ACCESS_KEY = "stepline-drill"
 LINK_DOWN_S = 6.0
 STOP_S = 6.0
-"""How long the master stays SIGSTOPped: well past the sentinels' down-after."""
+"""How long the master (or a worker, a scheduler) stays SIGSTOPped: well past the sentinels'
+down-after and the chunk lease."""
+HUNG_BURST = 8
+"""Interactive jobs submitted while a worker hangs: each must finish on another host."""
 
-FAULTS = ("host_kill_mid_step", "link_down_up", "redis_master_sigstop", "redis_master_sigkill",
-          "sentinel_failover", "object_store_restart")
+FAULTS = ("host_kill_mid_step", "link_down_up", "worker_sigstop", "scheduler_sigstop",
+          "redis_master_sigstop", "redis_master_sigkill", "sentinel_failover",
+          "object_store_restart")
 TERMINAL = frozenset(s.value for s in JobState if s.is_terminal) | {"MISSING"}
-SHORT_FAULTS = ("host_kill_mid_step", "link_down_up", "sentinel_failover")
+SHORT_FAULTS = ("host_kill_mid_step", "link_down_up", "worker_sigstop", "sentinel_failover")
 
 # The load: simulated jobs of a few shapes (steps, step_ms, block groups), cheap and with a
 # deterministic artifact; each shape's reference is run once before any fault.
@@ -369,9 +376,15 @@ def worker_node(index: int) -> str:
     return f"h{index}-worker@h{index}"
 
 
+def scheduler_node(index: int) -> str:
+    """Host ``index``'s scheduler (a control-queue worker), as the tick lease names it."""
+    return f"h{index}-scheduler@h{index}"
+
+
 class Hosts:
     """What runs on each simulated host: a chunk worker everywhere; the API, the scheduler
-    (a control-queue worker) and beat on host 0. Each host has its own run directory."""
+    (a control-queue worker) and beat on host 0, a standby scheduler on the last host (when
+    there are two or more). Each host has its own run directory."""
 
     def __init__(self, net: Netns, root: Path, redis_url: str, config: Path) -> None:
         self.net, self.root = net, root
@@ -394,11 +407,26 @@ class Hosts:
         run_dir = self.run_dir(index)
         roles = [("worker", worker_command(worker_node(index)))]
         if index == 0:
-            roles += [("scheduler", worker_command(f"h0-scheduler@h{index}", queues=(CONTROL,),
+            roles += [("scheduler", worker_command(scheduler_node(index), queues=(CONTROL,),
                                                    loglevel="WARNING")),
                       ("beat", beat_command(run_dir)),
                       ("api", _api_command())]
+        elif index == self.net.hosts - 1:  # a standby scheduler: the tick is leased
+            roles += [("scheduler", worker_command(scheduler_node(index), queues=(CONTROL,),
+                                                   loglevel="WARNING"))]
         return roles
+
+    def child(self, index: int, role: str) -> Child:
+        """Host ``index``'s process of ``role`` (``worker``, ``scheduler`` ...)."""
+        return next(c for c in self.children[index] if c.name == f"h{index}-{role}")
+
+    def scheduler_holding(self, holder: bytes | str | None) -> Child | None:
+        """The scheduler process whose node name ``holder`` (the tick lease's value) is."""
+        name = holder.decode() if isinstance(holder, bytes) else holder
+        for index in self.children:
+            if name == scheduler_node(index):
+                return self.child(index, "scheduler")
+        return None
 
     def start(self, index: int) -> None:
         run_dir = self.run_dir(index)
@@ -560,7 +588,8 @@ class HostsDrill:
         self.artifacts = ArtifactStore(f"s3://{BUCKET}/jobs", self.objects.client_options())
         for index in range(self.net.hosts):
             self.hosts.start(index)
-        every = [worker_node(i) for i in range(self.net.hosts)] + ["h0-scheduler@h0"]
+        every = [worker_node(i) for i in range(self.net.hosts)] + [
+            scheduler_node(i) for i in sorted({0, self.net.hosts - 1})]
         if not _wait(lambda: set(every) <= set(self.db.heartbeats()), 240, 0.5):
             raise RuntimeError(f"the hosts' workers did not start; see {self.hosts.root}")
         api_url = f"http://{host_ip(0)}:{API_PORT}"
@@ -671,6 +700,80 @@ class HostsDrill:
                             f"after {moved_s:.2f}s; link up, the worker "
                             f"{'rejoined' if back else 'did NOT rejoin'} after "
                             f"{time.time() - up:.1f}s")
+
+    def worker_sigstop(self) -> None:
+        """Host 1's chunk worker hangs (SIGSTOP: alive, its connections open, no heartbeat)
+        mid-step while jobs keep coming: the chunk it held and every job submitted meanwhile
+        finish on the other hosts; thawed, its late commit is fenced off and it serves again."""
+        index = 1 if self.net.hosts > 1 else 0
+        with self.fault("worker_sigstop") as fault:
+            assert self.load is not None
+            victim = _wait(lambda: self.running_on(index), 60, 0.02)
+            if victim is None:
+                fault.detail = f"no job ran on host {index} within 60 s"
+                return
+            worker = self.hosts.child(index, "worker")
+            worker.signal(signal.SIGSTOP)
+            stopped = time.monotonic()
+            fault.injected = True
+            try:
+                burst = [j for j in (self.load.submit("s4x60i") for _ in range(HUNG_BURST)) if j]
+                fault.victims = [victim["id"], *burst]
+                moved = _wait(lambda: self.moved_on(victim), 60, 0.05)
+                moved_s = time.monotonic() - stopped
+                finished = _wait(lambda: all(self.state(j) == JobState.DONE.value
+                                             for j in burst), 60, 0.1)
+                finished_s = time.monotonic() - stopped
+                time.sleep(max(0.0, STOP_S - (time.monotonic() - stopped)))
+            finally:
+                worker.signal(signal.SIGCONT)
+            thawed = time.time()
+            back = _wait(lambda: self.rejoined(index, thawed), 60, 0.2)
+            fault.recovery_s = round(moved_s, 2)
+            fault.survived = bool(moved and finished and back and worker.alive())
+            fault.detail = (f"SIGSTOPped host {index}'s worker in chunk {victim['next_chunk']} of "
+                            f"job {victim['id']}; the chunk moved on after {moved_s:.2f}s; "
+                            f"{len(burst)} interactive jobs submitted while it hung "
+                            f"{'all' if finished else 'NOT all'} done after {finished_s:.2f}s; "
+                            f"thawed after {time.monotonic() - stopped:.1f}s, the worker "
+                            f"{'rejoined' if back else 'did NOT rejoin'}")
+
+    def scheduler_sigstop(self) -> None:
+        """The scheduler holding the tick lease hangs (SIGSTOP): the lease lapses and the
+        standby scheduler (on another host when there is one) takes the tick over; the hung
+        one, thawed, finds the lease taken and ticks nothing."""
+        with self.fault("scheduler_sigstop") as fault:
+            holder = _wait(lambda: self.db.redis.get(keys.TICK_LEASE), 30, 0.1)
+            child = self.hosts.scheduler_holding(holder)
+            if child is None:
+                fault.detail = f"no known scheduler holds the tick lease ({holder!r})"
+                return
+            child.signal(signal.SIGSTOP)
+            stopped = time.monotonic()
+            fault.injected = True
+            try:
+                other = _wait(lambda: self.tick_holder_other_than(child.name), 30, 0.05)
+                took_s = time.monotonic() - stopped
+                probe = self.load.submit("s4x60i") if self.load is not None else None
+                served = probe is not None and _wait(
+                    lambda: self.state(probe) == JobState.DONE.value, 30, 0.1)
+                time.sleep(max(0.0, STOP_S - (time.monotonic() - stopped)))
+            finally:
+                child.signal(signal.SIGCONT)
+            if probe is not None:
+                fault.victims = [probe]
+            fault.recovery_s = round(took_s, 2)
+            fault.survived = bool(other and served and child.alive())
+            fault.detail = (f"SIGSTOPped the tick lease holder {child.name}; "
+                            + (f"{other} took the lease after {took_s:.2f}s" if other
+                               else "no scheduler took the lease in 30 s")
+                            + f"; a job submitted meanwhile {'ran' if served else 'did NOT run'}"
+                            f"; thawed after {time.monotonic() - stopped:.1f}s")
+
+    def tick_holder_other_than(self, name: str) -> str | None:
+        raw = cast(bytes | None, self.db.redis.get(keys.TICK_LEASE))
+        holder = raw.decode() if raw is not None else ""
+        return holder if holder and not holder.startswith(name) else None
 
     def _writable(self) -> bool:
         """A fresh Sentinel client reaches a master that takes a write."""

@@ -64,6 +64,10 @@ BURST_RETRY = RetryPolicy(retries=1, backoff_s=0.5)
 """The client retry the burst's transport errors are judged by (see faults.RetryPolicy)."""
 WORKERS = ("w1", "w2", "w3")
 SCHEDULERS = ("scheduler", "scheduler2")
+HANG_S = 4.0
+"""How long a worker or scheduler stays SIGSTOPped: past the chunk lease (1.5 s here)."""
+HUNG_BURST = 8
+"""Interactive jobs submitted while a worker hangs: each must finish on another worker."""
 # (class, steps, step_ms, block groups): urgent short jobs among long, splittable batch jobs.
 LOAD_CYCLE = [
     (SloClass.REALTIME, 3, 10.0, 1), (SloClass.INTERACTIVE, 8, 40.0, 1),
@@ -258,6 +262,80 @@ class Drill:
             fault.survived = bool(requeued)
             fault.detail = (f"SIGKILLed {worker} {into_s:.2f}s into chunk {chunk} of job "
                             f"{victim['id']}; requeued under a new epoch after {requeue_s:.1f}s")
+
+    def hang_worker_mid_chunk(self, hold_s: float = HANG_S) -> None:
+        """SIGSTOP the worker running a chunk (alive, its connections open, no heartbeat) while
+        interactive jobs keep arriving: its chunk and every new job finish on the others within
+        the heartbeat timeout; thawed, its late commit is fenced and it serves again."""
+        with self.fault("worker_sigstop_mid_step") as fault:
+            victim = _wait(lambda: self.running_job(1, 0.0, 0.05), 30, 0.01)
+            if victim is None:
+                fault.detail = "no running job appeared in 30 s"
+                return
+            worker = victim["running_on"].split("@")[0]
+            proc = self.proc(worker)
+            os.killpg(proc.pid, signal.SIGSTOP)
+            stopped = time.monotonic()
+            fault.injected = True
+            try:
+                spec = JobSpec(kind="simulated", slo=SloClass.INTERACTIVE,
+                               params={"steps": 4, "step_ms": 60.0, "block_groups": 1})
+                burst = [self.service.submit(spec)[0] for _ in range(HUNG_BURST)]
+                fault.victims = [victim["id"], *burst]
+                moved = _wait(lambda: int(self.store.fields(victim["id"])["epoch"])
+                              > int(victim["epoch"]), 30)
+                moved_s = time.monotonic() - stopped
+                finished = _wait(lambda: all(self.store.state(j) is JobState.DONE
+                                             for j in burst), 30)
+                finished_s = time.monotonic() - stopped
+                time.sleep(max(0.0, hold_s - (time.monotonic() - stopped)))
+            finally:
+                os.killpg(proc.pid, signal.SIGCONT)
+            thawed = time.time()
+            node = f"{worker}@{socket.gethostname()}"
+            back = _wait(lambda: (b := self.store.heartbeats().get(node)) is not None
+                         and (b.ts or 0) > thawed, 30)
+            fault.survived = bool(moved and finished and back) and proc.poll() is None
+            fault.detail = (f"SIGSTOPped {worker} in chunk {victim['next_chunk']} of job "
+                            f"{victim['id']}; requeued under a new epoch after {moved_s:.2f}s; "
+                            f"{len(burst)} interactive jobs submitted while it hung "
+                            f"{'all' if finished else 'NOT all'} done after {finished_s:.2f}s; "
+                            f"thawed after {hold_s:.0f}s, "
+                            f"{'serving again' if back else 'NOT back'}")
+
+    def hang_tick_holder(self, hold_s: float = HANG_S) -> None:
+        """SIGSTOP the scheduler holding the tick lease: the other one takes the lease over;
+        thawed, the hung one finds it taken and stands by."""
+        with self.fault("scheduler_sigstop") as fault:
+            holder = _wait(lambda: self.client.get(keys.TICK_LEASE), 10)
+            if holder is None:
+                fault.detail = "no scheduler held the tick lease"
+                return
+            name = holder.decode().split("@")[0]
+            proc = self.proc(name)
+            os.killpg(proc.pid, signal.SIGSTOP)
+            stopped = time.monotonic()
+            fault.injected = True
+
+            def new_holder() -> str | None:
+                raw = cast(bytes | None, self.client.get(keys.TICK_LEASE))
+                other = raw.decode() if raw is not None else None
+                return other if other and other.split("@")[0] != name else None
+
+            try:
+                other = _wait(new_holder, 15)
+                takeover_s = time.monotonic() - stopped
+                time.sleep(max(0.0, hold_s - (time.monotonic() - stopped)))
+            finally:
+                os.killpg(proc.pid, signal.SIGCONT)
+            time.sleep(1.0)
+            kept = new_holder()  # the thawed one stands by
+            fault.survived = bool(other and kept) and proc.poll() is None
+            fault.detail = (f"SIGSTOPped the tick lease holder {name}; "
+                            + (f"{other} took the lease after {takeover_s:.2f}s"
+                               if other else "no scheduler took the lease in 15 s")
+                            + f"; thawed after {hold_s:.0f}s, the lease "
+                            + ("stayed with the other" if kept else "came back to it"))
 
     def kill_tick_holder(self) -> None:
 
@@ -584,7 +662,8 @@ def _drill(settings: Settings, run_dir: Path, burst_s: float,
                 lambda: drill.kill_worker_mid_chunk("worker_sigkill_mid_step", 1, 0.02, 0.06),
                 lambda: drill.kill_worker_mid_chunk("worker_sigkill_mid_block_group", 3, 0.06,
                                                     0.09),
-                drill.kill_tick_holder, drill.kill_beat, drill.duplicate_delivery,
+                drill.hang_worker_mid_chunk, drill.kill_tick_holder, drill.hang_tick_holder,
+                drill.kill_beat, drill.duplicate_delivery,
                 drill.poison_messages, lambda: drill.restart_redis(signal.SIGTERM),
                 lambda: drill.restart_redis(signal.SIGKILL),
             ):

@@ -1,6 +1,7 @@
 """The drill across hosts, short: two network-namespace hosts, Redis with Sentinel and S3 on a
-bridge; a host SIGKILLed mid-step, its link down and up, a ``SENTINEL FAILOVER``. No accepted job
-is lost, each ends byte-identical to an uninterrupted run, and every fault is survived."""
+bridge; a host SIGKILLed mid-step, its link down and up, its worker hung (SIGSTOP) mid-step, a
+``SENTINEL FAILOVER``. No accepted job is lost, each ends byte-identical to an uninterrupted
+run, and every fault is survived."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ WHY_NOT = unavailable()
 
 
 @pytest.mark.skipif(WHY_NOT is not None, reason=f"no network namespaces: {WHY_NOT}")
-def test_two_hosts_survive_a_host_kill_a_link_flap_and_a_failover(tmp_path: Path) -> None:
+def test_two_hosts_survive_a_host_kill_a_link_flap_a_hung_worker_and_a_failover(
+    tmp_path: Path,
+) -> None:
     # given two hosts on namespaces, and the short list of faults
     # when the drill runs them under a steady load
     code = run_hosts_drill(tmp_path, hosts=2, faults=SHORT_FAULTS)
