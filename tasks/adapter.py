@@ -116,13 +116,16 @@ class TickPhases:
 def run_tick(ctx: WorkerContext, now_s: float, cache: SnapshotCache | None = None,
              planner: IncrementalPlanner | None = None,
              phases: TickPhases | None = None,
-             loads: ExpectedLoads | None = None) -> TickPlan:
+             loads: ExpectedLoads | None = None,
+             holds: Callable[[], bool] | None = None) -> TickPlan:
     """One tick: read (from ``cache`` when given, folding in what changed; else every record),
     plan (with ``planner`` when given: it keeps per-job columns across ticks, found by the
     identity of the cache's unchanged views; its plans equal ``plan_tick``'s), check, apply in
     pipelined batches. ``phases``, when given, gets each phase's seconds and what it read;
     ``loads`` keeps the waiting model jobs' expected loads between ticks (:class:`ExpectedLoads`,
-    under the Stepline placement)."""
+    under the Stepline placement). ``holds``, when given, says after planning whether this
+    process still holds the tick lease: a scheduler that hung (SIGSTOP) between its read and
+    its apply, while another took the tick over, applies nothing of its stale plan."""
     store, settings = ctx.store, ctx.settings
     took = phases if phases is not None else TickPhases()
     started = time.perf_counter()
@@ -148,6 +151,10 @@ def run_tick(ctx: WorkerContext, now_s: float, cache: SnapshotCache | None = Non
         return plan
     checked = time.perf_counter()
     took.check_s = checked - planned
+    if holds is not None and not holds():
+        log.warning("the tick lease changed hands while this tick planned (a hung scheduler "
+                    "woke): applying nothing of its plan")
+        return plan
     free_in_s = functools.cache(lambda: busy_free_in_s(snapshot, now_s, seen.heartbeats))
     target = LiveTarget(store, seen.records, settings, buffered=True, busy_free_in_s=free_in_s,
                         counted_until_s=read_at_s, rate=snapshot.cost.seconds_per_unit,

@@ -38,7 +38,9 @@ def tick(self: Any) -> str:
     me = self.request.hostname or "scheduler"
     interval_s = ctx.settings.scheduler.origin_detection_interval
     cache = snapshot_cache(ctx.store)
-    held = _take_lease(ctx.store.redis, me, ttl_s=max(10 * interval_s, 1.0))
+    ttl_s = max(10 * interval_s, 1.0)
+    held = _take_lease(ctx.store.redis, me, ttl_s=ttl_s)
+    taken_at = time.monotonic()
     if held is Lease.OTHER:
         return "standby"
     if held is Lease.TAKEN:  # another scheduler may have ticked since: trust nothing kept
@@ -48,7 +50,8 @@ def tick(self: Any) -> str:
     phases = TickPhases()
     with collector_paused():
         run_tick(ctx, now_s=time.time(), cache=cache, planner=held_planner(ctx.store),
-                 phases=phases, loads=held_loads(ctx.store))
+                 phases=phases, loads=held_loads(ctx.store),
+                 holds=lambda: still_holds(ctx.store.redis, me, ttl_s, taken_at))
     _record(ctx.store.redis, time.perf_counter() - started, phases)
     ctx.checkpoint_sweeper.maybe_start(time.time())
     return "ticked"
@@ -104,6 +107,16 @@ def _take_lease(client: redis.Redis, me: str, ttl_s: float) -> Lease:
     """Take or renew the tick lease; another live scheduler keeps it until it stops ticking."""
     return Lease(int(_lease_script(client)(keys=[keys.TICK_LEASE, keys.TICK_LAST_HOLDER],
                                            args=[me, int(ttl_s * 1000)])))
+
+
+def still_holds(client: redis.Redis, me: str, ttl_s: float, taken_at: float) -> bool:
+    """Whether this worker still holds the tick lease it took at ``taken_at`` (monotonic): at
+    once while under half its time to live has passed (no round trip: nobody else can have
+    taken it), else asked again — renewed if nobody took it meanwhile — so a scheduler that
+    hung past its lease (SIGSTOP, a frozen host) and woke finds it lost before applying."""
+    if time.monotonic() - taken_at < ttl_s / 2:
+        return True
+    return _hold_lease(client, me, ttl_s)
 
 
 def _hold_lease(client: redis.Redis, me: str, ttl_s: float) -> bool:

@@ -170,3 +170,42 @@ def _swallowed(service: JobService, client: redis.Redis, pid: int
     wait_for(lambda: done(service.store, job_id), 30, "the job on a live worker")
     time.sleep(0.3)  # the woken worker's next BRPOP waits at Redis again
     return None
+
+
+def test_a_scheduler_that_woke_after_losing_the_tick_lease_applies_nothing_of_its_plan(
+    stack_env: dict[str, str], redis_client: redis.Redis
+) -> None:
+    from tasks import keys
+    from tasks.adapter import run_tick
+    from tasks.artifacts import ArtifactStore
+    from tasks.context import WorkerContext
+    from tasks.tick import _take_lease, still_holds
+
+    # given a scheduler that took the tick lease, and a job waiting for the tick
+    settings = current_settings()
+    store = JobStore(redis_client)
+    JobService(store, settings).submit(_spec())
+    ctx = WorkerContext(settings=settings, store=store,
+                        artifacts=ArtifactStore.from_settings(settings), name="s1@test")
+    ttl_s = 1.0
+    _take_lease(redis_client, "s1@test", ttl_s)
+    taken_at = time.monotonic()
+    assert still_holds(redis_client, "s1@test", ttl_s, taken_at)  # no round trip yet
+
+    # when it hangs past its lease, another scheduler takes the tick over, and it wakes
+    redis_client.delete(keys.TICK_LEASE)
+    assert _take_lease(redis_client, "s2@test", ttl_s).name == "TAKEN"
+    hung_at = taken_at - ttl_s  # as if it had been stopped a whole lease
+    assert not still_holds(redis_client, "s1@test", ttl_s, hung_at)
+
+    # then its tick plans but applies nothing (no decision published, no job moved)
+    redis_client.delete(keys.ADMISSION)
+    before = {j: store.fields(j)["rev"] for j in store.active_ids()}
+    run_tick(ctx, time.time(),
+             holds=lambda: still_holds(redis_client, "s1@test", ttl_s, hung_at))
+    assert not redis_client.exists(keys.ADMISSION)
+    assert {j: store.fields(j)["rev"] for j in store.active_ids()} == before
+    # while the holder's tick applies its plan
+    run_tick(ctx, time.time(), holds=lambda: still_holds(redis_client, "s2@test", ttl_s,
+                                                         hung_at))
+    assert redis_client.exists(keys.ADMISSION)
