@@ -33,6 +33,7 @@ from app.bench.gentd26 import (
     window_starts,
     window_summary,
 )
+from app.bench.models_live import LiveSetup, run_live, run_sim
 from app.bench.models_sim import PLACEMENTS, paired_points, run_placement
 from app.bench.models_workload import ModelsWorkload
 
@@ -178,8 +179,6 @@ def live_rows(requests: Sequence[TraceRequest], samples: LatencySamples, *, wind
     """The first ``take`` (None: all) of the ``windows`` windows of :func:`window_starts` (the
     simulated rows' windows of the same size) live and simulated on the same jobs, budgets and
     knobs (``app.bench.models_live``), with each side's figures and their gaps."""
-    from app.bench.models_live import LiveSetup, run_live, run_sim  # deferred: the stack
-
     rows: list[dict[str, Any]] = []
     for start in window_starts(requests, windows, jobs, held_out=held_out)[:take]:
         window = TraceWindow(start=start, jobs=jobs, workers=workers, load=load,
