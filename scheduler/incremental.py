@@ -639,7 +639,7 @@ class _Planning:
         c, policy = self.c, self.policy
         rows = tick.rows
         quantum0_s, quantum1_s = policy.level_quanta_s
-        remaining = tick.remaining
+        remaining = self._work(tick)
         size = np.where(remaining <= quantum0_s, 0, np.where(remaining <= quantum1_s, 1, 2))
         joined = np.maximum(c.i["cls_rank"][rows], size)
         level = c.i["level"][rows]
@@ -660,6 +660,11 @@ class _Planning:
         for i, inherited in levels.inherited.items():
             own[i] = min(int(own[i]), inherited)
         return own
+
+    def _work(self, tick: _Tick) -> Floats:
+        """``levels.work_s(i)`` of every job: remaining seconds without the expected load."""
+        load = self.c.f["load"][tick.rows]
+        return np.where(load > 0.0, tick.remaining - load, tick.remaining)
 
     def _flight(self, order: Order, tick: _Tick) -> tuple[Flight, Ints]:
         judgement, survey, levels = order.judgement, order.survey, order.levels
@@ -704,7 +709,7 @@ class _Planning:
         rows = tick.rows
         # Levels.at_lowest of every job
         new = c.i["level"][rows] < 0
-        fits = (tick.remaining <= policy.level_quanta_s[1]) & ~c.b["batch"][rows]
+        fits = (self._work(tick) <= policy.level_quanta_s[1]) & ~c.b["batch"][rows]
         fresh_lowest = ~fits & (tick.waited < policy.aging_bound_s)
         at_lowest = np.where(new, fresh_lowest, lowest)
         if judgement.demoted:

@@ -82,7 +82,15 @@ class Levels:
         job = self.survey.live[i]
         if i in self.demoted:
             return LevelMark(LOWEST_LEVEL, job.service_s)
-        return current_mark(job, self.survey.remaining_s[i], self.policy)
+        return current_mark(job, self.work_s(i), self.policy)
+
+    def work_s(self, i: int) -> float:
+        """The job's remaining work as its MLFQ level judges its size: the survey's remaining
+        seconds without the cold load it expects (``JobView.load_s``: a one-off cost of where
+        it runs, which placement may avoid, not work of its own)."""
+        load_s = self.survey.live[i].load_s
+        remaining_s = self.survey.remaining_s[i]
+        return remaining_s - load_s if load_s > 0.0 else remaining_s
 
     def base_level(self, i: int) -> int:
         """MLFQ level after aging; 0 for the origin; inheritance not applied."""
@@ -91,7 +99,7 @@ class Levels:
         if i in self.demoted:
             return LOWEST_LEVEL
         job = self.survey.live[i]
-        level = mark_level(job, self.survey.remaining_s[i], self.policy)
+        level = mark_level(job, self.work_s(i), self.policy)
         if level == 0 or job.state is JobState.RUNNING:
             return level
         return aged_level(level, self.now_s - job.waiting_since_s, job.slo_class, self.policy)
@@ -113,7 +121,7 @@ class Levels:
             return True
         job = self.survey.live[i]
         if job.level is None:
-            fits = self.survey.remaining_s[i] <= self.policy.level_quanta_s[1]
+            fits = self.work_s(i) <= self.policy.level_quanta_s[1]
             if fits and job.slo_class is not SloClass.BATCH:
                 return False
             return self.now_s - job.waiting_since_s < self.policy.aging_bound_s

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Literal
 
@@ -273,6 +273,33 @@ def _holders(workers: Iterable[Holding]) -> dict[str, int]:
         for m in w.device:
             count[m] = count.get(m, 0) + 1
     return count
+
+
+def built_on(workers: Sequence[Holding], ran: Iterable[tuple[str, ModelNeed]]
+             ) -> list[Holding]:
+    """``workers`` with, on each one's device, the models and adapters of the chunks it ran
+    (or runs) since its residency was read: a model is resident from the completion of the
+    chunk that loaded it, not from the worker's next report of it (its bytes taken from the
+    device's free bytes where both are known). ``ran``: (worker, what the chunk needed); a
+    worker not among ``workers`` is skipped."""
+    built: dict[str, dict[str, ModelNeed]] = {}
+    for name, need in ran:
+        built.setdefault(name, {}).setdefault(need.model, need)
+    return [w if w.name not in built else _with_built(w, list(built[w.name].values()))
+            for w in workers]
+
+
+def _with_built(w: Holding, needs: Sequence[ModelNeed]) -> Holding:
+    new = [n for n in needs if n.model not in w.device]
+    adapters: frozenset[str] = frozenset().union(*(n.adapters for n in needs))
+    if not new and adapters <= w.adapters:
+        return w
+    models = frozenset(n.model for n in new)
+    free = w.free_bytes
+    if free is not None:
+        free = max(free - sum(n.bytes for n in new), 0)
+    return replace(w, device=w.device | models, host=w.host - models,
+                   adapters=w.adapters | adapters, free_bytes=free)
 
 
 def expected_load_s(need: ModelNeed, workers: Sequence[Holding],

@@ -31,6 +31,7 @@ from scheduler.placement import (
     Placement,
     PlacementPolicy,
     assign,
+    built_on,
     cold_load_s,
     expected_load_s,
     idle_holders,
@@ -316,35 +317,39 @@ class ExpectedLoads:
             self._views.clear()
             self._needs.clear()
             return snapshot
-        workers = [holding(name, beat, 0.0) for name, beat in beats.items()
-                   if CONTROL not in beat.queues]
-        on_device = {w.name: (w.device, beats[w.name].ts) for w in workers}
-        memo: dict[ModelNeed, float] = {}
+        heard = [holding(name, beat, 0.0) for name, beat in beats.items()
+                 if CONTROL not in beat.queues]
+        on_device = {w.name: (w.device, beats[w.name].ts) for w in heard}
         marks: dict[int, tuple[float, bool]] = {}
-        waiting: list[tuple[JobView, ModelNeed]] = []
+        pending: list[tuple[int, JobView, JobRecord, ModelNeed]] = []
+        ran: list[tuple[str, ModelNeed]] = []  # chunks run since their worker's heartbeat
         running: set[str] = set()  # workers running a chunk, as the snapshot has it
         parked_on: set[str] = set()  # workers a queued chunk waits on
         needs: dict[str, tuple[JobRecord, ModelNeed | None]] = {}
+        for i, view in enumerate(snapshot.jobs):
+            if view.state.is_terminal:
+                continue
+            record = records.get(view.job_id)
+            need = None if record is None else self._need(record, needs)
+            if view.state is JobState.RUNNING:
+                if view.running_on is not None:
+                    running.add(view.running_on)
+                    if need is not None:
+                        ran.append((view.running_on, need))
+                continue
+            if view.state is JobState.QUEUED and view.parked_on is not None:
+                parked_on.add(view.parked_on)
+            if record is None or need is None:
+                continue
+            if (worker := last_ran_on(record, beats)) is not None:
+                ran.append((worker, need))
+            pending.append((i, view, record, need))
+        workers = built_on(heard, ran)
+        memo: dict[ModelNeed, float] = {}
+        waiting: list[tuple[JobView, ModelNeed]] = []
         with _ESTIMATES_LOCK:
             observe_loads(_ESTIMATES, beats.values())
-            for i, view in enumerate(snapshot.jobs):
-                if view.state is JobState.RUNNING:
-                    if view.running_on is not None:
-                        running.add(view.running_on)
-                    continue
-                if view.state.is_terminal:
-                    continue
-                if view.state is JobState.QUEUED and view.parked_on is not None:
-                    parked_on.add(view.parked_on)
-                record = records.get(view.job_id)
-                if record is None:
-                    continue
-                known = self._needs.get(view.job_id)
-                need = known[1] if known is not None and known[0] is record \
-                    else model_need(record.kind, record.params)
-                needs[view.job_id] = (record, need)
-                if need is None:
-                    continue
+            for i, view, record, need in pending:
                 load_s = memo.get(need)
                 if load_s is None:
                     load_s = memo[need] = expected_load_s(need, workers, _ESTIMATES)
@@ -369,6 +374,29 @@ class ExpectedLoads:
             jobs[i] = loaded
         self._views, self._needs = kept, needs
         return snapshot if jobs is None else replace(snapshot, jobs=tuple(jobs))
+
+    def _need(self, record: JobRecord, needs: dict[str, tuple[JobRecord, ModelNeed | None]]
+              ) -> ModelNeed | None:
+        """What ``record``'s job needs resident (kept while its record is the same object),
+        noted in ``needs`` for the next tick."""
+        known = self._needs.get(record.job_id)
+        need = known[1] if known is not None and known[0] is record \
+            else model_need(record.kind, record.params)
+        needs[record.job_id] = (record, need)
+        return need
+
+
+def last_ran_on(record: JobRecord, beats: Mapping[str, Heartbeat]) -> str | None:
+    """The worker whose chunk of ``record``'s job ended after that worker's last heartbeat
+    was written (its next chunk queued on the worker's own queue since): that worker holds the
+    job's model from the chunk's completion on, though its heartbeat does not list it yet.
+    None when the heartbeat is newer (it says what the worker holds) or the chunk is not a
+    hop."""
+    worker = hop_worker(record.queue)
+    beat = beats.get(worker) if worker is not None else None
+    if beat is None or record.queued_at_s is None:
+        return None
+    return worker if beat.ts is None or beat.ts < record.queued_at_s else None
 
 
 def idle_holder_jobs(waiting: Iterable[tuple[JobView, ModelNeed]], running: Set[str],

@@ -303,7 +303,7 @@ def test_the_ticks_waiting_jobs_on_a_model_no_worker_holds_count_its_load() -> N
     beats = {"w1": _beat("w1", {_sim_key("m1"): MB}, recent=recent)}
     records = {r.job_id: r for r in (
         _sim("mx", "cold"), _sim("m1", "warm"),
-        replace(_sim("mx", "running", state=JobState.RUNNING), running_on="w1"),
+        replace(_sim("mz", "running", state=JobState.RUNNING), running_on="w1"),
         replace(_sim("mx", "plain"), params={"steps": 2, "step_ms": 100.0}))}
     snapshot = make_snapshot([job_view(r) for r in records.values()])
     loads = ExpectedLoads()
@@ -319,6 +319,53 @@ def test_the_ticks_waiting_jobs_on_a_model_no_worker_holds_count_its_load() -> N
     beats["w2"] = _beat("w2", {_sim_key("mx"): MB})
     assert loads.apply(_placing("stepline"), snapshot, records, beats) is snapshot
     assert ExpectedLoads().apply(_placing("warm"), snapshot, records, beats) is snapshot
+
+
+def test_a_model_counts_as_resident_from_the_chunk_that_built_it_not_the_next_heartbeat(
+) -> None:
+    from tasks.affinity import ExpectedLoads
+    from tasks.snapshot import job_view
+    from tests.unit.test_scheduler_support import make_snapshot
+
+    # given w1's heartbeat, written at 0.0, lists no model, and a 3 s load of mx measured
+    recent = [{"model": "simulated:mx", "tier": "disk", "s": 3.0, "at": 7_000_002.5}]
+    beats = {"w1": _beat("w1", {}, recent=recent)}
+    joiner = _sim("mx", "joiner")
+
+    def load_of(*others: JobRecord) -> float:
+        records = {r.job_id: r for r in (joiner, *others)}
+        snapshot = make_snapshot([job_view(r) for r in records.values()])
+        planned = ExpectedLoads().apply(_placing("stepline"), snapshot, records, beats)
+        return next(v.load_s for v in planned.jobs if v.job_id == "joiner")
+
+    # when nothing ran on mx since, a job on mx expects its load
+    assert load_of() == pytest.approx(3.0)
+    # a chunk on mx running on w1 (the worker loads it or holds it) takes the load away
+    assert load_of(replace(_sim("mx", "first", state=JobState.RUNNING),
+                           running_on="w1")) == 0.0
+    # so does one whose chunk ended on w1 after its heartbeat (its next chunk queued there)
+    ended = replace(_sim("mx", "first", state=JobState.QUEUED), queue="w1.interactive",
+                    next_chunk=1, queued_at_s=1.0)
+    assert load_of(ended) == 0.0
+    # but not one queued there before the heartbeat, which lists what w1 holds since
+    assert load_of(replace(ended, queued_at_s=-1.0)) == pytest.approx(3.0)
+    # nor one only placed there (it has not run: nothing was built)
+    assert load_of(replace(ended, queue="w1.interactive.placed", next_chunk=0)) == \
+        pytest.approx(3.0)
+
+
+def test_built_models_join_a_holding_and_take_its_free_bytes() -> None:
+    from scheduler.placement import built_on
+
+    w = Holding("w1", 0.0, frozenset({"a"}), frozenset({"b"}), frozenset(), 2, 3 * MB)
+    # when w1 ran a chunk on b (with adapter "ink") and one on a, and w9 (unknown) one on c
+    after = built_on([w], [("w1", ModelNeed("b", frozenset({"ink"}), MB)),
+                           ("w1", ModelNeed("a", frozenset(), MB)),
+                           ("w9", ModelNeed("c", frozenset(), MB))])
+    # then w1 holds a and b on its device, b no longer only in host memory, b's bytes taken
+    assert after == [Holding("w1", 0.0, frozenset({"a", "b"}), frozenset(),
+                             frozenset({"ink"}), 2, 2 * MB)]
+    assert built_on([w], []) == [w]
 
 
 def test_a_chunk_parked_on_a_worker_that_evicted_its_model_is_marked_for_the_tick() -> None:

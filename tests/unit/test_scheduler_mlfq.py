@@ -72,6 +72,21 @@ def test_released_job_gets_its_level_recorded() -> None:
     assert plan.levels["a"].level == 0
 
 
+def test_a_cold_load_ahead_does_not_push_a_short_job_down_a_level() -> None:
+    from scheduler.incremental import IncrementalPlanner
+
+    # given a short interactive job that expects an 8 s model load before it runs
+    job = make_job("a", slo_class=SloClass.INTERACTIVE, work_s=0.2, deadline_s=NOW_S + 60,
+                   load_s=8.0)
+    snapshot = make_snapshot([job])
+    # when the tick releases it, by the pure plan and by the live tick's planner alike
+    for plan in (plan_tick(snapshot, POLICY, NOW_S),
+                 IncrementalPlanner().plan(snapshot, POLICY, NOW_S)):
+        # then its level is that of its own work: a load is where it runs, not its size
+        assert plan.levels["a"].level == 1
+        assert plan.releases[0].queue == "interactive"
+
+
 def test_fast_level_paths_agree_with_the_full_level_computation() -> None:
     # given new jobs of every class and size, some aged, planned while converging
     from scheduler.ordering import order_jobs
