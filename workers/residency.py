@@ -42,7 +42,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -61,6 +61,41 @@ Policy = Literal["lru", "cost"]
 POLICIES: tuple[Policy, ...] = ("lru", "cost")
 RECENT_LOADS = 16
 """Loads kept for the heartbeat (the most recent)."""
+
+
+MAX_LOADED_ADAPTERS = 8
+"""LoRA adapters kept loaded on one base model; beyond it the least recently used that the
+running chunk does not apply are unloaded."""
+
+Reuse = tuple[float, float]
+"""A model's decayed acquisition count and when it was last counted."""
+
+
+def decayed(reuse: Reuse | None, now_s: float, half_life_s: float) -> float:
+    """A model's acquisition count decayed to ``now_s`` (0 for one never acquired)."""
+    if reuse is None:
+        return 0.0
+    count, at_s = reuse
+    return count * math.pow(0.5, max(0.0, now_s - at_s) / half_life_s)
+
+
+def counted_use(reuse: Reuse | None, now_s: float, half_life_s: float) -> Reuse:
+    """``reuse`` after one more acquisition at ``now_s``."""
+    return decayed(reuse, now_s, half_life_s) + 1.0, now_s
+
+
+def eviction_score(reuse: Reuse | None, reload_s: float, now_s: float,
+                   half_life_s: float) -> float:
+    """The ``cost`` policy's keep score: expected reuse × reload seconds (the lowest goes
+    first; a load never timed counts as a microsecond)."""
+    return decayed(reuse, now_s, half_life_s) * max(reload_s, 1e-6)
+
+
+def adapters_to_unload(loaded: Sequence[str], wanted: Collection[str],
+                       cap: int = MAX_LOADED_ADAPTERS) -> list[str]:
+    """Of the adapters ``loaded`` on one base (least recently used first), the ones to unload
+    so that at most ``cap`` stay: the least recently used not ``wanted`` by the chunk."""
+    return [n for n in loaded if n not in wanted][:max(0, len(loaded) - cap)]
 
 
 class ModelMemoryError(WorkerError):
@@ -536,20 +571,16 @@ class ModelResidency:
             if self.policy == "lru":
                 return entry.last_use_s
             now = self._clock_s() if now_s is None else now_s
-            count, at_s = self._reuse.get(key, (0.0, now))
-            reuse = count * math.pow(0.5, max(0.0, now - at_s) / self.half_life_s)
             fallback = "host" if entry.tier == "device" and self._host_tier() else "disk"
             costs = self._costs.get(key, {})
             cost = costs.get(fallback, costs.get("disk", 0.0))
-            return reuse * max(cost, 1e-6)
+            return eviction_score(self._reuse.get(key), cost, now, self.half_life_s)
 
     def _host_tier(self) -> bool:
         return self.host_budget_bytes is None or self.host_budget_bytes > 0
 
     def _count_use(self, key: str, now_s: float) -> None:
-        count, at_s = self._reuse.get(key, (0.0, now_s))
-        decayed = count * math.pow(0.5, max(0.0, now_s - at_s) / self.half_life_s)
-        self._reuse[key] = (decayed + 1.0, now_s)
+        self._reuse[key] = counted_use(self._reuse.get(key), now_s, self.half_life_s)
 
     def _last_bytes(self, key: str) -> int:
         return int(self._costs.get(key, {}).get("bytes", 0))

@@ -21,7 +21,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from workers.errors import WorkerError
-from workers.residency import LoadSource, ModelResidency, Resident, process_residency
+from workers.residency import (
+    LoadSource,
+    ModelResidency,
+    Resident,
+    adapters_to_unload,
+    process_residency,
+)
 from workers.runner import Artifact, BatchItem, ChunkPlan, ChunkResult, ShouldYield
 
 if TYPE_CHECKING:
@@ -31,8 +37,6 @@ if TYPE_CHECKING:
 
 MODEL_PREFIX = "simulated:"
 """Residency keys of simulated models: ``simulated:<model>``."""
-MAX_LOADED_ADAPTERS = 8
-"""Adapters kept loaded on one simulated model; the least recently used is unloaded beyond."""
 
 
 @dataclass(slots=True)
@@ -127,8 +131,9 @@ class SimulatedRunner:
                 time.sleep(float(adapter.get("load_ms", 0.0)) / 1000.0)
                 self.models.adapter_loaded(key, name, time.perf_counter() - started_s)
                 model.adapters[name] = None
-                while len(model.adapters) > MAX_LOADED_ADAPTERS:
-                    model.adapters.popitem(last=False)
+            wanted = {str(a["name"]) for a in params.get("adapters") or ()}
+            for name in adapters_to_unload(list(model.adapters), wanted):
+                del model.adapters[name]
             self.models.note_adapters(key, model.adapters)
         return model
 

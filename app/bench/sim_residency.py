@@ -19,13 +19,13 @@ of the base's own modules, moved with it); a base dropped to disk loses them.
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass, field
 from typing import Literal
 
 from app.bench.models_workload import HOST_FRACTION, Catalog
 from scheduler.placement import PlacementPolicy
+from workers.residency import MAX_LOADED_ADAPTERS, adapters_to_unload, counted_use, eviction_score
 
 Eviction = Literal["lru", "cost"]
 GB = 1_000_000_000
@@ -41,7 +41,7 @@ class ResidencyConfig:
     device_budget_bytes: int = 20 * GB
     host_budget_bytes: int = 0
     """0: no host tier (an evicted model goes back to disk)."""
-    adapter_slots: int = 8
+    adapter_slots: int = MAX_LOADED_ADAPTERS
     """Adapters kept loaded on each resident base."""
     stage: bool = False
     """Stage models whose queue builds into host memory (``scheduler.placement.stage``)."""
@@ -126,14 +126,9 @@ class WorkerMemory:
         adapter_s = sum(self._draw_adapter() for _ in missing)
         for a in adapters:
             self.adapters[a] = now_s
-        on_base = _of_base(self.adapters, model)
-        while len(on_base) > self.config.adapter_slots:
-            unused = [a for a in on_base if a not in adapters]
-            if not unused:
-                break
-            oldest = min(unused, key=lambda a: self.adapters[a])
-            del self.adapters[oldest]
-            on_base.remove(oldest)
+        on_base = sorted(_of_base(self.adapters, model), key=self.adapters.__getitem__)
+        for a in adapters_to_unload(on_base, adapters, self.config.adapter_slots):
+            del self.adapters[a]
         return Load(tier, base_s, len(missing), adapter_s)
 
     def stage(self, model: str, now_s: float) -> bool:
@@ -148,15 +143,11 @@ class WorkerMemory:
 
     def score(self, model: str, fallback: str, now_s: float) -> float:
         """Expected reuse × reload cost (``workers.residency.ModelResidency.score``)."""
-        count, at_s = self.reuse.get(model, (0.0, now_s))
-        reuse = count * math.pow(0.5, max(0.0, now_s - at_s) / self.config.half_life_s)
         cost = self.cost_s.get((model, fallback), self.cost_s.get((model, "disk"), 0.0))
-        return reuse * max(cost, 1e-6)
+        return eviction_score(self.reuse.get(model), cost, now_s, self.config.half_life_s)
 
     def _count_use(self, model: str, now_s: float) -> None:
-        count, at_s = self.reuse.get(model, (0.0, now_s))
-        decayed = count * math.pow(0.5, max(0.0, now_s - at_s) / self.config.half_life_s)
-        self.reuse[model] = (decayed + 1.0, now_s)
+        self.reuse[model] = counted_use(self.reuse.get(model), now_s, self.config.half_life_s)
 
     def _victim(self, tier: dict[str, float], keep: str, fallback: str,
                 now_s: float, spare: frozenset[str] = frozenset()) -> str | None:

@@ -260,3 +260,42 @@ def _parked_on_w0(sim: ClusterSim) -> tuple[Any, str, Any, Any]:
     job.state, job.queue, job.parked_on = JobState.QUEUED, "batch", w0.name
     job.parked_q, job.service_s = f"{w0.name}.batch", 1.0
     return job, model, w0, w1
+
+
+@settings(max_examples=200, deadline=None)
+@given(loaded=st.lists(st.sampled_from("abcdefghijkl"), unique=True, max_size=12),
+       wanted=st.sets(st.sampled_from("abcdefghijkl"), max_size=4),
+       cap=st.integers(0, 10))
+def test_an_adapter_beyond_the_cap_is_the_least_recently_used_one_the_chunk_does_not_apply(
+        loaded: list[str], wanted: set[str], cap: int) -> None:
+    from workers.residency import adapters_to_unload
+
+    out = adapters_to_unload(loaded, wanted, cap)
+    left = [a for a in loaded if a not in out]
+    # nothing the chunk applies is unloaded, and only what must go to get within the cap
+    assert not set(out) & wanted
+    assert len(left) == max(cap, len([a for a in loaded if a in wanted]), 0) \
+        or len(left) == len(loaded) <= cap
+    # the ones unloaded are the oldest of those it does not apply
+    unused = [a for a in loaded if a not in wanted]
+    assert out == unused[:len(out)]
+
+
+def test_the_keep_score_halves_per_half_life_and_grows_with_use_and_reload_cost() -> None:
+    from workers.residency import counted_use, decayed, eviction_score
+
+    once = counted_use(None, 100.0, 60.0)
+    twice = counted_use(once, 130.0, 60.0)
+    # a use counts 1, decayed by half per half-life since
+    assert decayed(once, 160.0, 60.0) == pytest.approx(0.5)
+    assert decayed(twice, 130.0, 60.0) == pytest.approx(1.0 + 0.5 ** 0.5)
+    # more use, or a dearer reload, keeps a model longer; one never used or timed goes first
+    assert eviction_score(twice, 2.0, 190.0, 60.0) > eviction_score(once, 2.0, 190.0, 60.0)
+    assert eviction_score(once, 9.0, 190.0, 60.0) > eviction_score(once, 2.0, 190.0, 60.0)
+    assert eviction_score(None, 9.0, 190.0, 60.0) == 0.0
+    assert eviction_score(once, 0.0, 190.0, 60.0) > 0.0
+    # the simulator's worker memory scores by the same rule
+    memory = _memory("cost")
+    memory.reuse["m"], memory.cost_s[("m", "disk")] = twice, 2.0
+    half_life_s = memory.config.half_life_s
+    assert memory.score("m", "disk", 190.0) == eviction_score(twice, 2.0, 190.0, half_life_s)

@@ -31,13 +31,12 @@ from workers.diffusion.adapters import AdapterSpec, weights_digest
 from workers.diffusion.components import build_components
 from workers.diffusion.recipes import DiffusionRecipe
 from workers.errors import ParamsError
+from workers.residency import adapters_to_unload
 
 PIPELINES = {"dit": "DiTPipeline", "pixart": "PixArtSigmaPipeline", "wan": "WanPipeline"}
 """The diffusers pipeline of each family, whose LoRA loader (if it has one) loads adapters."""
 DEFAULT_TARGET_MODULES = ("to_q", "to_k", "to_v", "to_out.0")
 """The attention projections every family's transformer names alike."""
-MAX_LOADED_ADAPTERS = 8
-"""Adapters kept loaded on one transformer; the least recently used is unloaded beyond it."""
 _PREFIX = "transformer."
 
 _LOCK = threading.Lock()
@@ -134,7 +133,7 @@ def ensure_loaded(family: str, transformer: torch.nn.Module, specs: Sequence[Ada
                   on_load: Callable[[str, float], None] | None = None) -> None:
     """Load each of ``specs`` onto ``transformer`` unless it is already there from the same file
     (``on_load`` is told each load's adapter and seconds); unload the least recently used
-    beyond :data:`MAX_LOADED_ADAPTERS`."""
+    beyond :data:`workers.residency.MAX_LOADED_ADAPTERS`."""
     loaded = _LOADED.setdefault(transformer, {})
     for spec in specs:
         stamp = weights_digest(spec.weights_path)
@@ -150,7 +149,7 @@ def ensure_loaded(family: str, transformer: torch.nn.Module, specs: Sequence[Ada
             _ACTIVE.pop(transformer, None)
         loaded[spec.name] = loaded.pop(spec.name, stamp)  # most recently used last
     wanted = {spec.name for spec in specs}
-    for name in [n for n in loaded if n not in wanted][:max(0, len(loaded) - MAX_LOADED_ADAPTERS)]:
+    for name in adapters_to_unload(list(loaded), wanted):
         _unload(transformer, name)
         del loaded[name]
         _ACTIVE.pop(transformer, None)
