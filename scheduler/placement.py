@@ -16,7 +16,7 @@ call the same :func:`place`. Times are seconds; a worker's ``free_in_s`` is 0 wh
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Literal
@@ -345,6 +345,59 @@ def idle_holders(parked: Iterable[Parked], idle: Mapping[str, Sequence[Holding]]
             if taker in queue:
                 queue.remove(taker)
     return frozenset(moved)
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedChunk:
+    """A queued job's next chunk waiting on a worker's own queue, as :func:`mark_moves` reads
+    it."""
+
+    job_id: str
+    need: ModelNeed
+    deadline_s: float
+    worker: str
+    """The worker whose own queue it waits on."""
+    hop: bool
+    """That queue holds the next chunks of the jobs the worker ran (not a placement queue)."""
+    class_queue: str | None
+    """The class queue behind it when that class has own queues (an idle worker may take it
+    from there placed anew); None otherwise."""
+    read_since: bool = True
+    """The worker's residency was read after the chunk was queued there (an older reading
+    may predate the load of the chunk that just ran, and says nothing of an eviction)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Marks:
+    """:func:`mark_moves`' answer: the jobs to place anew, and why."""
+
+    model_left: frozenset[str]
+    """Hops whose worker no longer holds their base model (``JobView.model_left``)."""
+    idle_holder: frozenset[str]
+    """Chunks waiting on a busy worker while an idle one holds their model and adapters
+    (``JobView.idle_holder``)."""
+
+
+def mark_moves(queued: Iterable[QueuedChunk], device: Mapping[str, frozenset[str]],
+               busy: Set[str], idle: Mapping[str, Sequence[Holding]]) -> Marks:
+    """Which queued chunks should leave the worker they wait on (the live tick and the
+    simulator alike): a hop whose worker's device (``device``, as last read) no longer holds
+    its base model — evicted for another job's since; and, of the others, a chunk waiting on a
+    worker busy with another job's chunk (``busy``) while an idle worker holds its model and
+    adapters (:func:`idle_holders`; ``idle``: per class queue, the idle workers that take a
+    chunk placed anew from it, nothing parked on them)."""
+    left: set[str] = set()
+    parked: list[Parked] = []
+    for chunk in queued:
+        held = device.get(chunk.worker)
+        if chunk.hop and chunk.read_since and held is not None \
+                and chunk.need.model not in held:
+            left.add(chunk.job_id)
+        elif chunk.worker in busy and chunk.class_queue is not None:
+            parked.append(Parked(chunk.job_id, chunk.need, chunk.deadline_s,
+                                 chunk.class_queue))
+    moved = idle_holders(parked, idle) if parked and idle else frozenset()
+    return Marks(frozenset(left), moved)
 
 
 def stage(demand: Mapping[str, int], workers: Sequence[Holding], estimates: LoadEstimates,

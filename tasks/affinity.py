@@ -27,14 +27,14 @@ from scheduler.placement import (
     LoadEstimates,
     LoadTier,
     ModelNeed,
-    Parked,
     Placement,
     PlacementPolicy,
+    QueuedChunk,
     assign,
     built_on,
     cold_load_s,
     expected_load_s,
-    idle_holders,
+    mark_moves,
     place,
     slack_s,
     stage,
@@ -319,8 +319,6 @@ class ExpectedLoads:
             return snapshot
         heard = [holding(name, beat, 0.0) for name, beat in beats.items()
                  if CONTROL not in beat.queues]
-        on_device = {w.name: (w.device, beats[w.name].ts) for w in heard}
-        marks: dict[int, tuple[float, bool]] = {}
         pending: list[tuple[int, JobView, JobRecord, ModelNeed]] = []
         ran: list[tuple[str, ModelNeed]] = []  # chunks run since their worker's heartbeat
         running: set[str] = set()  # workers running a chunk, as the snapshot has it
@@ -346,18 +344,22 @@ class ExpectedLoads:
             pending.append((i, view, record, need))
         workers = built_on(heard, ran)
         memo: dict[ModelNeed, float] = {}
-        waiting: list[tuple[JobView, ModelNeed]] = []
+        loads: dict[int, float] = {}
         with _ESTIMATES_LOCK:
             observe_loads(_ESTIMATES, beats.values())
-            for i, view, record, need in pending:
+            for i, _, _, need in pending:
                 load_s = memo.get(need)
                 if load_s is None:
                     load_s = memo[need] = expected_load_s(need, workers, _ESTIMATES)
-                left = model_left(record, need, on_device)
-                marks[i] = (load_s, left)
-                if not left:
-                    waiting.append((view, need))
-        moved = idle_holder_jobs(waiting, running, parked_on, workers, beats)
+                loads[i] = load_s
+        queued = [chunk for _, view, record, need in pending
+                  if (chunk := queued_chunk(view, record, need, beats)) is not None]
+        idle = idle_takers(workers, running, parked_on, beats) \
+            if any(c.worker in running and c.class_queue for c in queued) else {}
+        moves = mark_moves(queued, {w.name: w.device for w in heard}, running, idle)
+        marks = {i: (load_s, snapshot.jobs[i].job_id in moves.model_left)
+                 for i, load_s in loads.items()}
+        moved = moves.idle_holder
         kept: dict[str, tuple[JobView, tuple[float, bool, bool], JobView]] = {}
         jobs: list[JobView] | None = None
         for i, (load_s, left) in marks.items():
@@ -399,23 +401,29 @@ def last_ran_on(record: JobRecord, beats: Mapping[str, Heartbeat]) -> str | None
     return worker if beat.ts is None or beat.ts < record.queued_at_s else None
 
 
-def idle_holder_jobs(waiting: Iterable[tuple[JobView, ModelNeed]], running: Set[str],
-                     parked_on: Set[str], workers: Sequence[Holding],
-                     beats: Mapping[str, Heartbeat]) -> frozenset[str]:
-    """The waiting jobs whose next chunk should move off the worker it is parked on
-    (``JobView.idle_holder``): it waits on a worker's own queue (a hop's or a placement's)
-    while the snapshot has that worker running another job's chunk (``running``), and a worker
-    that is idle (no running chunk in the snapshot nor in its heartbeat, no queued chunk parked
-    on it: ``parked_on``, consuming where the chunk would go) holds its model and adapters on
-    its device; each idle worker to one job, earliest deadline first
-    (:func:`scheduler.placement.idle_holders`). ``waiting``: the jobs on a model whose worker
-    still holds it (not ``model_left``)."""
-    parked = [Parked(view.job_id, need, view.deadline_s, queue)
-              for view, need in waiting
-              if view.state is JobState.QUEUED and view.parked_on in running
-              and (queue := class_queue_of(view.queue or "")) in OWN_QUEUE_CLASSES]
-    if not parked:
-        return frozenset()
+def queued_chunk(view: JobView, record: JobRecord, need: ModelNeed,
+                 beats: Mapping[str, Heartbeat]) -> QueuedChunk | None:
+    """A queued job's next chunk on a worker's own queue as the marks read it
+    (:func:`scheduler.placement.mark_moves`); None for one not waiting on a worker. The
+    worker's heartbeat counts as read since the chunk was queued when it was written after
+    ``record.queued_at_s``."""
+    if view.state is not JobState.QUEUED or view.parked_on is None:
+        return None
+    beat = beats.get(view.parked_on)
+    written_s = None if beat is None else beat.ts
+    read_since = written_s is not None and record.queued_at_s is not None \
+        and written_s >= record.queued_at_s
+    class_queue = class_queue_of(record.queue)
+    return QueuedChunk(view.job_id, need, view.deadline_s, view.parked_on,
+                       hop_worker(record.queue) == view.parked_on,
+                       class_queue if class_queue in OWN_QUEUE_CLASSES else None, read_since)
+
+
+def idle_takers(workers: Sequence[Holding], running: Set[str], parked_on: Set[str],
+                beats: Mapping[str, Heartbeat]) -> dict[str, list[Holding]]:
+    """Per class queue with own queues, the idle workers that take a chunk placed anew from
+    it: no running chunk in the snapshot (``running``) nor in the heartbeat, no queued chunk
+    parked on it (``parked_on``), consuming its placement queue for the class."""
     idle: dict[str, list[Holding]] = {}
     for w in workers:
         beat = beats[w.name]
@@ -424,26 +432,7 @@ def idle_holder_jobs(waiting: Iterable[tuple[JobView, ModelNeed]], running: Set[
         for queue in OWN_QUEUE_CLASSES:
             if replaced_from(w.name, queue) in beat.queues:
                 idle.setdefault(queue, []).append(w)
-    return idle_holders(parked, idle) if idle else frozenset()
-
-
-def model_left(record: JobRecord, need: ModelNeed,
-               on_device: Mapping[str, tuple[frozenset[str], float | None]]) -> bool:
-    """Whether ``record``'s next chunk waits on the own queue of the worker that ran its last
-    one (a hop: not a placement queue) while that worker's heartbeat, written since the chunk
-    was queued there, no longer lists its base model on the device (nor as the model it is
-    loading): evicted for another job's since (``JobView.model_left``). ``on_device``: per
-    worker, the models on its device and when its heartbeat was written. An older heartbeat
-    may predate the load of the chunk that just ran (a short load and step can end before the
-    worker's next beat), and a missing one says nothing here (the tick's recovery moves chunks
-    off a dead worker)."""
-    worker = hop_worker(record.queue)
-    if record.state is not JobState.QUEUED or worker is None:
-        return False
-    device, written_s = on_device.get(worker, (None, None))
-    if device is None or written_s is None or written_s < (record.queued_at_s or math.inf):
-        return False
-    return need.model not in device
+    return idle
 
 
 def common_prefix(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:

@@ -52,11 +52,11 @@ from scheduler.placement import (
     LoadEstimates,
     LoadPriors,
     ModelNeed,
-    Parked,
     PlacementPolicy,
+    QueuedChunk,
     cold_load_s,
     expected_load_s,
-    idle_holders,
+    mark_moves,
     place,
     slack_s,
     stage,
@@ -829,29 +829,30 @@ class ClusterSim:
         apply_plan(plan, self)
 
     def _mark_moves(self, waiting: Sequence[_Job]) -> None:
-        """``model_left`` and ``idle_holder`` of each waiting job (as the live tick reads them
-        from the workers' heartbeats): its next chunk waits on the own queue of the worker
-        that ran its last one (a hop, not a placement) and that worker's device no longer holds
-        its model; or it waits on a worker's own queue (either) while that worker runs another
-        job's chunk, and an idle worker with nothing parked on it holds its model and adapters
-        (:func:`scheduler.placement.idle_holders`)."""
-        parked: list[Parked] = []
+        """``model_left`` and ``idle_holder`` of each waiting job by the live tick's rule
+        (:func:`scheduler.placement.mark_moves`), read from the simulated workers' state
+        (always current, as a heartbeat written since the chunk was queued)."""
+        queued: list[QueuedChunk] = []
         for job in waiting:
             w = self.by_name.get(job.parked_on or "")
             own = job.parked_q if job.state is JobState.QUEUED else None
-            left = False
-            if w is not None and w.mem is not None and own is not None:
-                left = hop_worker(own) is not None and job.arrival.model not in w.mem.device
-                queue = class_queue_of(own)
-                if not left and queue in OWN_QUEUE_CLASSES and w.job not in (None, job):
-                    parked.append(Parked(job.id, self._need(job), job.arrival.deadline_s,
-                                         queue))
+            if w is None or w.mem is None or own is None:
+                continue
+            queue = class_queue_of(own)
+            queued.append(QueuedChunk(job.id, self._need(job), job.arrival.deadline_s, w.name,
+                                      hop_worker(own) is not None,
+                                      queue if queue in OWN_QUEUE_CLASSES else None))
+        busy = {w.name for w in self.workers if w.job is not None}
+        device = {w.name: frozenset(w.mem.device) for w in self.workers if w.mem is not None}
+        idle = self._idle_holdings(waiting) \
+            if any(c.worker in busy and c.class_queue for c in queued) else {}
+        moves = mark_moves(queued, device, busy, idle)
+        for job in waiting:
+            left, moved = job.id in moves.model_left, job.id in moves.idle_holder
             if left != job.model_left:
                 job.model_left, job.view = left, None
-        moved = idle_holders(parked, self._idle_holdings(waiting)) if parked else frozenset()
-        for job in waiting:
-            if (job.id in moved) != job.idle_holder:
-                job.idle_holder, job.view = job.id in moved, None
+            if moved != job.idle_holder:
+                job.idle_holder, job.view = moved, None
 
     def _idle_holdings(self, waiting: Sequence[_Job]) -> dict[str, list[Holding]]:
         """Per class queue with own queues, the idle workers that would take a chunk placed

@@ -369,7 +369,7 @@ def test_built_models_join_a_holding_and_take_its_free_bytes() -> None:
 
 
 def test_a_chunk_parked_on_a_worker_that_evicted_its_model_is_marked_for_the_tick() -> None:
-    from tasks.affinity import ExpectedLoads, model_left
+    from tasks.affinity import ExpectedLoads
     from tasks.snapshot import job_view
     from tests.unit.test_scheduler_support import make_snapshot
 
@@ -391,14 +391,18 @@ def test_a_chunk_parked_on_a_worker_that_evicted_its_model_is_marked_for_the_tic
     # a worker loading the model (its heartbeat's announcement) still holds it
     loading = {**beats, "w1": _beat("w1", {_sim_key("m2"): MB},
                                     loading={"model": _sim_key("m1"), "since": 0.0})}
-    need = model_need(hop.kind, hop.params)
-    assert need is not None
-    on_device = {"w1": (holding("w1", loading["w1"], 0.0).device, 0.0)}
-    assert not model_left(hop, need, on_device)
-    assert model_left(hop, need, {"w1": (frozenset(), 0.0)})
+
+    def left(beats: dict[str, Heartbeat], hop: JobRecord) -> bool:
+        records = {"hop": hop}
+        planned = ExpectedLoads().apply(_placing("stepline"),
+                                        make_snapshot([job_view(hop)]), records, beats)
+        return planned.jobs[0].model_left
+
+    assert left(beats, hop)
+    assert not left(loading, hop)
     # a heartbeat older than the hop may predate the load of the chunk that just ran
-    assert not model_left(replace(hop, queued_at_s=5.0), need, {"w1": (frozenset(), 0.0)})
-    assert not model_left(hop, need, {"w1": (frozenset(), None)})
+    assert not left(beats, replace(hop, queued_at_s=5.0))
+    assert not left({**beats, "w1": replace(beats["w1"], ts=None)}, hop)
 
 
 def test_a_chunk_parked_on_a_busy_worker_is_marked_when_an_idle_worker_holds_its_model() -> None:

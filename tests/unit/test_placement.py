@@ -262,3 +262,31 @@ def test_idle_holders_go_to_the_earliest_deadlines_one_job_each() -> None:
     # a job without adapters takes the holder without them, leaving the other to the styled
     first = Parked("first", m1, 1.0, "batch")
     assert idle_holders([first, styled_job], {"batch": [w2, w1]}) == {"first", "styled"}
+
+
+@settings(max_examples=200, deadline=None)
+@given(chunks=st.lists(st.tuples(st.sampled_from(["w0", "w1", "w2"]), st.sampled_from("ab"),
+                                 st.booleans(), st.booleans(), st.floats(0, 100)),
+                       max_size=8),
+       busy=st.sets(st.sampled_from(["w0", "w1", "w2"])),
+       idle_models=st.lists(st.sets(st.sampled_from("ab")), max_size=3))
+def test_a_queued_chunk_moves_for_one_reason_and_each_idle_worker_takes_one(
+        chunks: list[tuple[str, str, bool, bool, float]], busy: set[str],
+        idle_models: list[set[str]]) -> None:
+    from scheduler.placement import QueuedChunk, mark_moves
+
+    queued = [QueuedChunk(f"j{k}", ModelNeed(model), deadline, worker, hop, "batch", fresh)
+              for k, (worker, model, hop, fresh, deadline) in enumerate(chunks)]
+    device = {"w0": frozenset("a"), "w1": frozenset("b"), "w2": frozenset()}
+    idle = {"batch": [Holding(f"i{k}", 0.0, frozenset(m)) for k, m in enumerate(idle_models)]}
+    marks = mark_moves(queued, device, busy, idle)
+    by_id = {c.job_id: c for c in queued}
+    # a hop is marked left exactly when its worker, read since, lacks its model
+    assert marks.model_left == {c.job_id for c in queued if c.hop and c.read_since
+                                and c.need.model not in device[c.worker]}
+    # a chunk moves to an idle holder only from a busy worker, and not also as left
+    assert not marks.model_left & marks.idle_holder
+    assert all(by_id[j].worker in busy for j in marks.idle_holder)
+    assert all(any(by_id[j].need.model in h.device for h in idle["batch"])
+               for j in marks.idle_holder)
+    assert len(marks.idle_holder) <= len(idle["batch"])
