@@ -28,7 +28,7 @@ from scheduler import (
 from scheduler.errors import SchedulerError
 from scheduler.lifecycle import JobState
 from scheduler.model import ClusterSnapshot
-from scheduler.placement import PlacementPolicy
+from scheduler.placement import ModelNeed, PlacementPolicy
 from scheduler.plan import LevelMark, Release
 from scheduler.recovery import Failure, Recovery, RecoveryCause, RecoveryConfig
 from scheduler.state import AdmissionState
@@ -135,8 +135,8 @@ def run_tick(ctx: WorkerContext, now_s: float, cache: SnapshotCache | None = Non
     read_at_s = time.time()  # placements after this are not in the snapshot's free times
     seen = (cache.read(cost, policy, now_s, block_groups) if cache is not None
             else read_snapshot(store, cost, policy, now_s, block_groups))
-    snapshot = (loads if loads is not None else ExpectedLoads()).apply(
-        settings, seen.snapshot, seen.records, seen.heartbeats)
+    expected = loads if loads is not None else ExpectedLoads()
+    snapshot = expected.apply(settings, seen.snapshot, seen.records, seen.heartbeats)
     read = time.perf_counter()
     took.read_s, took.jobs = read - started, len(snapshot.jobs)
     took.reread = cache.changed if cache is not None else took.jobs
@@ -158,7 +158,8 @@ def run_tick(ctx: WorkerContext, now_s: float, cache: SnapshotCache | None = Non
     free_in_s = functools.cache(lambda: busy_free_in_s(snapshot, now_s, seen.heartbeats))
     target = LiveTarget(store, seen.records, settings, buffered=True, busy_free_in_s=free_in_s,
                         counted_until_s=read_at_s, rate=snapshot.cost.seconds_per_unit,
-                        converging=plan.admission.state is AdmissionState.CONVERGING)
+                        converging=plan.admission.state is AdmissionState.CONVERGING,
+                        built=expected.built)
     try:
         apply_plan(plan, target)
         target.flush()
@@ -169,7 +170,8 @@ def run_tick(ctx: WorkerContext, now_s: float, cache: SnapshotCache | None = Non
         # what a submit before the next tick places by (a few ticks' life: then heartbeats)
         publish_placement_view(store, PlacementView(
             read_at_s, free_in_s(), target.demand(),
-            placement_rates(seen.records.values(), snapshot.cost.seconds_per_unit)),
+            placement_rates(seen.records.values(), snapshot.cost.seconds_per_unit),
+            expected.built),
             ttl_s=max(5 * settings.scheduler.origin_detection_interval, 1.0))
         target.stage_models(settings.residency.stage_min_queued, seen.heartbeats.values())
     advance_expert_updates(store, settings, now_s)
@@ -246,7 +248,8 @@ class LiveTarget:
                  busy_free_in_s: Callable[[], Mapping[str, float]] | None = None,
                  counted_until_s: float | None = None,
                  rate: Callable[[str], float] | None = None,
-                 converging: bool = False) -> None:
+                 converging: bool = False,
+                 built: Sequence[tuple[str, ModelNeed]] = ()) -> None:
         self.store, self.seen, self.settings = store, seen, settings
         self.standby_reason = ("moved to standby: overload convergence, or in flight outside "
                                "the top" if converging else
@@ -261,6 +264,8 @@ class LiveTarget:
         """When the snapshot ``busy_free_in_s`` comes from was read."""
         self._rate = rate
         """Seconds per cost unit by cost key (the tick's cost model)."""
+        self._built = built
+        """Chunks run since their worker's heartbeat (:attr:`ExpectedLoads.built`)."""
         self.demand = functools.cache(lambda: queued_demand(self.seen.values()))
         """The queued jobs per model among the records seen, counted once when first read."""
         self.buffered = buffered
@@ -454,7 +459,7 @@ class LiveTarget:
         return WorkerDirectory.read(
             self.store, busy_free_in_s=busy,
             demand=self.demand, mark_ttl_s=self.settings.broker.chunk_lease,
-            counted_until_s=self._counted_until_s, rate=self._rate)
+            counted_until_s=self._counted_until_s, rate=self._rate, built=self._built)
 
     def stage_models(self, min_queued: int, beats: Iterable[Heartbeat] = ()
                      ) -> list[tuple[str, str]]:

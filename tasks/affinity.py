@@ -305,6 +305,10 @@ class ExpectedLoads:
         default_factory=dict)
     _needs: dict[str, tuple[JobRecord, ModelNeed | None]] = field(default_factory=dict)
     """Per job, its record as last seen and what it needs (kept while the record is)."""
+    built: tuple[tuple[str, ModelNeed], ...] = ()
+    """The last apply's chunks run since their worker's heartbeat: (worker, what the chunk
+    needed), the models those workers hold though their heartbeats do not list them yet
+    (:func:`scheduler.placement.built_on`); the tick's placements count them too."""
 
     def apply(self, settings: Settings, snapshot: ClusterSnapshot,
               records: Mapping[str, JobRecord], beats: Mapping[str, Heartbeat]
@@ -316,6 +320,7 @@ class ExpectedLoads:
                 or placement_policy(settings) is not PlacementPolicy.STEPLINE:
             self._views.clear()
             self._needs.clear()
+            self.built = ()
             return snapshot
         heard = [holding(name, beat, 0.0) for name, beat in beats.items()
                  if CONTROL not in beat.queues]
@@ -343,6 +348,7 @@ class ExpectedLoads:
                 ran.append((worker, need))
             pending.append((i, view, record, need))
         workers = built_on(heard, ran)
+        self.built = tuple(ran)
         memo: dict[ModelNeed, float] = {}
         loads: dict[int, float] = {}
         with _ESTIMATES_LOCK:
@@ -459,11 +465,15 @@ class PlacementView:
     rates: Mapping[str, float] = field(default_factory=dict)
     """Seconds per cost unit of the cost keys of the jobs placed by model (the tick's learned
     cost model): what a placed job's remaining work takes."""
+    built: Sequence[tuple[str, ModelNeed]] = ()
+    """Chunks run since their worker's heartbeat, as the tick read them
+    (:attr:`ExpectedLoads.built`)."""
 
     def encode(self) -> str:
+        built = [[w, n.model, sorted(n.adapters), n.bytes] for w, n in self.built]
         return json.dumps({"at": self.at_s, "free": dict(self.free_in_s),
-                           "demand": dict(self.demand), "rates": dict(self.rates)},
-                          separators=(",", ":"))
+                           "demand": dict(self.demand), "rates": dict(self.rates),
+                           "built": built}, separators=(",", ":"))
 
     @classmethod
     def decode(cls, raw: bytes | str | None) -> PlacementView | None:
@@ -476,7 +486,9 @@ class PlacementView:
             return cls(float(body["at"]),
                        {str(k): float(v) for k, v in body["free"].items()},
                        {str(k): int(v) for k, v in body["demand"].items()},
-                       {str(k): float(v) for k, v in body.get("rates", {}).items()})
+                       {str(k): float(v) for k, v in body.get("rates", {}).items()},
+                       tuple((str(w), ModelNeed(str(m), frozenset(map(str, a)), int(b)))
+                             for w, m, a, b in body.get("built", ())))
         except (ValueError, KeyError, TypeError, AttributeError):
             log.warning("unreadable placement view; placing by the heartbeats")
             return None
@@ -537,6 +549,9 @@ class WorkerDirectory:
     mark_ttl_s: float = 10.0
     now_s: float | None = None
     """The clock busy workers' heartbeats are read against (None: the wall clock)."""
+    built: Sequence[tuple[str, ModelNeed]] = ()
+    """Chunks run since their worker's heartbeat (the tick's :attr:`ExpectedLoads.built`):
+    their models count as held there."""
     _holdings: dict[str, Holding] | None = None
     _demand: Mapping[str, int] | None = None
 
@@ -544,10 +559,12 @@ class WorkerDirectory:
     def read(cls, store: JobStore, busy_free_in_s: Mapping[str, float] | None = None,
              demand: Callable[[], Mapping[str, int]] | None = None,
              mark_ttl_s: float = 10.0, counted_until_s: float | None = None,
-             rate: Callable[[str], float] | None = None) -> WorkerDirectory:
+             rate: Callable[[str], float] | None = None,
+             built: Sequence[tuple[str, ModelNeed]] | None = None) -> WorkerDirectory:
         """The heartbeats and placement marks; a tick passes what its snapshot counted
-        (``busy_free_in_s`` as of ``counted_until_s``, its ``rate``), a submit reads the last
-        tick's published view for them (:class:`PlacementView`)."""
+        (``busy_free_in_s`` as of ``counted_until_s``, its ``rate``, the models ``built``
+        since the heartbeats), a submit reads the last tick's published view for them
+        (:class:`PlacementView`)."""
         bodies = store.heartbeats()
         names = sorted(bodies)
         now = time.time()
@@ -567,8 +584,13 @@ class WorkerDirectory:
             if rate is None and view.rates:
                 rates = dict(view.rates)
                 rate = lambda key: rates.get(key) or _PRIOR_COST.seconds_per_unit(key)  # noqa: E731
+            if built is None:  # what a heartbeat written since the tick read says is newer
+                built = [(w, need) for w, need in view.built
+                         if (beat := bodies.get(w)) is not None
+                         and (beat.ts is None or beat.ts < view.at_s)]
         directory = cls(bodies, busy_free_in_s=busy_free_in_s or {}, demand=demand,
                         placed=placed, counted_until_s=counted, store=store,
+                        built=tuple(built or ()),
                         mark_ttl_s=mark_ttl_s,
                         rate=rate or _PRIOR_COST.seconds_per_unit)
         with _ESTIMATES_LOCK:
@@ -626,11 +648,12 @@ class WorkerDirectory:
         return chosen
 
     def _current_holdings(self) -> dict[str, Holding]:
-        """The workers as placement sees them, built from the heartbeats once, then as this
-        directory's placements left them."""
+        """The workers as placement sees them, built from the heartbeats (and the models
+        built since them) once, then as this directory's placements left them."""
         if self._holdings is None:
-            self._holdings = {name: holding(name, beat, self._free_in_s(name, beat))
-                              for name, beat in self.bodies.items()}
+            heard = [holding(name, beat, self._free_in_s(name, beat))
+                     for name, beat in self.bodies.items()]
+            self._holdings = {h.name: h for h in built_on(heard, self.built)}
         return self._holdings
 
     def stage_models(self, waiting: Iterable[JobRecord], min_queued: int

@@ -159,6 +159,24 @@ def test_stepline_placement_loads_on_a_worker_with_room_before_one_that_must_evi
         "w2.interactive.placed"
 
 
+def test_a_release_goes_where_the_model_was_just_built_though_no_heartbeat_lists_it_yet(
+) -> None:
+    from tasks.affinity import PlacementView
+
+    # given two idle workers whose heartbeats list nothing, w2 having just run a chunk on m1
+    settings, job = _placing("stepline"), _sim("m1")
+    need = model_need(job.kind, job.params)
+    assert need is not None
+    w1, w2 = _beat("w1", {}), _beat("w2", {})
+    directory = _directory(w1=w1, w2=w2)
+    directory.built = (("w2", need),)
+    # then the tick's release goes to w2, which holds m1 from that chunk on
+    assert release_queue(settings, job, "interactive", directory) == "w2.interactive.placed"
+    # and the view a submit places by carries what was built, as the tick read it
+    view = PlacementView(5.0, {}, {}, {}, (("w2", need),))
+    assert PlacementView.decode(view.encode()) == view
+
+
 def test_stepline_placement_waits_for_a_warm_worker_soon_free_not_for_an_unknown_one() -> None:
     settings, job = _placing("stepline"), _sim("m1")
     warm_busy = _beat("w1", {_sim_key("m1"): MB}, busy="other")
