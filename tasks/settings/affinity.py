@@ -30,17 +30,12 @@ class AffinitySettings(BaseModel):
     of the model's most frequent experts; otherwise to its class queue."""
     placement: PlacementName = "warm"
     """Where a released chunk of a job that runs on a model (image, video, a simulated job
-    naming a ``model``) goes (``scheduler.placement``): ``oblivious``: its class queue, any
-    worker takes it and loads the model if it must; ``warm``: an idle worker holding its model
-    in device memory, else its class queue (route-to-warm); ``stepline``: the worker where it
-    starts soonest counting the load, a load that evicts a model queued jobs need charged their
-    reload. Not the default yet: simulated at the live scale it meets more deadlines than
-    ``warm`` (``bench_models.py --live-sim-seeds``: +5.5 to +6.8 points at load 0.8 over ten
-    traces, 2-4 workers), and live at load 0.8 it is within 2.4 points of the simulator on
-    three traces with fewer loads than ``warm``; but as the default, a job the tick released
-    into a running batch was moved to standby at the next tick in a one-worker batching test
-    (``tests/integration/test_batching.py``, the mid-way join: 10 of 17 runs; 0 of 4 under
-    ``warm``): the tick charged the joiner a cold load while the worker's heartbeat did
-    not yet list the model just built for the first job; to be fixed first.
+    naming a ``model``) goes (``scheduler.placement``); the default is the value above.
+
+    - ``oblivious``: its class queue; any worker takes it and loads the model if it must.
+    - ``warm``: an idle worker holding its model in device memory, else its class queue.
+    - ``stepline``: the worker where it starts soonest, counting the model's load there, and
+      charging a load that evicts a model queued jobs need with their reload.
+
     Unless ``oblivious``, such a job's next chunk stays on the worker that ran its last (no
     model switch mid-job)."""
