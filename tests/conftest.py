@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import hypothesis
 import pytest
 import redis
 
@@ -32,6 +33,11 @@ from tests.object_store import SeaweedS3
 # Test workers build each model on its first job, as before warm start: a warm-up of every recipe
 # in every worker a test starts would cost minutes (tests/e2e/test_readiness.py turns it on).
 os.environ.setdefault("STEPLINE_WARM_START", "false")
+
+# No property test holds an example to a time: Hypothesis's default 200 ms deadline per example
+# is a timed assertion, and a busy machine is the normal case. A test's own settings() keep this.
+hypothesis.settings.register_profile("stepline", deadline=None)
+hypothesis.settings.load_profile("stepline")
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -30,10 +30,13 @@ class AffinitySettings(BaseModel):
     of the model's most frequent experts; otherwise to its class queue."""
     placement: PlacementName = "stepline"
     """Where a released chunk of a job that runs on a model (image, video, a simulated job
-    naming a ``model``) goes (``scheduler.placement``): ``oblivious``: its class queue, any
-    worker takes it and loads the model if it must; ``warm``: an idle worker holding its model
-    in device memory, else its class queue (route-to-warm); ``stepline``: the worker where it
-    starts soonest counting the load, a load that evicts a model queued jobs need charged their
-    reload, and the tick counts each waiting job's expected load into its deadline. Unless
-    ``oblivious``, such a job's next chunk stays on the worker that ran its last (no model
-    switch mid-job)."""
+    naming a ``model``) goes (``scheduler.placement``); the default is the value above.
+
+    - ``oblivious``: its class queue; any worker takes it and loads the model if it must.
+    - ``warm``: an idle worker holding its model in device memory, else its class queue.
+    - ``stepline``: the worker where it starts soonest, counting the model's load there, and
+      charging a load that evicts a model queued jobs need with their reload; the tick
+      counts each waiting job's expected load into its deadline.
+
+    Unless ``oblivious``, such a job's next chunk stays on the worker that ran its last (no
+    model switch mid-job)."""

@@ -33,10 +33,10 @@ class ArtifactSettings(BaseModel):
     """S3 secret key (never printed or logged); unset → the usual chain
     (``AWS_SECRET_ACCESS_KEY`` ...)."""
     checkpoint_offload_bytes: int | None = Field(default=None, ge=0, le=512 * 1024 * 1024)
-    """A durable checkpoint larger than this many bytes is written to the store (under
-    ``checkpoints/<job id>/``) and Redis keeps only a small reference to it (0: every
+    """Bytes (0 to 512 MiB): a durable checkpoint larger than this is written to the store
+    (under ``checkpoints/<job id>/``) and Redis keeps only a small reference to it (0: every
     checkpoint). Unset → 1 MiB when the store is not a local directory (``s3://``: every host
-    reads it), else never: a single host keeps every checkpoint in Redis, as before."""
+    reads it), else never: a single host keeps every checkpoint in Redis."""
     checkpoint_sweep_interval: Seconds = Field(default=60.0, ge=1, le=86400)
     """How often the scheduler removes the checkpoint objects of jobs that ended without a
     worker removing them (cancelled or expired while queued, failed by the watchdog, a worker

@@ -47,9 +47,9 @@ class ExpertCacheSettings(BaseModel):
     """Device memory for resident experts, in MiB; unset: resource_limits.memory of the device's
     memory on CUDA, every expert on CPU. The slots fill memory_threshold of it."""
     policy: Literal["lru", "lfru", "arc", "s3fifo", "lecar"] = "lfru"
-    """Eviction policy: least recently used, decayed frequency (LFRU), adaptive replacement
-    (ARC), S3-FIFO or LeCaR; `stepline experts replay` compares them on a trace (LFRU led on
-    every trace measured)."""
+    """Eviction policy of the resident experts: least recently used, decayed frequency (LFRU),
+    adaptive replacement (ARC), S3-FIFO or LeCaR; `stepline experts replay` compares them on a
+    routing trace."""
     allocation: Literal["uniform", "reuse"] = "reuse"
     """Slots per layer: the same for every layer, or the same total rebalanced toward the layers
     whose measured reuse gains most per slot."""

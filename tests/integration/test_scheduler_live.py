@@ -1,5 +1,8 @@
 """The Stepline policy on real workers: realtime work cuts in at the next step, and overload
-convergence pauses batch admission above the threshold and resumes it below."""
+convergence pauses batch admission above the threshold and resumes it below.
+
+How soon the realtime job starts is printed here and measured by
+``tests/bench/bench_probes.py`` (probe latency under a batch backlog), not asserted."""
 
 from __future__ import annotations
 
@@ -37,17 +40,30 @@ def test_a_realtime_job_arriving_while_batch_holds_the_workers_starts_within_one
     processes.scheduler()
     wait_for_workers(redis_client, ["w1", "w2", "scheduler"])
     service = JobService(JobStore(redis_client), current_settings())
+    store = service.store
     batch = [service.submit(_sim(SloClass.BATCH, 40, 200, groups=4))[0] for _ in range(3)]
-    wait_for(lambda: sum(service.store.state(j) is JobState.RUNNING for j in batch) >= 1, 30,
+    wait_for(lambda: sum(store.state(j) is JobState.RUNNING for j in batch) >= 2, 60,
              "batch work to occupy the workers")
 
     realtime, _ = service.submit(_sim(SloClass.REALTIME, 4, 20))
 
-    wait_for(lambda: service.store.state(realtime) is JobState.DONE, 30, "the realtime job")
-    record = service.store.record(realtime)
+    wait_for(lambda: store.state(realtime) is JobState.DONE, 60, "the realtime job")
+    record = store.record(realtime)
     assert record.started_at_s is not None and record.finished_at_s is not None
-    assert record.started_at_s - record.submitted_at_s <= 0.2 + 0.1  # one batch step + dispatch
-    assert record.finished_at_s <= record.deadline_at_s  # met its 1 s SLO
+    (worker,) = {e["by"] for e in store.events(realtime) if e["kind"] == "commit"}
+    # then the worker that ran it finished at most the batch step it was inside, no further
+    # one, before the realtime job started
+    steps_between = [e for j in batch for e in store.events(j) if e["kind"] == "commit"
+                     and e["by"] == worker and e.get("complete") == "1"
+                     and record.submitted_at_s < float(e["ts"]) < record.started_at_s]
+    print(f"realtime: started {record.started_at_s - record.submitted_at_s:.3f}s after its "
+          f"submit, {len(steps_between)} batch step(s) of {worker} between; finished "
+          f"{record.finished_at_s - record.submitted_at_s:.3f}s after it")
+    assert len(steps_between) <= 1, steps_between
+    # and it finished while every batch job was still running (none of them had to end first)
+    assert all(store.record(j).finished_at_s is None
+               or store.record(j).finished_at_s > record.finished_at_s  # type: ignore[operator]
+               for j in batch)
 
 
 def test_batch_admission_pauses_above_the_threshold_and_resumes_below(
