@@ -338,6 +338,7 @@ class _Worker:
         "dead_until_s",
         "job",
         "load_s",
+        "loads",
         "mem",
         "name",
         "overhead_s",
@@ -367,6 +368,9 @@ class _Worker:
         self.mem: WorkerMemory | None = None
         self.load_s = 0.0
         """Seconds spent loading models (not counted in ``busy_s``)."""
+        self.loads: deque[tuple[float, float]] = deque()
+        """Its loads that may still fall in the policy's load window, as (end, seconds): what
+        a live worker's heartbeat reports of its recent loads."""
 
 
 _ARRIVE, _TICK, _WAKE, _END, _FAIL, _STAGED = range(6)
@@ -650,7 +654,10 @@ class ClusterSim:
         job.parked_q = None
         job.view = None
         if w.mem is not None and job.arrival.model is not None:
-            start_s += self._load(w, job)
+            load_s = self._load(w, job)
+            if load_s > 0.0:
+                w.loads.append((start_s + load_s, load_s))
+            start_s += load_s
         w.job, w.run_start_s, w.start_groups = job, start_s, job.groups_done
         w.token += 1
         if job.atomic:
@@ -918,8 +925,13 @@ class ClusterSim:
                 self._push(self.now + w.mem.read_into_host_s(model), _STAGED, (w, model))
 
     def _worker_views(self) -> tuple[WorkerView, ...]:
+        """The workers whose heartbeat is fresh, each with the loads of the policy's window."""
+        since_s = self.now - self.policy.load_window_s
+        for w in self.workers:
+            while w.loads and w.loads[0][0] <= since_s:
+                w.loads.popleft()
         return tuple(WorkerView(w.name, True, w.job.id if w.job is not None else None,
-                                w.queues, "cuda")
+                                w.queues, "cuda", loads=tuple(w.loads))
                      for w in self.workers if w.alive or self.now < w.dead_until_s)
 
     # -- the plan's target (tasks.apply.TickTarget): the live tick's apply loop, in memory --
@@ -957,7 +969,7 @@ class ClusterSim:
         self._end_job(self.live[job_id], JobState.EXPIRED, "expired")
         return True
 
-    def suspend(self, job_id: str) -> bool:
+    def suspend(self, job_id: str, reason: str) -> bool:
         self.moves["suspend"] += 1
         self._set_state(self.live[job_id], JobState.SUSPENDED)
         return True
