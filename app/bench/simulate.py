@@ -398,6 +398,9 @@ class SimResult:
     """Loads, load seconds, warm starts and peak bytes when residency is modelled."""
     moves: dict[str, int] = field(default_factory=dict)
     """How the plans moved jobs (``ClusterSim.moves``)."""
+    reasons: dict[int, str] = field(default_factory=dict)
+    """Per job shed at submit, expired or parked by overload, the last reason it was given
+    (what its events would say)."""
 
 
 class ClusterSim:
@@ -530,8 +533,10 @@ class ClusterSim:
         decision = decide_submit(job.job_view(), self.policy, self.admission, self.now)
         job.atomic = decision.atomic
         if decision.action is SubmitAction.SHED:
+            self.result.reasons[job.arrival.index] = decision.reason
             self._end_job(job, JobState.EXPIRED, "shed")
         elif decision.action is SubmitAction.SUSPEND:
+            self.result.reasons[job.arrival.index] = decision.reason
             self._set_state(job, JobState.SUSPENDED)
         elif decision.action is SubmitAction.RELEASE:
             self._place(job, decision.queue)
@@ -966,12 +971,16 @@ class ClusterSim:
 
     def expire(self, job_id: str, reason: str) -> bool:
         self.moves["expire"] += 1
-        self._end_job(self.live[job_id], JobState.EXPIRED, "expired")
+        job = self.live[job_id]
+        self.result.reasons[job.arrival.index] = reason
+        self._end_job(job, JobState.EXPIRED, "expired")
         return True
 
     def suspend(self, job_id: str, reason: str) -> bool:
         self.moves["suspend"] += 1
-        self._set_state(self.live[job_id], JobState.SUSPENDED)
+        job = self.live[job_id]
+        self.result.reasons[job.arrival.index] = reason
+        self._set_state(job, JobState.SUSPENDED)
         return True
 
     def flag_preempt(self, job_id: str) -> bool:
