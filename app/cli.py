@@ -325,10 +325,20 @@ def bench(
     live_windows: Annotated[int, typer.Option(min=1, max=20)] = 1,
     held_out: Annotated[bool, typer.Option(
         help="Trace mode: evaluate on the held-out requests (from 2024-12-01).")] = False,
+    overload: Annotated[bool, typer.Option(
+        help="Overload mode (simulated, 8 workers, 600 jobs a trace): sweep effective loads "
+             "0.8, 1.0, 1.3 with model loads counted against compute-only admission; writes "
+             "overload.json.")] = False,
+    seeds: Annotated[int, typer.Option(min=1, max=50, help="Overload mode: traces per point.")
+    ] = 3,
     run_dir: RunDir = None,
 ) -> None:
     """Replay one trace under each policy on the same real workers; write report.json + plots.
-    With --gentd26: the production-trace benchmark (simulated and live), gentd26.json."""
+    With --gentd26: the production-trace benchmark (simulated and live), gentd26.json. With
+    --overload: the effective-load sweep in the simulator, overload.json."""
+    if overload:
+        _overload_bench(out, seeds=seeds)
+        return
     from app.bench.run import check_policies as check_bench_policies  # deferred: heavy
     from app.bench.run import run_bench, summary_table  # deferred: heavy
 
@@ -350,6 +360,19 @@ def bench(
                        run_dir=Path(os.environ["STEPLINE_RUN_DIR"]))
     console().print(summary_table(report))
     console().print(f"report: {out / 'report.json'}; plots: {', '.join(report['plots'])}")
+
+
+def _overload_bench(out: Path, *, seeds: int) -> None:
+    """``stepline bench --overload``: app.bench.overload_bench, printed and written."""
+    import json  # deferred with the bench
+
+    from app.bench.overload_bench import run_overload_bench  # deferred: the bench
+
+    report = run_overload_bench(seeds=seeds, progress=console().print)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "overload.json"
+    path.write_text(json.dumps(report, indent=1))
+    console().print(f"report: {path} ({report['wall_s']:.0f} s)")
 
 
 def _trace_bench(trace_dir: Path, out: Path, *, windows: int, jobs: int, sim_workers: str,

@@ -31,7 +31,12 @@ from typing import Any, TypeVar, cast
 import numpy as np
 import numpy.typing as npt
 
-from scheduler.admission import expiry_reason, measure_load, next_admission_state
+from scheduler.admission import (
+    expiry_reason,
+    measure_loads,
+    next_admission_state,
+    paid_load_share,
+)
 from scheduler.allocation import (
     Allocation,
     Flight,
@@ -419,6 +424,9 @@ class _Planning:
         horizon_s = policy.load_horizon_s
         demand = np.where(due_in <= horizon_s, remaining, remaining * horizon_s / due_in)
         outstanding = float(np.cumsum(np.concatenate(([0.0], demand[~suspended])))[-1])
+        loads = f["load"][rows]
+        cold_demand = np.where(due_in <= horizon_s, loads, loads * horizon_s / due_in)
+        cold = float(np.cumsum(np.concatenate(([0.0], cold_demand[~suspended])))[-1])
         realtime = b["realtime"][rows]
         queued_or_running = (state == _QUEUED) | running
         holding = queued_or_running & ~b["preempt"][rows]
@@ -450,7 +458,8 @@ class _Planning:
             aged=frozen("aged", np.flatnonzero(waiting & (waited >= bound_s))),
             late=frozen("late", late_at), with_deps=frozen("with_deps",
                                                            np.flatnonzero(b["deps"][rows])),
-            outstanding_s=outstanding, incumbent=incumbent)
+            outstanding_s=outstanding, cold_s=cold,
+            paid_share=paid_load_share(alive, policy.load_window_s, now_s), incumbent=incumbent)
         return survey, _Tick(rows, state, remaining, demand, deadline, waited, scores,
                              np.zeros(len(rows)), np.zeros(len(rows)), waiting_rt,
                              waiting_other, suspended_at, standby, late_at)
@@ -460,8 +469,9 @@ class _Planning:
     def _judge(self, survey: Survey, tick: _Tick, workers: int,
                growths: GrowthTable) -> tuple[Judgement, Floats]:
         policy, now_s = self.policy, self.now_s
-        load = measure_load(survey.outstanding_s - self._batching_gain(survey, tick, growths),
-                            workers, policy)
+        figures = measure_loads(survey.outstanding_s - self._batching_gain(survey, tick, growths),
+                                survey.cold_s, survey.paid_share, workers, policy)
+        load = figures.governing(policy)
         admission = next_admission_state(self.snapshot.state.admission, load, policy)
         converging = admission is AdmissionState.CONVERGING
         late = tick.late
@@ -476,7 +486,7 @@ class _Planning:
         deferred = self._defer(tick, np.flatnonzero(~skip), workers)
         if not (expired or demoted or deferred):
             return Judgement(load, admission, expired, demoted, blocked, deferred,
-                             survey.scores), tick.scores
+                             survey.scores, figures), tick.scores
         scores = tick.scores.copy()
         if expired:
             scores[list(expired)] = -1.0
@@ -486,7 +496,7 @@ class _Planning:
             at = list(deferred)
             scores[at] = np.where(scores[at] > 0.0, 0.0, scores[at])
         judgement = Judgement(load, admission, expired, demoted, blocked, deferred,
-                              tuple(scores.tolist()))
+                              tuple(scores.tolist()), figures)
         return judgement, scores
 
     def _batching_gain(self, survey: Survey, tick: _Tick, growths: GrowthTable) -> float:

@@ -7,7 +7,7 @@ import heapq
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from scheduler.admission import expiry_reason, measure_load, next_admission_state
+from scheduler.admission import LoadFigures, expiry_reason, measure_loads, next_admission_state
 from scheduler.batching import GrowthTable, batch_slowdown
 from scheduler.lifecycle import JobState
 from scheduler.policy import PolicyConfig
@@ -20,6 +20,7 @@ class Judgement:
     """What the tick holds against each job before ordering it (indices into the survey)."""
 
     load: float
+    """The figure overload goes by (``figures.governing(policy)``)."""
     admission: AdmissionState
     expired: Mapping[int, str]
     """Shed under overload, with the reason (jobs that asked to be, past saving)."""
@@ -34,6 +35,8 @@ class Judgement:
     scores: tuple[float, ...]
     """The survey's origin scores, with shed work at -1 and demoted or deferred work at most 0
     (no claim to the origin)."""
+    figures: LoadFigures
+    """The compute and effective loads."""
 
     @property
     def converging(self) -> bool:
@@ -42,10 +45,13 @@ class Judgement:
 
 def judge(survey: Survey, previous: AdmissionState, workers: int, growths: GrowthTable,
           policy: PolicyConfig, now_s: float) -> Judgement:
-    """The load on ``workers`` alive workers and the admission state it leads to; then late work
-    shed or demoted, blocked work, and the work the fleet cannot fit deferred."""
-    load = measure_load(survey.outstanding_s - batching_gain_s(survey, growths, policy, now_s),
-                        workers, policy)
+    """The load figures on ``workers`` alive workers and the admission state the governing one
+    leads to; then late work shed or demoted, blocked work, and the work the fleet cannot fit
+    deferred."""
+    figures = measure_loads(
+        survey.outstanding_s - batching_gain_s(survey, growths, policy, now_s), survey.cold_s,
+        survey.paid_share, workers, policy)
+    load = figures.governing(policy)
     admission = next_admission_state(previous, load, policy)
     converging = admission is AdmissionState.CONVERGING
     expired, demoted = _judge_late(survey, load, converging, policy, now_s)
@@ -59,7 +65,8 @@ def judge(survey: Survey, previous: AdmissionState, workers: int, growths: Growt
         scores[i] = 0.0
     for i in deferred:
         scores[i] = min(scores[i], 0.0)  # no claim to the origin
-    return Judgement(load, admission, expired, demoted, blocked, deferred, tuple(scores))
+    return Judgement(load, admission, expired, demoted, blocked, deferred, tuple(scores),
+                     figures)
 
 
 def batching_gain_s(survey: Survey, growths: GrowthTable, policy: PolicyConfig,

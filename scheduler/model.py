@@ -163,6 +163,10 @@ class WorkerView:
     """Since when it has been idle consuming ``queues`` (None: busy, warming, or not said)."""
     seen_at_s: float | None = None
     """When its heartbeat was written (None: not said)."""
+    loads: tuple[tuple[float, float], ...] = ()
+    """Its recent model loads that held its device, as (end, seconds) on the snapshot's clock
+    (an end after now: under way); the effective load counts the time they took
+    (``scheduler.admission.paid_load_share``)."""
 
     def idle_over_s(self, since_s: float) -> float:
         """How long, up to its heartbeat, it has been idle consuming ``queues`` since

@@ -68,8 +68,15 @@ class AdmissionStatus:
 
     state: AdmissionState
     load: float
+    """The figure admission uses (``PolicyConfig.overload_measure``: the effective load by
+    default)."""
     retry_after_s: float
     measured_at_s: float
+    compute_load: float | None = None
+    """Outstanding compute work alone ÷ capacity (None: not measured, as by a baseline)."""
+    effective_load: float | None = None
+    """Compute plus expected model loads ÷ capacity (``scheduler.admission``; None: not
+    measured)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +125,8 @@ class TickPlan:
     bench can report the cost model's error)."""
     reserve_reason: str | None = None
     """Why workers are held for realtime work only (None: the reserve is lent out)."""
+    suspend_reason: str = "overload convergence: held back"
+    """What each job of ``suspend`` has on its event stream: why, with the load figures."""
     deferred: tuple[str, ...] = ()
     """Jobs ranked behind the rest because the fleet cannot finish them by their deadlines
     together with the work that can still make it (not marked; judged again every tick)."""

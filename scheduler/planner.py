@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from scheduler.admission import admission_status
+from scheduler.admission import admission_status, parked_reason
 from scheduler.allocation import Allocation, Flight, allocate, fill_idle, plan_flight
 from scheduler.lifecycle import JobState
 from scheduler.model import ClusterSnapshot, JobView
@@ -75,6 +75,8 @@ class _Emit:
         touched = [*allocation.taken, *(i for i in self.flight.staying if i not in victims),
                    *judgement.demoted]
         reserved = self.reserve.workers
+        status = admission_status(judgement.admission, judgement.load, policy, self.now_s,
+                                  judgement.figures)
         return TickPlan(
             policy=policy.policy,
             now_s=self.now_s,
@@ -93,7 +95,8 @@ class _Emit:
             levels=self._changed_marks(touched),
             reserved_workers=reserved,
             worker_queues=worker_queues(order.alive, reserved),
-            admission=admission_status(judgement.admission, judgement.load, policy, self.now_s),
+            admission=status,
+            suspend_reason=parked_reason(status, policy),
             capacity_slots=cap,
             state=self._next_state(),
             estimates=self._first_estimates() if self.estimates is None else self.estimates,

@@ -32,6 +32,17 @@ class PolicyKind(str, Enum):
     """Origin, MLFQ with skip-join and aging, reserve, preemption, overload convergence."""
 
 
+class OverloadMeasure(str, Enum):
+    """Which load figure overload convergence, admission and shedding go by
+    (``scheduler.admission.LoadFigures``)."""
+
+    EFFECTIVE = "effective"
+    """Compute work plus the expected model loads (the cold loads waiting jobs need, or the
+    load time the fleet is paying, whichever is more)."""
+    COMPUTE = "compute"
+    """Compute work only: loads do not count (kept for comparison)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ScoreWeights:
     """Weight of each normalised score dimension; the score divides by their sum, so it is in
@@ -118,7 +129,15 @@ class PolicyConfig:
     expire_grace_s: float = 2.0
     """Under overload a job expires when its estimated finish passes deadline + grace."""
     shed_load: float = 1.5
-    """Admission sheds new non-gold work above this load."""
+    """Admission sheds new standard interactive work from this load."""
+    batch_shed_load: float = 1.0
+    """Admission sheds new standard batch work past this load (kept within [the convergence
+    threshold, ``shed_load``]: batch is parked first, and refused before interactive work)."""
+    overload_measure: OverloadMeasure = OverloadMeasure.EFFECTIVE
+    """The load figure convergence, admission and shedding go by."""
+    load_window_s: float = 60.0
+    """The window over which the load time workers paid is measured (the effective load's
+    paid share: seconds loading ÷ worker seconds in the last window)."""
     max_retry_after_s: float = 300.0
     admission_status_ttl_s: float = 2.0
     """An admission status older than this is ignored by ``admit`` (fail open)."""
@@ -167,6 +186,8 @@ class PolicyConfig:
             ("resume_per_tick", self.resume_per_tick, 0, 100000),
             ("expire_grace_s", self.expire_grace_s, 0.0, 86400.0),
             ("shed_load", self.shed_load, self.convergence_threshold, 1e6),
+            ("batch_shed_load", self.batch_shed_load, 1e-3, 1e6),
+            ("load_window_s", self.load_window_s, 1.0, 86400.0),
             ("max_retry_after_s", self.max_retry_after_s, 0.0, 86400.0),
             ("admission_status_ttl_s", self.admission_status_ttl_s, 0.0, 86400.0),
             ("top_scores", self.top_scores, 1, 10000),

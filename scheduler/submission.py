@@ -23,7 +23,7 @@ class SubmitAction(str, Enum):
     SUSPEND = "suspend"
     """Store it SUSPENDED (overload convergence holds batch work back)."""
     SHED = "shed"
-    """Refuse it (HTTP 503 with Retry-After); nothing is stored."""
+    """Refuse it (HTTP 429 with Retry-After); nothing is stored."""
 
 
 @dataclass(frozen=True, slots=True)

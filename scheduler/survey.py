@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from scheduler.admission import paid_load_share
 from scheduler.cost import CostModel
 from scheduler.lifecycle import JobState, SloClass
 from scheduler.model import ClusterSnapshot, JobView, ResourceProfile, Tier, WorkerView
@@ -92,6 +93,12 @@ class Survey:
     outstanding_s: float
     """Remaining work of every live job not suspended that is due within the load horizon
     (work due later counts pro rata: horizon ÷ time to its deadline)."""
+    cold_s: float
+    """The part of ``outstanding_s`` that is expected cold loads (``JobView.load_s``, counted
+    pro rata alike)."""
+    paid_share: float
+    """The share of the alive workers' time spent loading models over the last
+    ``load_window_s`` (:func:`scheduler.admission.paid_load_share`)."""
     incumbent: int | None
     """Last tick's origin, if it is still live."""
 
@@ -132,7 +139,7 @@ def survey_jobs(snapshot: ClusterSnapshot, alive: Sequence[WorkerView], policy: 
     w_slack, w_wait_max, w_wait, w_prog = t.slack, t.wait_max, t.wait_per_s, t.progress
     w_short, short_s, w_pre_max, w_pre = t.short, t.short_s, t.preemptions_max, t.per_preemption
     max_pre, impact = t.max_preemptions, t.impact
-    outstanding = 0.0
+    outstanding = cold = 0.0
     index = -1
     for job in snapshot.jobs:
         state = job.state
@@ -186,7 +193,14 @@ def survey_jobs(snapshot: ClusterSnapshot, alive: Sequence[WorkerView], policy: 
             # Demand within the horizon: work due later counts pro rata (a video due in five
             # minutes is not an overload of the next thirty seconds).
             due_in_s = deadline - now_s
-            outstanding += rem if due_in_s <= horizon_s else rem * horizon_s / due_in_s
+            if due_in_s <= horizon_s:
+                outstanding += rem
+                if load_s > 0.0:
+                    cold += load_s
+            else:
+                outstanding += rem * horizon_s / due_in_s
+                if load_s > 0.0:
+                    cold += load_s * horizon_s / due_in_s
         if finish_s > deadline + grace_s and sure:
             add_late(index)
         if job.depends_on:
@@ -228,4 +242,5 @@ def survey_jobs(snapshot: ClusterSnapshot, alive: Sequence[WorkerView], policy: 
         scores=tuple(scores), waiting_realtime=tuple(waiting_rt),
         waiting_other=tuple(waiting_other), suspended=tuple(suspended_jobs),
         inflight=tuple(inflight), standby=tuple(standby), aged=tuple(aged), late=tuple(late),
-        with_deps=tuple(with_deps), outstanding_s=outstanding, incumbent=incumbent)
+        with_deps=tuple(with_deps), outstanding_s=outstanding, cold_s=cold,
+        paid_share=paid_load_share(alive, policy.load_window_s, now_s), incumbent=incumbent)

@@ -385,9 +385,8 @@ class LiveTarget:
     def expire(self, job_id: str, reason: str) -> bool:
         return self._end_as_seen(job_id, JobState.EXPIRED, reason, encode(error=reason))
 
-    def suspend(self, job_id: str) -> bool:
-        return self._end_as_seen(job_id, JobState.SUSPENDED,
-                                 "overload convergence: held back")
+    def suspend(self, job_id: str, reason: str) -> bool:
+        return self._end_as_seen(job_id, JobState.SUSPENDED, reason)
 
     def flag_preempt(self, job_id: str) -> bool:
         job = self.seen[job_id]

@@ -25,34 +25,49 @@ class PublishedAdmission:
     """The policy the tick ran (None: a status written without one)."""
     reserved_workers: tuple[str, ...] = ()
     """Workers held for realtime work by that tick."""
+    compute_load: float | None = None
+    """Outstanding compute work alone ÷ capacity (None: not measured)."""
+    effective_load: float | None = None
+    """Compute plus the expected model loads ÷ capacity (None: not measured)."""
 
     @classmethod
     def of_plan(cls, plan: TickPlan) -> PublishedAdmission:
         a = plan.admission
         return cls(state=a.state, load=a.load, retry_after_s=a.retry_after_s,
                    measured_at_s=a.measured_at_s, policy=plan.policy.value,
-                   reserved_workers=tuple(sorted(plan.reserved_workers)))
+                   reserved_workers=tuple(sorted(plan.reserved_workers)),
+                   compute_load=a.compute_load, effective_load=a.effective_load)
 
     @property
     def status(self) -> AdmissionStatus:
         """What the submit path's ``admit`` needs."""
         return AdmissionStatus(state=self.state, load=self.load,
-                               retry_after_s=self.retry_after_s, measured_at_s=self.measured_at_s)
+                               retry_after_s=self.retry_after_s, measured_at_s=self.measured_at_s,
+                               compute_load=self.compute_load,
+                               effective_load=self.effective_load)
 
     def as_json(self) -> dict[str, Any]:
-        """The JSON object of the wire form (and of ``/v1/stats``'s ``load``)."""
-        return {"state": self.state.value, "load": self.load, "retry_after_s": self.retry_after_s,
-                "measured_at_s": self.measured_at_s, "policy": self.policy,
-                "reserved_workers": list(self.reserved_workers)}
+        """The JSON object of the wire form (and of ``/v1/stats``'s ``load``): ``load`` the
+        figure admission goes by, ``effective_load`` and ``compute_load`` beside it (left out
+        when the tick did not measure them)."""
+        body: dict[str, Any] = {
+            "state": self.state.value, "load": self.load, "retry_after_s": self.retry_after_s,
+            "measured_at_s": self.measured_at_s, "policy": self.policy,
+            "reserved_workers": list(self.reserved_workers)}
+        for key, value in (("effective_load", self.effective_load),
+                           ("compute_load", self.compute_load)):
+            if value is not None:
+                body[key] = value
+        return body
 
     def encode(self) -> str:
         return json.dumps(self.as_json())
 
     @classmethod
     def decode(cls, raw: bytes | str) -> PublishedAdmission:
-        """The status from its wire form; ``policy`` and ``reserved_workers`` may be missing (a
-        status written by hand or by an older tick). Anything else wrong raises
-        :class:`AdmissionStatusError` naming the entry."""
+        """The status from its wire form; ``policy``, ``reserved_workers`` and the load figures
+        may be missing (a status written by hand or by an older tick). Anything else wrong
+        raises :class:`AdmissionStatusError` naming the entry."""
         try:
             body = json.loads(raw)
         except ValueError as exc:
@@ -74,7 +89,9 @@ class PublishedAdmission:
         return cls(state=state, load=_number(body, "load"),
                    retry_after_s=_number(body, "retry_after_s"),
                    measured_at_s=_number(body, "measured_at_s"), policy=policy,
-                   reserved_workers=tuple(reserved))
+                   reserved_workers=tuple(reserved),
+                   compute_load=_optional_number(body, "compute_load"),
+                   effective_load=_optional_number(body, "effective_load"))
 
 
 def _number(body: Mapping[str, Any], key: str) -> float:
@@ -82,3 +99,7 @@ def _number(body: Mapping[str, Any], key: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise AdmissionStatusError(f"the admission status's {key} is {value!r}, not a number")
     return float(value)
+
+
+def _optional_number(body: Mapping[str, Any], key: str) -> float | None:
+    return None if body.get(key) is None else _number(body, key)

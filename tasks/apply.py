@@ -35,7 +35,8 @@ class TickTarget(Protocol):
     def expire(self, job_id: str, reason: str) -> bool:
         ...
 
-    def suspend(self, job_id: str) -> bool:
+    def suspend(self, job_id: str, reason: str) -> bool:
+        """→ SUSPENDED (overload convergence) with ``reason`` on its event stream."""
         ...
 
     def flag_preempt(self, job_id: str) -> bool:
@@ -89,7 +90,7 @@ def apply_plan(plan: TickPlan, target: TickTarget) -> list[str]:
     for expiry in plan.expire:
         target.expire(expiry.job_id, expiry.reason)
     for job_id in plan.suspend:
-        target.suspend(job_id)
+        target.suspend(job_id, plan.suspend_reason)
     for job_id in plan.preempt:
         target.flag_preempt(job_id)
     for req in plan.requeues:

@@ -201,8 +201,32 @@ def worker_views(beats: Iterable[Any]) -> tuple[WorkerView, ...]:
         idle = beat.idle_since if beat.busy_job is None and beat.warm else None
         views.append(WorkerView(name=beat.name, alive=True, busy_job=beat.busy_job,
                                 queues=beat.queues, device=beat.device, idle_since_s=idle,
-                                seen_at_s=beat.ts))
+                                seen_at_s=beat.ts, loads=device_loads(beat)))
     return tuple(views)
+
+
+HOLDING_TIERS = frozenset({"disk", "host", "adapter"})
+"""Load tiers that hold the device (a background stage into host memory does not)."""
+
+
+def device_loads(beat: Heartbeat) -> tuple[tuple[float, float], ...]:
+    """The heartbeat's recent loads that held its device, as (end, seconds) on the heartbeat's
+    wall clock: each load's end (``at``, on the residency's clock) moved by its age at the
+    heartbeat (``clock`` − ``at``). Empty from a heartbeat without its time or clock."""
+    residency = beat.residency
+    clock, recent = residency.get("clock"), residency.get("recent")
+    if beat.ts is None or not _is_number(clock) or not isinstance(recent, list):
+        return ()
+    out = []
+    for load in recent:
+        if isinstance(load, dict) and load.get("tier") in HOLDING_TIERS \
+                and _is_number(load.get("at")) and _is_number(load.get("s")):
+            out.append((beat.ts - (clock - load["at"]), float(load["s"])))
+    return tuple(out)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def learned_cost_model(store: JobStore, policy: PolicyConfig) -> CostModel:

@@ -534,10 +534,12 @@ class ModelResidency:
 
     def summary(self) -> dict[str, Any]:
         """The heartbeat's ``residency`` entry: bytes per model in each tier, budgets, load
-        counts and seconds per source tier, evictions, and the most recent loads."""
+        counts and seconds per source tier, evictions, and the most recent loads (their ``at``
+        on the residency's clock, which ``clock`` reads now)."""
         with self._lock:
             c = self.counters
             return {
+                "clock": round(self._clock_s(), 6),
                 "policy": self.policy,
                 "budget_bytes": self.budget_bytes,
                 "host_budget_bytes": self.host_budget_bytes,

@@ -1,6 +1,7 @@
 """Exception handlers: every failure becomes a JSON ``{"detail": "..."}`` with a fitting status,
-never a stack trace. A Redis outage, or a job shed by admission under overload, is a 503 with
-Retry-After; a tenant over its own limits gets a 429."""
+never a stack trace. A Redis outage is a 503 with Retry-After; a job shed by admission under
+overload (its message naming the effective and compute loads) and a tenant over its own limits
+get a 429 with Retry-After."""
 
 from __future__ import annotations
 

@@ -98,6 +98,28 @@ class StoreCollector(Collector):
         yield from residency_metrics(beats)
         yield GaugeMetricFamily("stepline_origin_active", "1 while a job is the origin",
                                 value=1 if self.reads.origin_id() else 0)
+        yield from self._load()
+
+    def _load(self) -> Iterator[Metric]:
+        """The last tick's load figures (none before the first tick): the effective load (model
+        loads counted as work), the compute load beside it, the one admission goes by, and
+        whether overload convergence is on."""
+        status = self.reads.admission()
+        if status is None:
+            return
+        for name, text, value in (
+                ("stepline_load", "The load admission and overload convergence go by",
+                 status.load),
+                ("stepline_load_effective",
+                 "Outstanding compute work plus expected model loads over fleet capacity",
+                 status.effective_load),
+                ("stepline_load_compute",
+                 "Outstanding compute work alone over fleet capacity", status.compute_load)):
+            if value is not None:
+                yield GaugeMetricFamily(name, text, value=value)
+        yield GaugeMetricFamily("stepline_overload_converging",
+                                "1 while overload convergence holds batch work back",
+                                value=1 if status.state.value == "converging" else 0)
 
     def _queues(self, queues: list[str], now_s: float) -> Iterator[Metric]:
         depths = GaugeMetricFamily("stepline_queue_depth", "Messages waiting per queue",

@@ -135,6 +135,10 @@ class ModelsWorkload:
     adapters_per_model: int = 8
     interactive_share: float = 0.5
     interactive_slo_x: float = 3.0
+    realtime_share: float = 0.0
+    """Share of jobs that are realtime, due ``realtime_slo_x`` × their execution time (taken
+    before the interactive share: 0 draws the same trace as before the class existed)."""
+    realtime_slo_x: float = 2.0
     batch_slo_x: float = 10.0
     steps: int = STEPS
 
@@ -210,12 +214,19 @@ def generate_jobs(w: ModelsWorkload, catalog: Catalog | None = None) -> list[Mod
                                       min(count, len(spec.adapters)))
         images, _, factor = rng.choices(IMAGES, [s for _, s, _ in IMAGES])[0]
         exec_s = EXEC_BASE_S * factor * math.exp(rng.gauss(0.0, EXEC_SIGMA)) * w.time_scale
-        interactive = rng.random() < w.interactive_share
-        slo = SloClass.INTERACTIVE if interactive else SloClass.BATCH
-        slo_x = w.interactive_slo_x if interactive else w.batch_slo_x
+        slo, slo_x = _slo_of(rng.random(), w)
         jobs.append(ModelJob(index, t, spec.name, adapters, w.steps, exec_s / w.steps, images,
                              slo, t + slo_x * exec_s))
     return jobs
+
+
+def _slo_of(draw: float, w: ModelsWorkload) -> tuple[SloClass, float]:
+    """The class a job's uniform ``draw`` picks, and its deadline factor."""
+    if draw < w.realtime_share:
+        return SloClass.REALTIME, w.realtime_slo_x
+    if draw < w.realtime_share + w.interactive_share:
+        return SloClass.INTERACTIVE, w.interactive_slo_x
+    return SloClass.BATCH, w.batch_slo_x
 
 
 def _pick_distinct(rng: random.Random, names: tuple[str, ...], weights: list[float],

@@ -338,6 +338,7 @@ class _Worker:
         "dead_until_s",
         "job",
         "load_s",
+        "loads",
         "mem",
         "name",
         "overhead_s",
@@ -367,6 +368,9 @@ class _Worker:
         self.mem: WorkerMemory | None = None
         self.load_s = 0.0
         """Seconds spent loading models (not counted in ``busy_s``)."""
+        self.loads: deque[tuple[float, float]] = deque()
+        """Its loads that may still fall in the policy's load window, as (end, seconds): what
+        a live worker's heartbeat reports of its recent loads."""
 
 
 _ARRIVE, _TICK, _WAKE, _END, _FAIL, _STAGED = range(6)
@@ -394,6 +398,9 @@ class SimResult:
     """Loads, load seconds, warm starts and peak bytes when residency is modelled."""
     moves: dict[str, int] = field(default_factory=dict)
     """How the plans moved jobs (``ClusterSim.moves``)."""
+    reasons: dict[int, str] = field(default_factory=dict)
+    """Per job shed at submit, expired or parked by overload, the last reason it was given
+    (what its events would say)."""
 
 
 class ClusterSim:
@@ -526,8 +533,10 @@ class ClusterSim:
         decision = decide_submit(job.job_view(), self.policy, self.admission, self.now)
         job.atomic = decision.atomic
         if decision.action is SubmitAction.SHED:
+            self.result.reasons[job.arrival.index] = decision.reason
             self._end_job(job, JobState.EXPIRED, "shed")
         elif decision.action is SubmitAction.SUSPEND:
+            self.result.reasons[job.arrival.index] = decision.reason
             self._set_state(job, JobState.SUSPENDED)
         elif decision.action is SubmitAction.RELEASE:
             self._place(job, decision.queue)
@@ -650,7 +659,10 @@ class ClusterSim:
         job.parked_q = None
         job.view = None
         if w.mem is not None and job.arrival.model is not None:
-            start_s += self._load(w, job)
+            load_s = self._load(w, job)
+            if load_s > 0.0:
+                w.loads.append((start_s + load_s, load_s))
+            start_s += load_s
         w.job, w.run_start_s, w.start_groups = job, start_s, job.groups_done
         w.token += 1
         if job.atomic:
@@ -919,8 +931,13 @@ class ClusterSim:
                 self._push(self.now + w.mem.read_into_host_s(model), _STAGED, (w, model))
 
     def _worker_views(self) -> tuple[WorkerView, ...]:
+        """The workers whose heartbeat is fresh, each with the loads of the policy's window."""
+        since_s = self.now - self.policy.load_window_s
+        for w in self.workers:
+            while w.loads and w.loads[0][0] <= since_s:
+                w.loads.popleft()
         return tuple(WorkerView(w.name, True, w.job.id if w.job is not None else None,
-                                w.queues, "cuda")
+                                w.queues, "cuda", loads=tuple(w.loads))
                      for w in self.workers if w.alive or self.now < w.dead_until_s)
 
     # -- the plan's target (tasks.apply.TickTarget): the live tick's apply loop, in memory --
@@ -955,12 +972,16 @@ class ClusterSim:
 
     def expire(self, job_id: str, reason: str) -> bool:
         self.moves["expire"] += 1
-        self._end_job(self.live[job_id], JobState.EXPIRED, "expired")
+        job = self.live[job_id]
+        self.result.reasons[job.arrival.index] = reason
+        self._end_job(job, JobState.EXPIRED, "expired")
         return True
 
-    def suspend(self, job_id: str) -> bool:
+    def suspend(self, job_id: str, reason: str) -> bool:
         self.moves["suspend"] += 1
-        self._set_state(self.live[job_id], JobState.SUSPENDED)
+        job = self.live[job_id]
+        self.result.reasons[job.arrival.index] = reason
+        self._set_state(job, JobState.SUSPENDED)
         return True
 
     def flag_preempt(self, job_id: str) -> bool:

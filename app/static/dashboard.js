@@ -66,6 +66,8 @@
   const FIXED = {
     "window/jobs": fmt.count,
     "load/load": fmt.number,
+    "load/effective_load": fmt.number,
+    "load/compute_load": fmt.number,
     "load/retry_after_s": fmt.secs,
     "load/policy": fmt.text,
     "load/reserved_workers": fmt.list,

@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from scheduler.batching import BatchingConfig
 from scheduler.model import JobKind
-from scheduler.policy import PolicyConfig, PolicyKind, ScoreWeights
+from scheduler.policy import OverloadMeasure, PolicyConfig, PolicyKind, ScoreWeights
 from tasks.settings.durations import Seconds
 
 
@@ -153,7 +153,19 @@ class SchedulerSettings(BaseModel):
     expire_grace: Seconds = Field(default=2.0, ge=0, le=86400)
     """Under overload a job whose estimated finish passes deadline + grace expires."""
     shed_load: float = Field(default=1.5, gt=0, le=1e6)
-    """Admission refuses new non-gold work above this load (must be >= the threshold)."""
+    """Admission refuses new standard interactive work from this load (must be >= the
+    threshold)."""
+    batch_shed_load: float = Field(default=1.0, gt=0, le=1e6)
+    """Admission refuses new standard batch work (429 with Retry-After) past this load, taken
+    within [convergence_threshold, shed_load]: batch is parked first, and refused no later
+    than interactive work."""
+    overload_measure: Literal["effective", "compute"] = "effective"
+    """The load convergence, admission and shedding go by: ``effective`` counts model loads
+    as work (the waiting jobs' expected cold loads, or the load time workers paid over the
+    last ``load_window``, whichever is more); ``compute`` counts compute work only."""
+    load_window: Seconds = Field(default=60.0, ge=1, le=86400)
+    """The window over which the load time workers paid is measured (from their heartbeats'
+    recent loads)."""
     max_retry_after: Seconds = Field(default=300.0, ge=0, le=86400)
     """Upper bound of the Retry-After a shed submission is given."""
     admission_status_ttl: Seconds = Field(default=2.0, ge=0, le=86400)
@@ -212,6 +224,9 @@ class SchedulerSettings(BaseModel):
             resume_per_tick=self.resume_per_tick,
             expire_grace_s=self.expire_grace,
             shed_load=self.shed_load,
+            batch_shed_load=self.batch_shed_load,
+            overload_measure=OverloadMeasure(self.overload_measure),
+            load_window_s=self.load_window,
             max_retry_after_s=self.max_retry_after,
             admission_status_ttl_s=self.admission_status_ttl,
             top_scores=self.top_scores,

@@ -70,9 +70,11 @@ def test_batch_admission_pauses_above_the_threshold_and_resumes_below(
     processes: Processes, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # a 5 s load horizon: 2 workers x 5 s = 10 s of outstanding work due within 5 s is load
-    # 1.0; eight 1.2 s interactive jobs due in 5 s are load ~1
-    monkeypatch.setenv("STEPLINE_SCHEDULER__LOAD_HORIZON", "5")
-    processes.env["STEPLINE_SCHEDULER__LOAD_HORIZON"] = "5"
+    # 1.0; eight 1.2 s interactive jobs due in 5 s are load ~1. Batch is refused only past
+    # the shed load here (1.5), so a new batch job is parked, not refused
+    for name, value in (("LOAD_HORIZON", "5"), ("BATCH_SHED_LOAD", "1.5")):
+        monkeypatch.setenv(f"STEPLINE_SCHEDULER__{name}", value)
+        processes.env[f"STEPLINE_SCHEDULER__{name}"] = value
     current_settings.cache_clear()
     processes.worker("w1")
     processes.worker("w2")

@@ -285,9 +285,10 @@ def test_the_heartbeat_carries_the_residency_both_ways() -> None:
     r.acquire("a", lambda: _build("a"), FAKE)
     r.acquire("b", lambda: _build("b"), FAKE)
     r.acquire("c", lambda: _build("c"), FAKE)
-    beat = Heartbeat(name="w1@h", residency=r.summary())
+    summary = r.summary()
+    beat = Heartbeat(name="w1@h", residency=summary)
     back = Heartbeat.decode(beat.encode())
-    assert back.residency == r.summary()
+    assert back.residency == summary
     assert back.resident_bytes("device") == r.tier_bytes("device") <= 900
     assert back.resident_bytes("host") == r.tier_bytes("host") > 0
     assert "residency" not in Heartbeat(name="w").encode()

@@ -29,6 +29,7 @@ from scheduler import (
 from scheduler.batching import BatchingConfig
 from scheduler.incremental import IncrementalPlanner
 from scheduler.plan import TickPlan
+from scheduler.policy import OverloadMeasure
 from scheduler.queues import NORMAL_WORKER_QUEUES, STANDBY_QUEUE
 from tests.bench.bench_tick import build_snapshot
 from tests.unit.test_scheduler_support import NOW_S, _job, make_job, make_snapshot
@@ -38,6 +39,7 @@ _POLICIES = (
     PolicyConfig(aging_bound_s=2.0, late_penalty=3.0, top_scores=3, resume_per_tick=1,
                  convergence_threshold=0.5, convergence_hysteresis=0.1),
     PolicyConfig(batching=BatchingConfig(max_batch=3)),
+    PolicyConfig(overload_measure=OverloadMeasure.COMPUTE, load_window_s=10.0),
 )
 _STATES = tuple(JobState)
 
@@ -164,6 +166,17 @@ class History(RuleBasedStateMachine):
         if self.workers:
             k = data.draw(st.integers(0, len(self.workers) - 1))
             self.workers[k] = replace(self.workers[k], alive=not self.workers[k].alive)
+
+    @rule(data=st.data(), ago=st.sampled_from((-2.0, 0.0, 5.0, 50.0, 500.0)),
+          seconds=st.sampled_from((0.5, 8.454, 40.0)))
+    def worker_loads(self, data: st.DataObject, ago: float, seconds: float) -> None:
+        """A worker's heartbeat reports a load that ended ``ago`` seconds before now (< 0:
+        under way), so the effective load counts the time the fleet pays loading."""
+        if self.workers:
+            k = data.draw(st.integers(0, len(self.workers) - 1))
+            worker = self.workers[k]
+            self.workers[k] = replace(worker, loads=(*worker.loads[-3:],
+                                                     (self.now_s - ago, seconds)))
 
     @rule(policy=st.sampled_from(_POLICIES))
     def change_policy(self, policy: PolicyConfig) -> None:

@@ -56,8 +56,9 @@ EXPECTED = {
 }
 
 ADDED_LATER = {"recoveries": (), "failures": (), "batch": None, "join": False}
-NOT_DECISIONS = frozenset({"estimates"})
-"""Plan fields that report rather than decide (the cost model's first estimates): left out."""
+NOT_DECISIONS = frozenset({"estimates", "suspend_reason", "compute_load", "effective_load"})
+"""Plan fields that report rather than decide (the cost model's first estimates, the words on
+a suspended job's events, the load figures beside the one admission goes by): left out."""
 """Plan fields added after the digests were recorded (recovery; step-level batching, on no job
 here): left out while they hold these values, so the digests still prove that every earlier
 decision is unchanged."""

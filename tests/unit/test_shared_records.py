@@ -5,6 +5,7 @@ and a malformed one with an error that names what is wrong."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -13,6 +14,7 @@ from scheduler.state import AdmissionState
 from tasks.admission import PublishedAdmission
 from tasks.errors import AdmissionStatusError, HeartbeatError
 from tasks.heartbeat import Heartbeat
+from tasks.snapshot import device_loads, worker_views
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -82,6 +84,32 @@ def test_the_admission_status_reads_back_as_written() -> None:
                                 "reserved_workers": ["w1@host"]}
     assert PublishedAdmission.decode(wire) == published
     assert published.status == AdmissionStatus(AdmissionState.CONVERGING, 1.25, 3.0, 100.0)
+
+
+def test_the_admission_status_carries_the_effective_and_the_compute_load() -> None:
+    published = PublishedAdmission(state=AdmissionState.CONVERGING, load=1.25, retry_after_s=3.0,
+                                   measured_at_s=100.0, compute_load=0.8, effective_load=1.25)
+    body = json.loads(published.encode())
+    assert (body["effective_load"], body["compute_load"]) == (1.25, 0.8)
+    back = PublishedAdmission.decode(published.encode())
+    assert back == published
+    assert (back.status.effective_load, back.status.compute_load) == (1.25, 0.8)
+    with pytest.raises(AdmissionStatusError, match="compute_load"):
+        PublishedAdmission.decode(json.dumps({**body, "compute_load": "high"}))
+
+
+def test_a_heartbeat_reports_its_device_loads_on_its_own_wall_clock() -> None:
+    # the residency's clock read 500 at the heartbeat (written at wall time 10 000): a load
+    # that ended at 490 on it ended 10 s before the heartbeat; a background stage is no load
+    # of the device
+    recent = [{"model": "m", "tier": "disk", "s": 8.0, "bytes": 1, "at": 490.0},
+              {"model": "m", "tier": "stage", "s": 3.0, "bytes": 1, "at": 495.0},
+              {"model": "m", "tier": "adapter", "s": 4.0, "bytes": 0, "at": 499.0}]
+    beat = Heartbeat(name="w1@h", ts=10_000.0, residency={"clock": 500.0, "recent": recent})
+    assert device_loads(beat) == ((9_990.0, 8.0), (9_999.0, 4.0))
+    assert device_loads(replace(beat, residency={"recent": recent})) == ()  # no clock said
+    (view,) = worker_views([beat])
+    assert view.loads == ((9_990.0, 8.0), (9_999.0, 4.0))
 
 
 def test_an_admission_status_without_policy_or_reserved_workers_still_reads() -> None:
