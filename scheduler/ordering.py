@@ -14,6 +14,7 @@ from scheduler.judgement import Judgement, judge
 from scheduler.lifecycle import JobState, SloClass
 from scheduler.mlfq import aged_level, current_mark, mark_level
 from scheduler.model import ClusterSnapshot, WorkerView
+from scheduler.placement import slack_s
 from scheduler.plan import LevelMark
 from scheduler.policy import PolicyConfig
 from scheduler.queues import LOWEST_LEVEL, queue_for_level
@@ -161,7 +162,7 @@ class Ranking:
 
     def slack_s(self, i: int) -> float:
         """Deadline − now − estimated remaining work."""
-        return self.survey.live[i].deadline_s - self.now_s - self.survey.remaining_s[i]
+        return slack_s(self.survey.live[i].deadline_s, self.now_s, self.survey.remaining_s[i])
 
     def chunk_s(self, i: int) -> float:
         """Estimated time of the job's next chunk (the mean chunk when its size is unknown)."""
@@ -178,8 +179,8 @@ class Ranking:
         levels = self.levels
         if i == levels.origin:
             return (_ORIGIN, 0.0, tie)
-        slack_s = self.slack_s(i)
-        if i in self.behind or slack_s < 0.0:
+        slack = self.slack_s(i)
+        if i in self.behind or slack < 0.0:
             # Past saving by the estimate (however few measurements back it: this only
             # orders, it marks and sheds nothing), or deferred: it ranks as on-time work
             # ``late_penalty`` times its size — still before long work that has slack to
@@ -201,7 +202,7 @@ class Ranking:
         waited_s = 0.0 if job.state is JobState.RUNNING else self.now_s - job.waiting_since_s
         bound_s = self.policy.aging_bound_s
         aged = bound_s / waited_s if waited_s > bound_s else 1.0
-        return (_ON_TIME, remaining_s / self.survey.values[i] * aged, slack_s)
+        return (_ON_TIME, remaining_s / self.survey.values[i] * aged, slack)
 
     def keys(self, indices: Sequence[int]) -> list[tuple[float, float]]:
         """``rank(i)[1:]`` of many jobs, none of them the origin, inlined: the pool may hold
@@ -219,13 +220,13 @@ class Ranking:
             rem = remaining[i]
             tie = rem / values[i]
             waited_s = 0.0 if job.state is running else now_s - job.waiting_since_s
-            slack_s = job.deadline_s - now_s - rem
-            if slack_s < 0.0 or i in behind:
+            slack = slack_s(job.deadline_s, now_s, rem)
+            if slack < 0.0 or i in behind:
                 aged = 1.0 + (waited_s if waited_s > 0.0 else 0.0) / bound_s
                 append((tie * penalty / aged, tie))
             else:
                 append((rem / values[i] * (bound_s / waited_s if waited_s > bound_s else 1.0),
-                        slack_s))
+                        slack))
         return keys
 
 
