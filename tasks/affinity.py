@@ -324,11 +324,12 @@ class ExpectedLoads:
             return snapshot
         heard = [holding(name, beat, 0.0) for name, beat in beats.items()
                  if CONTROL not in beat.queues]
-        pending: list[tuple[int, JobView, JobRecord, ModelNeed]] = []
+        pending: list[tuple[int, ModelNeed]] = []
         ran: list[tuple[str, ModelNeed]] = []  # chunks run since their worker's heartbeat
         running: set[str] = set()  # workers running a chunk, as the snapshot has it
         parked_on: set[str] = set()  # workers a queued chunk waits on
         needs: dict[str, tuple[JobRecord, ModelNeed | None]] = {}
+        queued: list[QueuedChunk] = []
         for i, view in enumerate(snapshot.jobs):
             if view.state.is_terminal:
                 continue
@@ -344,22 +345,23 @@ class ExpectedLoads:
                 parked_on.add(view.parked_on)
             if record is None or need is None:
                 continue
-            if (worker := last_ran_on(record, beats)) is not None:
-                ran.append((worker, need))
-            pending.append((i, view, record, need))
+            chunk = queued_chunk(view, record, need, beats)
+            if chunk is not None:
+                queued.append(chunk)
+                if chunk.hop and not chunk.read_since and record.queued_at_s is not None:
+                    ran.append((chunk.worker, need))  # its last chunk ended since the beat
+            pending.append((i, need))
         workers = built_on(heard, ran)
         self.built = tuple(ran)
         memo: dict[ModelNeed, float] = {}
         loads: dict[int, float] = {}
         with _ESTIMATES_LOCK:
             observe_loads(_ESTIMATES, beats.values())
-            for i, _, _, need in pending:
+            for i, need in pending:
                 load_s = memo.get(need)
                 if load_s is None:
                     load_s = memo[need] = expected_load_s(need, workers, _ESTIMATES)
                 loads[i] = load_s
-        queued = [chunk for _, view, record, need in pending
-                  if (chunk := queued_chunk(view, record, need, beats)) is not None]
         idle = idle_takers(workers, running, parked_on, beats) \
             if any(c.worker in running and c.class_queue for c in queued) else {}
         moves = mark_moves(queued, {w.name: w.device for w in heard}, running, idle)
@@ -392,19 +394,6 @@ class ExpectedLoads:
             else model_need(record.kind, record.params)
         needs[record.job_id] = (record, need)
         return need
-
-
-def last_ran_on(record: JobRecord, beats: Mapping[str, Heartbeat]) -> str | None:
-    """The worker whose chunk of ``record``'s job ended after that worker's last heartbeat
-    was written (its next chunk queued on the worker's own queue since): that worker holds the
-    job's model from the chunk's completion on, though its heartbeat does not list it yet.
-    None when the heartbeat is newer (it says what the worker holds) or the chunk is not a
-    hop."""
-    worker = hop_worker(record.queue)
-    beat = beats.get(worker) if worker is not None else None
-    if beat is None or record.queued_at_s is None:
-        return None
-    return worker if beat.ts is None or beat.ts < record.queued_at_s else None
 
 
 def queued_chunk(view: JobView, record: JobRecord, need: ModelNeed,
