@@ -1,5 +1,5 @@
 """The dashboard's live worker timeline: which job each worker held over the last seconds, and
-where a job was preempted — the bench's occupancy timeline (``app.bench.occupancy``), read from the
+where a job was preempted — the bench's occupancy timeline (``app.occupancy``), read from the
 job event streams of the jobs that ran in the window."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, Field
 
 from app.api.stats import WINDOW_SLACK_S, Viewer, ended_since, readable_records
-from app.bench.occupancy import Interval, merge, running_intervals
+from app.occupancy import Interval, merge, running_intervals
 from scheduler.lifecycle import JobState
 from tasks.heartbeat import Heartbeat
 from tasks.read_model import ReadModel

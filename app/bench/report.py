@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from app.bench.driver import Outcome
-from app.bench.occupancy import IdleWhileWaiting, JobSpan, idle_while_waiting, running_intervals
+from app.occupancy import IdleWhileWaiting, JobSpan, idle_while_waiting, running_intervals
 from scheduler.lifecycle import JobState, SloClass
 from tasks.record import JobRecord
 

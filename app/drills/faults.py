@@ -426,19 +426,25 @@ async def _burst(url: str, key: str, spec: dict[str, Any], rate_per_s: float,
             task.add_done_callback(in_flight.discard)
             result.sent += 1
         if in_flight:
-            # an attempt may take connect + write + read timeouts; a retry as long again
-            attempts = 1 + (retry.retries if retry is not None else 0)
-            backoff_s = 0.0 if retry is None else 2 * retry.backoff_s * 2 ** retry.retries
-            _, pending = await asyncio.wait(in_flight, timeout=3 * timeout_s * attempts
-                                            + backoff_s + 1)
-            result.unfinished = len(pending)
-            for task in pending:
-                task.cancel()
-            for failure in result.failures:
-                if not failure.why:  # its retry was still in flight
-                    failure.why = "still retrying when the burst stopped waiting"
+            await _drain(in_flight, result, timeout_s, retry)
         result.duration_s = time.perf_counter() - begun
     return result
+
+
+async def _drain(in_flight: set[asyncio.Task[None]], result: BurstResult, timeout_s: float,
+                 retry: RetryPolicy | None) -> None:
+    """Wait for the burst's requests still in flight, then cancel and count those left."""
+    # an attempt may take connect + write + read timeouts; a retry as long again
+    attempts = 1 + (retry.retries if retry is not None else 0)
+    backoff_s = 0.0 if retry is None else 2 * retry.backoff_s * 2 ** retry.retries
+    _, pending = await asyncio.wait(in_flight, timeout=3 * timeout_s * attempts
+                                    + backoff_s + 1)
+    result.unfinished = len(pending)
+    for task in pending:
+        task.cancel()
+    for failure in result.failures:
+        if not failure.why:  # its retry was still in flight
+            failure.why = "still retrying when the burst stopped waiting"
 
 
 class MemorySampler:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.bench.occupancy import (
+from app.occupancy import (
     JobSpan,
     idle_while_waiting,
     merge,

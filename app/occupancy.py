@@ -1,5 +1,9 @@
-"""Worker occupancy of a live bench run: which worker held which job when, and the capacity
-left idle while accepted work waited."""
+"""Worker occupancy read from job event streams: which worker held which job when, and the
+capacity left idle while accepted work waited.
+
+Pure interval arithmetic (stdlib only), shared by the bench's report (``app.bench.report``) and
+the dashboard's live timeline (``app.api.timeline``); it imports nothing of ``app`` so neither
+reaches the other through it."""
 
 from __future__ import annotations
 
