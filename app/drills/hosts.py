@@ -32,9 +32,9 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -44,6 +44,7 @@ import yaml
 
 from app.api.server import api_command
 from app.drills.faults import audit_job
+from app.drills.harness import Fault, wait_until
 from app.drills.netns import BRIDGE_IP, LoopIn, Netns, host_ip, inside, unavailable
 from app.drills.seaweed import weed_server
 from app.embedded_redis import redis_server_binary
@@ -92,20 +93,6 @@ SHAPES: dict[str, dict[str, Any]] = {
                 "params": {"steps": 8, "step_ms": 90.0, "block_groups": 2}},
     "s4x60i": {"slo": "interactive", "params": {"steps": 4, "step_ms": 60.0, "block_groups": 1}},
 }
-
-
-def _wait(predicate: Callable[[], Any], timeout_s: float, period_s: float = 0.1) -> Any:
-    """Poll until ``predicate()`` is truthy (a Redis or HTTP error counts as not yet)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            value = predicate()
-        except (redis.RedisError, httpx.HTTPError, OSError):
-            value = None
-        if value:
-            return value
-        time.sleep(period_s)
-    return None
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -187,7 +174,7 @@ class RedisHA:
             self._server(port)
         for index, port in enumerate(SENTINEL_PORTS):
             self._sentinel(index, port)
-        if not _wait(self.ready, timeout_s, 0.3):
+        if not wait_until(self.ready, timeout_s, 0.3):
             raise RuntimeError(f"the sentinel group did not form in {timeout_s}s; see {self.root}")
 
     def _config(self, name: str, lines: list[str]) -> Path:
@@ -262,7 +249,7 @@ class RedisHA:
         def promoted() -> int | None:
             port = self.master_port()
             return port if port != old and self.role(port) == "master" else None
-        result: int | None = _wait(promoted, timeout_s, 0.05)
+        result: int | None = wait_until(promoted, timeout_s, 0.05)
         return result
 
     def in_sync(self) -> bool:
@@ -284,7 +271,7 @@ class RedisHA:
     def settle(self, timeout_s: float = 90.0) -> float | None:
         """Seconds until :meth:`in_sync`, or None if it was not within ``timeout_s``."""
         began = time.monotonic()
-        return time.monotonic() - began if _wait(self.in_sync, timeout_s, 0.2) else None
+        return time.monotonic() - began if wait_until(self.in_sync, timeout_s, 0.2) else None
 
     def stop(self) -> None:
         for child in [*self.sentinels, *self.servers.values()]:
@@ -313,7 +300,7 @@ class ObjectStore:
             self.child = Child("weed", self.net.command(self.net.bridge, argv), dict(os.environ),
                                self.root / "weed.log")
         self.child.start()
-        if not _wait(self.answers, timeout_s, 0.5):
+        if not wait_until(self.answers, timeout_s, 0.5):
             raise RuntimeError(f"the object store did not answer in {timeout_s}s; the end of "
                                f"{self.root / 'weed.log'}:\n{_tail(self.root / 'weed.log')}")
 
@@ -530,19 +517,6 @@ class Load(threading.Thread):
 
 
 # the drill -----------------------------------------------------------------------------------
-@dataclass
-class Fault:
-    """One injected fault: whether it was survived and how long recovery took."""
-
-    kind: str
-    injected: bool = False
-    survived: bool | None = None
-    recovery_s: float | None = None
-    detail: str = ""
-    victims: list[str] = field(default_factory=list)
-    started_at: float = 0.0
-
-
 class HostsDrill:
     """The topology, the services, the hosts and the load; the faults injected into them."""
 
@@ -590,11 +564,11 @@ class HostsDrill:
             self.hosts.start(index)
         every = [worker_node(i) for i in range(self.net.hosts)] + [
             scheduler_node(i) for i in sorted({0, self.net.hosts - 1})]
-        if not _wait(lambda: set(every) <= set(self.db.heartbeats()), 240, 0.5):
+        if not wait_until(lambda: set(every) <= set(self.db.heartbeats()), 240, 0.5):
             raise RuntimeError(f"the hosts' workers did not start; see {self.hosts.root}")
         api_url = f"http://{host_ip(0)}:{API_PORT}"
-        if not _wait(lambda: httpx.get(api_url + "/healthz", timeout=2).status_code == 200,
-                     120, 0.5):
+        if not wait_until(lambda: httpx.get(api_url + "/healthz", timeout=2).status_code == 200,
+                          120, 0.5):
             raise RuntimeError(f"the API on host 0 did not answer; see {self.hosts.root}")
         self.load = Load(api_url, self.key)
 
@@ -609,8 +583,8 @@ class HostsDrill:
         assert self.load is not None and self.artifacts is not None
         ids = {shape: self.load.submit(shape) for shape in SHAPES}
         self.load.accepted.clear()  # references are not part of the audited load
-        if not _wait(lambda: all(j and self.db.state(j) is JobState.DONE for j in ids.values()),
-                     timeout_s, 0.2):
+        if not wait_until(lambda: all(j and self.db.state(j) is JobState.DONE
+                                      for j in ids.values()), timeout_s, 0.2):
             raise RuntimeError("the reference jobs did not finish")
         for shape, job_id in ids.items():
             assert job_id is not None
@@ -657,7 +631,7 @@ class HostsDrill:
     def host_kill_mid_step(self) -> None:
         index = 1 if self.net.hosts > 1 else 0
         with self.fault("host_kill_mid_step") as fault:
-            victim = _wait(lambda: self.running_on(index), 60, 0.02)
+            victim = wait_until(lambda: self.running_on(index), 60, 0.02)
             if victim is None:
                 fault.detail = f"no job ran on host {index} within 60 s"
                 return
@@ -665,11 +639,11 @@ class HostsDrill:
             self.hosts.kill(index)
             killed = time.monotonic()
             fault.injected, fault.victims = True, [victim["id"]]
-            moved = _wait(lambda: self.moved_on(victim), 60, 0.05)
+            moved = wait_until(lambda: self.moved_on(victim), 60, 0.05)
             fault.recovery_s = round(time.monotonic() - killed, 2)
             restarted = time.time()
             self.hosts.start(index)
-            back = _wait(lambda: self.rejoined(index, restarted), 180, 0.5)
+            back = wait_until(lambda: self.rejoined(index, restarted), 180, 0.5)
             fault.survived = bool(moved and back)
             fault.detail = (f"SIGKILLed every process of host {index} {into_s:.2f}s into chunk "
                             f"{victim['next_chunk']} of job {victim['id']}; the chunk moved on "
@@ -680,19 +654,19 @@ class HostsDrill:
     def link_down_up(self) -> None:
         index = 1 if self.net.hosts > 1 else 0
         with self.fault("link_down_up") as fault:
-            victim = _wait(lambda: self.running_on(index), 60, 0.02)
+            victim = wait_until(lambda: self.running_on(index), 60, 0.02)
             if victim is None:
                 fault.detail = f"no job ran on host {index} within 60 s"
                 return
             self.net.link(index, up=False)
             down = time.monotonic()
             fault.injected, fault.victims = True, [victim["id"]]
-            moved = _wait(lambda: self.moved_on(victim), LINK_DOWN_S + 30, 0.05)
+            moved = wait_until(lambda: self.moved_on(victim), LINK_DOWN_S + 30, 0.05)
             moved_s = time.monotonic() - down
             time.sleep(max(0.0, LINK_DOWN_S - (time.monotonic() - down)))
             self.net.link(index, up=True)
             up = time.time()
-            back = _wait(lambda: self.rejoined(index, up), 120, 0.2)
+            back = wait_until(lambda: self.rejoined(index, up), 120, 0.2)
             fault.recovery_s = round(moved_s, 2)
             fault.survived = bool(moved and back)
             fault.detail = (f"host {index}'s link down {LINK_DOWN_S:.0f}s while it ran chunk "
@@ -708,7 +682,7 @@ class HostsDrill:
         index = 1 if self.net.hosts > 1 else 0
         with self.fault("worker_sigstop") as fault:
             assert self.load is not None
-            victim = _wait(lambda: self.running_on(index), 60, 0.02)
+            victim = wait_until(lambda: self.running_on(index), 60, 0.02)
             if victim is None:
                 fault.detail = f"no job ran on host {index} within 60 s"
                 return
@@ -719,16 +693,16 @@ class HostsDrill:
             try:
                 burst = [j for j in (self.load.submit("s4x60i") for _ in range(HUNG_BURST)) if j]
                 fault.victims = [victim["id"], *burst]
-                moved = _wait(lambda: self.moved_on(victim), 60, 0.05)
+                moved = wait_until(lambda: self.moved_on(victim), 60, 0.05)
                 moved_s = time.monotonic() - stopped
-                finished = _wait(lambda: all(self.state(j) == JobState.DONE.value
+                finished = wait_until(lambda: all(self.state(j) == JobState.DONE.value
                                              for j in burst), 60, 0.1)
                 finished_s = time.monotonic() - stopped
                 time.sleep(max(0.0, STOP_S - (time.monotonic() - stopped)))
             finally:
                 worker.signal(signal.SIGCONT)
             thawed = time.time()
-            back = _wait(lambda: self.rejoined(index, thawed), 60, 0.2)
+            back = wait_until(lambda: self.rejoined(index, thawed), 60, 0.2)
             fault.recovery_s = round(moved_s, 2)
             fault.survived = bool(moved and finished and back and worker.alive())
             fault.detail = (f"SIGSTOPped host {index}'s worker in chunk {victim['next_chunk']} of "
@@ -743,7 +717,7 @@ class HostsDrill:
         standby scheduler (on another host when there is one) takes the tick over; the hung
         one, thawed, finds the lease taken and ticks nothing."""
         with self.fault("scheduler_sigstop") as fault:
-            holder = _wait(lambda: self.db.redis.get(keys.TICK_LEASE), 30, 0.1)
+            holder = wait_until(lambda: self.db.redis.get(keys.TICK_LEASE), 30, 0.1)
             child = self.hosts.scheduler_holding(holder)
             if child is None:
                 fault.detail = f"no known scheduler holds the tick lease ({holder!r})"
@@ -752,10 +726,10 @@ class HostsDrill:
             stopped = time.monotonic()
             fault.injected = True
             try:
-                other = _wait(lambda: self.tick_holder_other_than(child.name), 30, 0.05)
+                other = wait_until(lambda: self.tick_holder_other_than(child.name), 30, 0.05)
                 took_s = time.monotonic() - stopped
                 probe = self.load.submit("s4x60i") if self.load is not None else None
-                served = probe is not None and _wait(
+                served = probe is not None and wait_until(
                     lambda: self.state(probe) == JobState.DONE.value, 30, 0.1)
                 time.sleep(max(0.0, STOP_S - (time.monotonic() - stopped)))
             finally:
@@ -791,12 +765,12 @@ class HostsDrill:
             stopped = time.monotonic()
             fault.injected = True
             new = self.redis.new_master(old, 60)
-            writable = new is not None and _wait(self._writable, 30, 0.1)
+            writable = new is not None and wait_until(self._writable, 30, 0.1)
             fault.recovery_s = round(time.monotonic() - stopped, 2)
             time.sleep(max(0.0, STOP_S - (time.monotonic() - stopped)))
             server.signal(signal.SIGCONT)
             stopped_s = time.monotonic() - stopped
-            demoted = _wait(lambda: self.redis.role(old) == "slave", 60, 0.2)
+            demoted = wait_until(lambda: self.redis.role(old) == "slave", 60, 0.2)
             synced = self.redis.settle()
             fault.survived = synced is not None and bool(new and writable and demoted)
             fault.detail = (f"SIGSTOPped master :{old} for {stopped_s:.1f}s "
@@ -813,12 +787,12 @@ class HostsDrill:
             killed = time.monotonic()
             fault.injected = True
             new = self.redis.new_master(old, 60)
-            writable = new is not None and _wait(self._writable, 30, 0.1)
+            writable = new is not None and wait_until(self._writable, 30, 0.1)
             fault.recovery_s = round(time.monotonic() - killed, 2)
             if new is not None:  # back as the new master's replica (it kept no data)
                 server.start("--replicaof", BRIDGE_IP, str(new))
-            rejoined = _wait(lambda: self.redis.role(old) == "slave"
-                             and self.redis.server(old).info("replication")[
+            rejoined = wait_until(lambda: self.redis.role(old) == "slave"
+                                  and self.redis.server(old).info("replication")[
                                  "master_link_status"] == "up", 60, 0.2)
             synced = self.redis.settle()
             fault.survived = synced is not None and bool(new and writable and rejoined)
@@ -834,9 +808,10 @@ class HostsDrill:
             began = time.monotonic()
             fault.injected = True
             new = self.redis.new_master(old, 60)
-            writable = new is not None and _wait(self._writable, 30, 0.1)
+            writable = new is not None and wait_until(self._writable, 30, 0.1)
             fault.recovery_s = round(time.monotonic() - began, 2)
-            demoted = new is not None and _wait(lambda: self.redis.role(old) == "slave", 60, 0.1)
+            demoted = new is not None and wait_until(
+                lambda: self.redis.role(old) == "slave", 60, 0.1)
             synced = self.redis.settle()
             fault.survived = synced is not None and bool(new and demoted and writable)
             fault.detail = (f"SENTINEL FAILOVER: :{old} -> :{new}, the new master taking writes "
@@ -863,7 +838,7 @@ class HostsDrill:
         assert self.load is not None and self.artifacts is not None
         jobs = self.load.jobs()
         _say(f"waiting for {len(jobs)} accepted jobs to end …")
-        _wait(lambda: all(self.state(j.job_id) in TERMINAL for j in jobs), timeout_s, 0.5)
+        wait_until(lambda: all(self.state(j.job_id) in TERMINAL for j in jobs), timeout_s, 0.5)
         lost, inexact = [], []
         for job in jobs:
             state = self.state(job.job_id)

@@ -14,9 +14,9 @@ import subprocess
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -40,8 +40,8 @@ from app.drills.faults import (
     audit_job,
     publish_malformed,
     publish_pickle,
-    tolerant,
 )
+from app.drills.harness import Fault, wait_until
 from app.schemas import JobSpec
 from app.stack import Stack, beat_command, wait_for_api, worker_command
 from scheduler.lifecycle import JobState, SloClass
@@ -78,21 +78,6 @@ LOAD_CYCLE = [
 
 
 @dataclass
-class Fault:
-    """One injected fault and what became of it."""
-
-    kind: str
-    injected: bool = False
-    survived: bool | None = None
-    detail: str = ""
-    seconds: float = 0.0
-    victims: list[str] = field(default_factory=list)
-    """Jobs the fault hit directly; survived also requires each of them to end exact."""
-    started_at: float = 0.0
-    """Wall clock (epoch seconds) when injection began, to line the fault up with the logs."""
-
-
-@dataclass
 class BadInput:
     """One hostile or malformed request and how it was answered."""
 
@@ -107,16 +92,6 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def _wait(predicate: Callable[[], Any], timeout_s: float, period_s: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = tolerant(predicate)()
-        if value:
-            return value
-        time.sleep(period_s)
-    return None
 
 
 class Load(threading.Thread):
@@ -239,14 +214,14 @@ class Drill:
             log.exception("fault %s", kind)
             fault.survived = False
             fault.detail += f" (drill error: {exc!r})"
-        fault.seconds = round(time.monotonic() - started, 2)
+        fault.recovery_s = round(time.monotonic() - started, 2)
         self.faults.append(fault)
         console.print(f"  → {fault.detail}")
 
     # the faults -------------------------------------------------------------------------------
     def kill_worker_mid_chunk(self, kind: str, groups: int, lo_s: float, hi_s: float) -> None:
         with self.fault(kind) as fault:
-            victim = _wait(lambda: self.running_job(groups, lo_s, hi_s), 30, 0.01)
+            victim = wait_until(lambda: self.running_job(groups, lo_s, hi_s), 30, 0.01)
             if victim is None:
                 fault.detail = "no running job of that shape appeared in 30 s"
                 return
@@ -256,7 +231,7 @@ class Drill:
             self.kill(worker)
             fault.injected, fault.victims = True, [victim["id"]]
             killed = time.monotonic()
-            requeued = _wait(lambda: int(self.store.fields(victim["id"])["epoch"]) > epoch, 30)
+            requeued = wait_until(lambda: int(self.store.fields(victim["id"])["epoch"]) > epoch, 30)
             requeue_s = time.monotonic() - killed
             self.respawn(worker)
             fault.survived = bool(requeued)
@@ -268,7 +243,7 @@ class Drill:
         interactive jobs keep arriving: its chunk and every new job finish on the others within
         the heartbeat timeout; thawed, its late commit is fenced and it serves again."""
         with self.fault("worker_sigstop_mid_step") as fault:
-            victim = _wait(lambda: self.running_job(1, 0.0, 0.05), 30, 0.01)
+            victim = wait_until(lambda: self.running_job(1, 0.0, 0.05), 30, 0.01)
             if victim is None:
                 fault.detail = "no running job appeared in 30 s"
                 return
@@ -282,10 +257,10 @@ class Drill:
                                params={"steps": 4, "step_ms": 60.0, "block_groups": 1})
                 burst = [self.service.submit(spec)[0] for _ in range(HUNG_BURST)]
                 fault.victims = [victim["id"], *burst]
-                moved = _wait(lambda: int(self.store.fields(victim["id"])["epoch"])
-                              > int(victim["epoch"]), 30)
+                moved = wait_until(lambda: int(self.store.fields(victim["id"])["epoch"])
+                                   > int(victim["epoch"]), 30)
                 moved_s = time.monotonic() - stopped
-                finished = _wait(lambda: all(self.store.state(j) is JobState.DONE
+                finished = wait_until(lambda: all(self.store.state(j) is JobState.DONE
                                              for j in burst), 30)
                 finished_s = time.monotonic() - stopped
                 time.sleep(max(0.0, hold_s - (time.monotonic() - stopped)))
@@ -293,8 +268,8 @@ class Drill:
                 os.killpg(proc.pid, signal.SIGCONT)
             thawed = time.time()
             node = f"{worker}@{socket.gethostname()}"
-            back = _wait(lambda: (b := self.store.heartbeats().get(node)) is not None
-                         and (b.ts or 0) > thawed, 30)
+            back = wait_until(lambda: (b := self.store.heartbeats().get(node)) is not None
+                              and (b.ts or 0) > thawed, 30)
             fault.survived = bool(moved and finished and back) and proc.poll() is None
             fault.detail = (f"SIGSTOPped {worker} in chunk {victim['next_chunk']} of job "
                             f"{victim['id']}; requeued under a new epoch after {moved_s:.2f}s; "
@@ -307,7 +282,7 @@ class Drill:
         """SIGSTOP the scheduler holding the tick lease: the other one takes the lease over;
         thawed, the hung one finds it taken and stands by."""
         with self.fault("scheduler_sigstop") as fault:
-            holder = _wait(lambda: self.client.get(keys.TICK_LEASE), 10)
+            holder = wait_until(lambda: self.client.get(keys.TICK_LEASE), 10)
             if holder is None:
                 fault.detail = "no scheduler held the tick lease"
                 return
@@ -323,7 +298,7 @@ class Drill:
                 return other if other and other.split("@")[0] != name else None
 
             try:
-                other = _wait(new_holder, 15)
+                other = wait_until(new_holder, 15)
                 takeover_s = time.monotonic() - stopped
                 time.sleep(max(0.0, hold_s - (time.monotonic() - stopped)))
             finally:
@@ -340,7 +315,7 @@ class Drill:
     def kill_tick_holder(self) -> None:
 
         with self.fault("scheduler_kill") as fault:
-            holder = _wait(lambda: self.client.get(keys.TICK_LEASE), 10)
+            holder = wait_until(lambda: self.client.get(keys.TICK_LEASE), 10)
             if holder is None:
                 fault.detail = "no scheduler held the tick lease"
                 return
@@ -353,7 +328,7 @@ class Drill:
                 holder = raw.decode() if raw is not None else None
                 return holder if holder and holder.split("@")[0] != name else None
 
-            other = _wait(new_holder, 15)
+            other = wait_until(new_holder, 15)
             takeover_s = time.monotonic() - killed
             self.respawn(name)
             fault.survived = bool(other)
@@ -377,7 +352,7 @@ class Drill:
             silent = ticks_since(silent_from) == 0
             restarted = time.monotonic()
             self.respawn("beat")
-            resumed = _wait(lambda: ticks_since(silent_from) >= 3, 30)
+            resumed = wait_until(lambda: ticks_since(silent_from) >= 3, 30)
             fault.survived = silent and bool(resumed)
             fault.detail = (f"SIGKILLed beat: {'no' if silent else 'still'} ticks while down; "
                             f"restarted, ticks resumed after {time.monotonic() - restarted:.1f}s")
@@ -395,10 +370,10 @@ class Drill:
             time.sleep(1.0)
             self.stack.redis.stop()
             self.stack.redis.start()
-            back = _wait(lambda: httpx.get(self.stack.api_url + "/healthz",
+            back = wait_until(lambda: httpx.get(self.stack.api_url + "/healthz",
                                            timeout=2).status_code == 200, 20)
             down_s = time.monotonic() - down
-            ready = _wait(self.workers_ready, 30)
+            ready = wait_until(self.workers_ready, 30)
             consuming_s = self.consumers_ready(30)
             fault.survived = bool(back and ready and consuming_s is not None and answers["ok"])
             consuming = ("no" if consuming_s is None
@@ -429,7 +404,7 @@ class Drill:
     def duplicate_delivery(self) -> None:
 
         with self.fault("duplicate_delivery") as fault:
-            victim = _wait(lambda: self.running_job(1, 0.0, 0.05), 30, 0.01)
+            victim = wait_until(lambda: self.running_job(1, 0.0, 0.05), 30, 0.01)
             if victim is None:
                 fault.detail = "no running job to duplicate"
                 return
@@ -437,7 +412,7 @@ class Drill:
             queue = victim["queue"]
             publish_chunk(self.store, self.store.record(job_id), chunk=chunk, epoch=epoch,
                           queue=queue)
-            _wait(lambda: int(self.store.fields(job_id)["next_chunk"]) > chunk, 30)
+            wait_until(lambda: int(self.store.fields(job_id)["next_chunk"]) > chunk, 30)
             publish_chunk(self.store, self.store.record(job_id), chunk=chunk, epoch=epoch,
                           queue=queue)
             fault.injected, fault.victims, fault.survived = True, [job_id], True
@@ -453,8 +428,8 @@ class Drill:
             sent = publish_malformed(celery_app, INTERACTIVE)
             fault.injected = True
             names = WORKERS + SCHEDULERS
-            refused = _wait(lambda: sum(REFUSAL_LOG in self.log_text(n) for n in names) >= 2
-                            and any(MALFORMED_LOG in self.log_text(n) for n in WORKERS), 20)
+            refused = wait_until(lambda: sum(REFUSAL_LOG in self.log_text(n) for n in names) >= 2
+                                 and any(MALFORMED_LOG in self.log_text(n) for n in WORKERS), 20)
             alive = not set(self.stack.dead()) & set(names)
             fault.survived = bool(refused) and alive and not canary.exists()
             fault.detail = (f"3 pickle + {len(sent)} malformed messages: refusals logged "
@@ -649,7 +624,7 @@ def _drill(settings: Settings, run_dir: Path, burst_s: float,
         stack.spawn("scheduler2", worker_command("scheduler2@%h", queues=(CONTROL,),
                                                  loglevel="WARNING"))
         drill = Drill(stack, settings)
-        if not (_wait(drill.workers_ready, 90, 0.2) and wait_for_api(stack.api_url, 60)):
+        if not (wait_until(drill.workers_ready, 90, 0.2) and wait_for_api(stack.api_url, 60)):
             console.print(f"[red]the stack did not start; see {run_dir / 'logs'}")
             return None
         console.print(f"[bold]Stepline reliability drill[/bold]: {len(WORKERS)} workers, 2 "
@@ -681,7 +656,7 @@ def _settle(drill: Drill, burst: dict[str, Any], bad_inputs: list[BadInput]) -> 
     """Wait for every accepted job to end, then audit each one."""
     every = drill.load.ids() + drill.extra_jobs
     console.print(f"waiting for {len(every)} accepted jobs to end …")
-    _wait(lambda: all(drill.store.state(j).is_terminal for j in every), 120, 0.5)
+    wait_until(lambda: all(drill.store.state(j).is_terminal for j in every), 120, 0.5)
     audits = {j: audit_job(drill.store, drill.artifacts, j) for j in every}
     lost = [j for j, a in audits.items() if a.state is not JobState.DONE
             and not (j in drill.cancelled and a.state is JobState.CANCELLED)]
@@ -733,7 +708,7 @@ def _print_summary(report: dict[str, Any], out_dir: Path) -> None:
     faults = Table("fault", "injected", "survived", "s", "detail", title="Faults")
     for f in report["faults"]:
         mark = {True: "[green]yes", False: "[red]NO", None: "[yellow]?"}[f["survived"]]
-        faults.add_row(f["kind"], "yes" if f["injected"] else "no", mark, str(f["seconds"]),
+        faults.add_row(f["kind"], "yes" if f["injected"] else "no", mark, str(f["recovery_s"]),
                        f["detail"])
     console.print(faults)
     bad = Table("bad input", "expected", "got", "ok", title="Bad inputs")
