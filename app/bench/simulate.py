@@ -403,6 +403,8 @@ class SimResult:
     """Loads, load seconds, warm starts and peak bytes when residency is modelled."""
     moves: dict[str, int] = field(default_factory=dict)
     """How the plans moved jobs (``ClusterSim.moves``)."""
+    served_s: dict[str, float] = field(default_factory=dict)
+    """Worker-seconds each tenant's chunks ran while arrivals lasted (the fairness bench)."""
     reasons: dict[int, str] = field(default_factory=dict)
     """Per job shed at submit, expired or parked by overload, the last reason it was given
     (what its events would say)."""
@@ -763,9 +765,13 @@ class ClusterSim:
         self._wake(w)
 
     def _charge(self, job: _Job, seconds: float) -> None:
-        """The commit's charge: measured seconds to the job's tenant in its class's band."""
+        """The commit's charge: measured seconds to the job's tenant in its class's band
+        (and, while arrivals last, to its tenant's served seconds the report counts)."""
+        view = job.job_view()
+        if self.now <= self.config.duration_s:
+            served = self.result.served_s
+            served[view.tenant] = served.get(view.tenant, 0.0) + seconds
         if self.policy.fair_share.enabled:
-            view = job.job_view()
             self.ledger = self.ledger.charged(view.slo_class.value, view.tenant,
                                               view.tier.value, seconds)
 
