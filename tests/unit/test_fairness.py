@@ -191,3 +191,12 @@ class Arrivals(RuleBasedStateMachine):
 
 TestArrivals = Arrivals.TestCase
 TestArrivals.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
+
+
+def test_the_metrics_show_each_tenants_seconds_and_share_of_its_band() -> None:
+    from app.api.metrics import fair_share_metrics
+
+    ledger = ServiceLedger().charged(BAND, "a", "gold", 3.0).charged(BAND, "b", "standard", 1.0)
+    seconds, share = fair_share_metrics(ledger)
+    assert {s.labels["tenant"]: s.value for s in seconds.samples} == {"a": 3.0, "b": 1.0}
+    assert {s.labels["tenant"]: s.value for s in share.samples} == {"a": 0.75, "b": 0.25}
