@@ -331,6 +331,10 @@ def bench(
              "overload.json.")] = False,
     seeds: Annotated[int, typer.Option(min=1, max=50, help="Overload mode: traces per point.")
     ] = 3,
+    fairness: Annotated[bool, typer.Option(
+        help="Fairness mode (simulated): --tenants of one tier, one flooding at 10x; writes "
+             "fairness.json.")] = False,
+    tenants: Annotated[int, typer.Option(min=2, max=8, help="Fairness mode: tenants.")] = 4,
     run_dir: RunDir = None,
 ) -> None:
     """Replay one trace under each policy on the same real workers; write report.json + plots.
@@ -338,6 +342,11 @@ def bench(
     --overload: the effective-load sweep in the simulator, overload.json."""
     if overload:
         _overload_bench(out, seeds=seeds)
+        return
+    if fairness:
+        from app.bench.fairness_cli import fairness_bench  # deferred: the bench
+
+        fairness_bench(out, tenants=tenants, seeds=seeds, print_=console().print)
         return
     from app.bench.run import check_policies as check_bench_policies  # deferred: heavy
     from app.bench.run import run_bench, summary_table  # deferred: heavy

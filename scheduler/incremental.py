@@ -49,7 +49,14 @@ from scheduler.batching import GrowthTable, batch_slowdown
 from scheduler.judgement import Judgement
 from scheduler.lifecycle import JobState, SloClass
 from scheduler.model import ClusterSnapshot, JobView, ResourceProfile, Tier, WorkerView
-from scheduler.ordering import Levels, Order, Ranking, choose_origin, settle_levels
+from scheduler.ordering import (
+    Levels,
+    Order,
+    Ranking,
+    choose_origin,
+    settle_levels,
+    with_fair_share,
+)
 from scheduler.plan import TickPlan
 from scheduler.planner import _Emit
 from scheduler.policy import PolicyConfig, PolicyKind
@@ -340,6 +347,9 @@ class _Planning:
         behind = judgement.demoted | judgement.deferred
         ranking = Ranking(survey, levels, behind, policy, now_s)
         self._keys(tick, behind)
+        if policy.fair_share.enabled:
+            ranking = with_fair_share(ranking, snapshot.service,
+                                      list(zip(tick.k1.tolist(), tick.k2.tolist(), strict=True)))
         order = Order(alive, survey, judgement, origin, levels, ranking, growths)
         flight, pool = self._flight(order, tick)
         cap = len(alive) * policy.slots_per_worker
@@ -764,12 +774,19 @@ class _Planning:
         batching, c = self.policy.batching, self.c
         shared = batching.enabled and bool(c.b["grouped"][tick.rows[pool]].any())
         take = cap * (batching.max_batch if shared else 1) + len(flight.staying)
+        fair = order.ranking.fair
+        # under fair share the fair key goes first: (band, urgency, start tag, warm)
+        ahead: tuple[Floats, ...] = () if fair is None else tuple(
+            np.asarray(fair, np.float64).reshape(-1, 4).T[::-1])
         k1, k2 = tick.k1[pool], tick.k2[pool]
         chosen = np.arange(len(pool))
-        if take < len(pool):
-            bar = np.partition(k1, take - 1)[take - 1]
-            chosen = np.flatnonzero(k1 <= bar)
-        best = chosen[np.lexsort((chosen, k2[chosen], k1[chosen]))][:take]
+        if fair is not None:
+            best = np.lexsort((chosen, k2, k1, *(a[pool] for a in ahead)))[:take]
+        else:
+            if take < len(pool):
+                bar = np.partition(k1, take - 1)[take - 1]
+                chosen = np.flatnonzero(k1 <= bar)
+            best = chosen[np.lexsort((chosen, k2[chosen], k1[chosen]))][:take]
         candidates = [*flight.staying, *pool[best].tolist()]
         origin = order.levels.origin
         if origin is not None and origin_waits(order, flight, origin):
@@ -778,7 +795,9 @@ class _Planning:
         band = np.ones(len(at), np.int64)
         if origin is not None:
             band[at == origin] = 0
-        walk = np.lexsort((np.arange(len(at)), tick.k2[at], tick.k1[at], band))
+        fair_at = [a[at] if origin is None else np.where(band == 0, 0.0, a[at])
+                   for a in ahead]
+        walk = np.lexsort((np.arange(len(at)), tick.k2[at], tick.k1[at], *fair_at, band))
         return at[walk].tolist()  # type: ignore[no-any-return]
 
     def _realtime_slack(self, tick: _Tick, demoted: frozenset[int]) -> tuple[bool, float]:

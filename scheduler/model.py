@@ -7,6 +7,7 @@ from enum import Enum
 
 from scheduler.cost import CostModel
 from scheduler.errors import InvalidSnapshot
+from scheduler.fairness import ServiceLedger
 from scheduler.lifecycle import JobState, SloClass
 from scheduler.queues import LOWEST_LEVEL as _LOWEST_LEVEL
 from scheduler.state import PolicyState
@@ -189,3 +190,6 @@ class ClusterSnapshot:
     state: PolicyState
     unreadable: tuple[tuple[str, str], ...] = ()
     """(job id, problem) of each live record the store could not parse."""
+    service: ServiceLedger | None = None
+    """The tenants' fair-share counters (``scheduler.fairness``), joined for this tick; None:
+    every tenant at zero."""

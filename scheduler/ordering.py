@@ -6,14 +6,24 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from scheduler.batching import GrowthTable
+from scheduler.fairness import (
+    FairJob,
+    FairKey,
+    Joined,
+    ServiceLedger,
+    TenantKey,
+    fair_keys,
+    join,
+    urgency,
+)
 from scheduler.inheritance import inherit_levels
 from scheduler.judgement import Judgement, judge
 from scheduler.lifecycle import JobState, SloClass
 from scheduler.mlfq import aged_level, current_mark, mark_level
-from scheduler.model import ClusterSnapshot, WorkerView
+from scheduler.model import ClusterSnapshot, JobView, WorkerView
 from scheduler.placement import slack_s
 from scheduler.plan import LevelMark
 from scheduler.policy import PolicyConfig
@@ -24,8 +34,12 @@ from scheduler.survey import Survey, survey_jobs
 _ORIGIN, _ON_TIME = 0, 1
 """Rank bands, best first: the origin, then everything else by key."""
 
-Rank = tuple[int, float, float]
-"""(band, key, tie-break): smaller ranks first."""
+Rank = tuple[float, ...]
+"""(band, key, tie-break): smaller ranks first; under fair share (band, fair key, key,
+tie-break), the fair key being :data:`scheduler.fairness.FairKey`."""
+
+BAND_NAMES = tuple(c.value for c in sorted(SloClass, key=lambda c: c.rank))
+"""The fair share's band of each class rank (``scheduler.fairness``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +173,9 @@ class Ranking:
     """Demoted or deferred: ranked as late work."""
     policy: PolicyConfig
     now_s: float
+    fair: tuple[FairKey, ...] | None = None
+    """Under fair share, each job's place in its band's fair order (:func:`fair_order`),
+    ranked before its key; None: the key alone."""
 
     def slack_s(self, i: int) -> float:
         """Deadline − now − estimated remaining work."""
@@ -173,6 +190,12 @@ class Ranking:
 
     def rank(self, i: int) -> Rank:
         """The readable rank of job ``i`` (:meth:`keys` is its fast twin for many jobs)."""
+        rank = self._rank(i)
+        if self.fair is None or rank[0] == _ORIGIN:
+            return rank
+        return (rank[0], *self.fair[i], *rank[1:])
+
+    def _rank(self, i: int) -> tuple[int, float, float]:
         remaining_s = self.survey.remaining_s[i]
         job = self.survey.live[i]
         tie = remaining_s / self.survey.values[i]
@@ -204,11 +227,18 @@ class Ranking:
         aged = bound_s / waited_s if waited_s > bound_s else 1.0
         return (_ON_TIME, remaining_s / self.survey.values[i] * aged, slack)
 
-    def keys(self, indices: Sequence[int]) -> list[tuple[float, float]]:
+    def keys(self, indices: Sequence[int]) -> list[tuple[float, ...]]:
         """``rank(i)[1:]`` of many jobs, none of them the origin, inlined: the pool may hold
         10 000 of them (a property test holds it equal to :meth:`rank`)."""
         if self.levels.inherited:
             return [self.rank(i)[1:] for i in indices]
+        own = self._keys(indices)
+        if self.fair is None:
+            return own  # type: ignore[return-value]
+        fair = self.fair
+        return [(*fair[i], *key) for i, key in zip(indices, own, strict=True)]
+
+    def _keys(self, indices: Sequence[int]) -> list[tuple[float, float]]:
         live, remaining, values = self.survey.live, self.survey.remaining_s, self.survey.values
         now_s, bound_s, penalty = self.now_s, self.policy.aging_bound_s, self.policy.late_penalty
         behind = self.behind
@@ -255,4 +285,62 @@ def order_jobs(snapshot: ClusterSnapshot, policy: PolicyConfig, now_s: float) ->
     origin = choose_origin(survey, judgement, policy)
     levels = settle_levels(survey, judgement, origin, policy, now_s)
     ranking = Ranking(survey, levels, judgement.demoted | judgement.deferred, policy, now_s)
+    if policy.fair_share.enabled:
+        ranking = with_fair_share(ranking, snapshot.service)
     return Order(alive, survey, judgement, origin, levels, ranking, growths)
+
+
+def with_fair_share(ranking: Ranking, ledger: ServiceLedger | None,
+                    keys: Sequence[tuple[float, float]] | None = None) -> Ranking:
+    """``ranking`` with its fair order (:func:`fair_order`). ``keys``: :meth:`Ranking.keys`
+    of every job, when the caller has them (work others wait on: its rank instead)."""
+    everyone = range(len(ranking.survey.live))
+    if ranking.levels.inherited:
+        within: Sequence[tuple[float, ...]] = [ranking.rank(i)[1:] for i in everyone]
+    else:
+        within = keys if keys is not None else ranking.keys(everyone)
+    return replace(ranking, fair=fair_order(ranking, ledger, within))
+
+
+def fair_order(ranking: Ranking, ledger: ServiceLedger | None,
+               within: Sequence[tuple[float, ...]]) -> tuple[FairKey, ...]:
+    """Each live job's :data:`~scheduler.fairness.FairKey`: its class's band, its urgency
+    (its slack against its next chunk; late, demoted and deferred work past saving; work
+    others wait on urgent), its start tag in its tenant's queue, warm or cold. ``within``:
+    :meth:`Ranking.keys` of every job without fair share (a tenant's own order)."""
+    survey, levels, policy = ranking.survey, ranking.levels, ranking.policy
+    config = policy.fair_share
+    counters = (ledger or ServiceLedger()).virtual(config)
+    inherited = levels.inherited
+    queued, running = JobState.QUEUED, JobState.RUNNING
+    jobs: list[FairJob] = []
+    for i, job in enumerate(survey.live):
+        chunk_s = ranking.chunk_s(i)
+        if inherited and inherited.get(i, LOWEST_LEVEL) < levels.base_level(i):
+            urgent = 0
+        else:
+            urgent = urgency(ranking.slack_s(i), chunk_s, i in ranking.behind)
+        jobs.append(FairJob(job.slo_class.rank, job.tenant, config.weight(job.tier.value),
+                            urgent, job.state is queued or job.state is running, chunk_s,
+                            job.load_s <= 0.0))
+    return tuple(fair_keys(jobs, [(k[0], k[1]) for k in within], counters, BAND_NAMES))
+
+
+_CONTENDING = frozenset({JobState.PENDING, JobState.PREEMPTED, JobState.QUEUED, JobState.RUNNING})
+
+
+def active_tenants(jobs: Sequence[JobView]) -> frozenset[TenantKey]:
+    """(band, tenant) of every live job that contends for a worker (suspended work does not:
+    the tick holds it back whatever its tenant)."""
+    contending = _CONTENDING
+    return frozenset({(job.slo_class.value, job.tenant) for job in jobs
+                      if job.state in contending})
+
+
+def join_fair_share(snapshot: ClusterSnapshot, policy: PolicyConfig
+                    ) -> tuple[ClusterSnapshot, Joined]:
+    """The join rule applied to the snapshot's counters (``scheduler.fairness.join``): the
+    snapshot to plan from, and what the caller persists (the lifts, the active set)."""
+    joined = join(snapshot.service or ServiceLedger(), active_tenants(snapshot.jobs),
+                  policy.fair_share)
+    return replace(snapshot, service=joined.ledger), joined

@@ -10,6 +10,7 @@ from enum import Enum
 from scheduler.batching import BatchingConfig
 from scheduler.cost import CostModel
 from scheduler.errors import InvalidPolicy
+from scheduler.fairness import FairShareConfig
 from scheduler.model import JobKind
 from scheduler.recovery import RecoveryConfig
 
@@ -152,6 +153,8 @@ class PolicyConfig:
     """When the tick requeues lost, stuck, unpublished and parked chunks."""
     batching: BatchingConfig = field(default_factory=BatchingConfig)
     """Which jobs share a worker slot as one batched forward (``scheduler.batching``)."""
+    fair_share: FairShareConfig = field(default_factory=FairShareConfig)
+    """Tenant fair share within each class's band (``scheduler.fairness``)."""
 
     def __post_init__(self) -> None:
         for name, value, low, high in self._bounds():

@@ -28,6 +28,7 @@ from scheduler import (
 from scheduler.errors import SchedulerError
 from scheduler.lifecycle import JobState
 from scheduler.model import ClusterSnapshot
+from scheduler.ordering import join_fair_share
 from scheduler.placement import ModelNeed, PlacementPolicy
 from scheduler.plan import LevelMark, Release
 from scheduler.recovery import Failure, Recovery, RecoveryCause, RecoveryConfig
@@ -62,6 +63,7 @@ from tasks.dispatch import (
     release_batch,
     requeue_from_checkpoint,
 )
+from tasks.fair_share import read_ledger, save_joined
 from tasks.heartbeat import Heartbeat
 from tasks.record import JobRecord, encode
 from tasks.routing import STANDBY, affinity_worker, class_queue_of
@@ -137,6 +139,10 @@ def run_tick(ctx: WorkerContext, now_s: float, cache: SnapshotCache | None = Non
             else read_snapshot(store, cost, policy, now_s, block_groups))
     expected = loads if loads is not None else ExpectedLoads()
     snapshot = expected.apply(settings, seen.snapshot, seen.records, seen.heartbeats)
+    joined = None
+    if policy.fair_share.enabled:
+        snapshot, joined = join_fair_share(replace(snapshot, service=read_ledger(store.redis)),
+                                           policy)
     read = time.perf_counter()
     took.read_s, took.jobs = read - started, len(snapshot.jobs)
     took.reread = cache.changed if cache is not None else took.jobs
@@ -160,6 +166,8 @@ def run_tick(ctx: WorkerContext, now_s: float, cache: SnapshotCache | None = Non
                         counted_until_s=read_at_s, rate=snapshot.cost.seconds_per_unit,
                         converging=plan.admission.state is AdmissionState.CONVERGING,
                         built=expected.built)
+    if joined is not None:
+        save_joined(store.redis, joined)
     try:
         apply_plan(plan, target)
         target.flush()

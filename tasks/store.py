@@ -42,7 +42,7 @@ def _commit_call(request: CommitRequest) -> tuple[list[str], list[Any]]:
     """The keys and arguments of the commit script (``tasks/lua/commit.lua``)."""
     job_id = request.job_id
     keys_ = [keys.job(job_id), keys.job_checkpoint(job_id), keys.job_events(job_id),
-             keys.ACTIVE, keys.DONE, keys.TIMINGS, keys.CHANGES]
+             keys.ACTIVE, keys.DONE, keys.TIMINGS, keys.CHANGES, keys.FAIR_SERVICE]
     args = [
         request.chunk, request.epoch, request.seq, int(request.complete),
         int(request.checkpoint is not None), request.checkpoint or b"",

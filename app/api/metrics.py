@@ -28,8 +28,10 @@ from app.api.stats import (
     window_stats,
     worker_views,
 )
+from scheduler.fairness import ServiceLedger
 from scheduler.lifecycle import JobState, SloClass
 from tasks import keys
+from tasks.fair_share import read_ledger
 from tasks.heartbeat import Heartbeat
 from tasks.read_model import FinishedCount, ReadModel
 from tasks.settings import Settings
@@ -99,6 +101,7 @@ class StoreCollector(Collector):
         yield GaugeMetricFamily("stepline_origin_active", "1 while a job is the origin",
                                 value=1 if self.reads.origin_id() else 0)
         yield from self._load()
+        yield from fair_share_metrics(read_ledger(self.reads.store.redis))
 
     def _load(self) -> Iterator[Metric]:
         """The last tick's load figures (none before the first tick): the effective load (model
@@ -241,3 +244,24 @@ def residency_metrics(beats: Mapping[str, Heartbeat]) -> Iterator[Metric]:
     yield loads
     yield seconds
     yield loading
+
+
+def fair_share_metrics(ledger: ServiceLedger) -> Iterator[Metric]:
+    """Each tenant's measured worker-seconds in each band (``scheduler.fairness``; kept by the
+    commits whether fair share orders the tick or not) and its share of the band's."""
+    served = ledger.worker_s()
+    total = GaugeMetricFamily("stepline_tenant_service_seconds",
+                              "Worker-seconds each tenant's chunks ran, by band (SLO class)",
+                              labels=["band", "tenant"])
+    share = GaugeMetricFamily("stepline_tenant_service_share",
+                              "A tenant's share of its band's worker-seconds",
+                              labels=["band", "tenant"])
+    bands: dict[str, float] = {}
+    for (band, _), seconds in served.items():
+        bands[band] = bands.get(band, 0.0) + seconds
+    for (band, tenant), seconds in sorted(served.items()):
+        total.add_metric([band, tenant], seconds)
+        if bands[band] > 0:
+            share.add_metric([band, tenant], seconds / bands[band])
+    yield total
+    yield share

@@ -47,6 +47,8 @@ from scheduler import (
     check_plan_invariants,
     decide_submit,
 )
+from scheduler.fairness import ServiceLedger
+from scheduler.ordering import join_fair_share
 from scheduler.placement import (
     Holding,
     LoadEstimates,
@@ -184,6 +186,8 @@ class SimArrival:
     model: str | None = None
     """The base model its chunks need resident (None: the single-model mix)."""
     adapters: tuple[str, ...] = ()
+    tenant: str | None = None
+    """Its tenant (None: ``acme`` for a gold job, ``hobbyist`` for a standard one)."""
 
     @property
     def group(self) -> str:
@@ -307,7 +311,8 @@ class _Job:
         if self.view is None:
             a, shape = self.arrival, self.arrival.shape
             self.view = JobView(
-                job_id=self.id, tenant="acme" if a.tier is Tier.GOLD else "hobbyist",
+                job_id=self.id, tenant=a.tenant or ("acme" if a.tier is Tier.GOLD
+                                                    else "hobbyist"),
                 tier=a.tier, slo_class=shape.slo, kind=shape.kind, state=self.state,
                 submitted_at_s=a.arrival_s, deadline_s=a.deadline_s, cost_key=shape.cost_key,
                 num_chunks=shape.chunks, next_chunk=self.next_chunk,
@@ -398,6 +403,8 @@ class SimResult:
     """Loads, load seconds, warm starts and peak bytes when residency is modelled."""
     moves: dict[str, int] = field(default_factory=dict)
     """How the plans moved jobs (``ClusterSim.moves``)."""
+    served_s: dict[str, float] = field(default_factory=dict)
+    """Worker-seconds each tenant's chunks ran while arrivals lasted (the fairness bench)."""
     reasons: dict[int, str] = field(default_factory=dict)
     """Per job shed at submit, expired or parked by overload, the last reason it was given
     (what its events would say)."""
@@ -427,6 +434,9 @@ class ClusterSim:
         self.status = ["unfinished"] * len(trace)
         self.lost_s = 0.0
         self.ticks = 0
+        self.ledger = ServiceLedger()
+        """The tenants' fair-share counters (``scheduler.fairness``): each chunk's measured
+        seconds charged as it ends, the join rule applied each tick (what Redis keeps live)."""
         self.planner = IncrementalPlanner()
         """The live tick's planner, held across ticks (it reads only the views that changed:
         a job's view is rebuilt only when what it shows changes, as the live cache does)."""
@@ -739,6 +749,7 @@ class ClusterSim:
         w.job = None
         if job.state is JobState.RUNNING and job.running_on == w.name:
             job.service_s += ran_s
+            self._charge(job, ran_s)
             job.running_on = None
             if w.stop_groups < 0:
                 self._chunks_done(job, job.arrival.shape.chunks - job.next_chunk, w)
@@ -752,6 +763,17 @@ class ClusterSim:
                                                   shape.units_per_chunk, ran_s)
                 self._chunks_done(job, 1, w)
         self._wake(w)
+
+    def _charge(self, job: _Job, seconds: float) -> None:
+        """The commit's charge: measured seconds to the job's tenant in its class's band
+        (and, while arrivals last, to its tenant's served seconds the report counts)."""
+        view = job.job_view()
+        if self.now <= self.config.duration_s:
+            served = self.result.served_s
+            served[view.tenant] = served.get(view.tenant, 0.0) + seconds
+        if self.policy.fair_share.enabled:
+            self.ledger = self.ledger.charged(view.slo_class.value, view.tenant,
+                                              view.tier.value, seconds)
 
     def _chunks_done(self, job: _Job, count: int, w: _Worker | None = None) -> None:
         shape = job.arrival.shape
@@ -808,6 +830,7 @@ class ClusterSim:
         if w.stop_groups < 0:  # atomic: the chunks it finished were checkpointed one by one
             kept = self._checkpointed_chunks(job, ran_s)
             job.service_s += kept
+            self._charge(job, kept)
             ran_s -= kept
         w.busy_s += ran_s
         self.lost_s += ran_s
@@ -833,6 +856,10 @@ class ClusterSim:
         snapshot = ClusterSnapshot(tuple(j.job_view() for j in self.live.values()),
                                    self._worker_views(), self.cost, self.state)
         started = time.perf_counter()
+        if self.policy.fair_share.enabled:
+            snapshot, joined = join_fair_share(replace(snapshot, service=self.ledger),
+                                               self.policy)
+            self.ledger = joined.ledger
         plan = self.planner.plan(snapshot, self.policy, self.now)
         self.result.tick_ms.append((time.perf_counter() - started) * 1e3)
         self.result.tick_jobs.append(len(snapshot.jobs))

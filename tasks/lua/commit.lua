@@ -5,7 +5,7 @@
 -- queue's list, as kombu's Redis transport would (priority 0: the queue's own list), and
 -- records it published: the commit, the publish and its bookkeeping are one round trip.
 --
--- KEYS: job, ckpt, events, active, done, timings, changes
+-- KEYS: job, ckpt, events, active, done, timings, changes, fair
 -- ARGV: chunk, epoch, seq, complete, has_ckpt, checkpoint, service_s, now, worker, task_id,
 --       options, commit_id
 -- Needs: lifecycle, _events
@@ -18,6 +18,8 @@
 -- timings     stream  measured seconds per cost unit of each chunk (sl:timings)
 -- changes     stream  the change stream the tick folds (sl:changes); a commit's entry
 --                     carries its seq, chunk and service_s (the job's own chunk times)
+-- fair        hash    measured worker-seconds per "band<TAB>tenant<TAB>tier" (sl:fair:service,
+--                     the tenants' fair-share counters: scheduler.fairness)
 -- chunk       int     the chunk that ran
 -- epoch       int     the epoch it was claimed at
 -- seq         int     the sequence number it was claimed at
@@ -61,6 +63,7 @@ local active = KEYS[4]
 local done = KEYS[5]
 local timings = KEYS[6]
 local changes = KEYS[7]
+local fair = KEYS[8]
 local chunk = ARGV[1]
 local epoch = ARGV[2]
 local seq = ARGV[3]
@@ -76,7 +79,8 @@ local commit_id = ARGV[12]
 local REFERENCE_MAGIC = 'slckref:'
 
 local h = redis.call('HMGET', job, 'state', 'epoch', 'seq', 'next_chunk', 'num_chunks',
-                     'preempt', 'cancel', 'queue', 'preemptions', 'id', 'cost_key')
+                     'preempt', 'cancel', 'queue', 'preemptions', 'id', 'cost_key', 'slo',
+                     'tenant', 'tier')
 if h[1] ~= STATE.RUNNING or h[2] ~= epoch or h[3] ~= seq or h[4] ~= chunk then
   return {'stale'}
 end
@@ -93,6 +97,8 @@ local new_seq = tonumber(seq) + 1
 redis.call('HSET', job, 'seq', new_seq, 'next_chunk', nxt, 'commit_id', commit_id,
            'updated_at', now)
 redis.call('HINCRBYFLOAT', job, 'service_s', service_s)
+redis.call('HINCRBYFLOAT', fair, (h[12] or '') .. '\t' .. (h[13] or '') .. '\t' .. (h[14] or ''),
+           service_s)
 local replaced = ''
 if has_ckpt == '1' then
   if redis.call('GETRANGE', ckpt, 0, #REFERENCE_MAGIC - 1) == REFERENCE_MAGIC then

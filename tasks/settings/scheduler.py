@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from scheduler.batching import BatchingConfig
+from scheduler.fairness import FairShareConfig
 from scheduler.model import JobKind
 from scheduler.policy import OverloadMeasure, PolicyConfig, PolicyKind, ScoreWeights
 from tasks.settings.durations import Seconds
@@ -94,6 +95,31 @@ class BatchingSettings(BaseModel):
         return BatchingConfig(enabled=self.enabled, max_batch=self.max_batch,
                               growth=dict(self.growth), default_growth=self.default_growth,
                               learn=self.learn)
+
+
+TierName = Literal["gold", "standard"]
+
+
+def _default_fair_weights() -> dict[TierName, float]:
+    return {"gold": FairShareConfig().weight("gold"),
+            "standard": FairShareConfig().weight("standard")}  # one table, in the policy
+
+
+class FairShareSettings(BaseModel):
+    """Tenant fair share within each class's band (``scheduler.fairness``)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    enabled: bool = False
+    """Order each band by the tenants' weighted worker-seconds (least first); off: by
+    value-weighted remaining work alone."""
+    weights: dict[TierName, float] = Field(
+        default_factory=_default_fair_weights)
+    """Each tier's relative share of a band while its tenants are backlogged."""
+
+    def to_config(self) -> FairShareConfig:
+        return FairShareConfig(enabled=self.enabled,
+                               weights={str(tier): w for tier, w in self.weights.items()})
 
 
 class SchedulerSettings(BaseModel):
@@ -191,6 +217,8 @@ class SchedulerSettings(BaseModel):
     judged unable to meet its deadline (demoted, or shed if it asked to be)."""
     batching: BatchingSettings = Field(default_factory=BatchingSettings)
     """Step-level batching of compatible jobs."""
+    fair_share: FairShareSettings = Field(default_factory=FairShareSettings)
+    """Tenant fair share within each class's band."""
 
     @model_validator(mode="after")
     def _consistent(self) -> SchedulerSettings:
@@ -239,4 +267,5 @@ class SchedulerSettings(BaseModel):
             hop_overhead_s=self.hop_overhead,
             tick_interval_s=self.origin_detection_interval,
             batching=self.batching.to_config(),
+            fair_share=self.fair_share.to_config(),
         )

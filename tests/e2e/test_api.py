@@ -94,6 +94,8 @@ def test_a_job_submitted_over_rest_runs_on_workers_and_serves_its_result(
         assert 'stepline_slo_attainment{slo="batch"} 1.0' in metrics
         assert 'stepline_job_latency_seconds_count{slo="batch"} 1.0' in metrics
         assert "stepline_workers 1.0" in metrics
+        # the worker-seconds its chunks ran, charged to its tenant's band by the commits
+        assert 'stepline_tenant_service_share{band="batch",tenant="alice"} 1.0' in metrics
         httpx.get(api + "/metrics")  # a second scrape counts nothing twice
         assert 'state="DONE"} 1.0' in httpx.get(api + "/metrics").text
 

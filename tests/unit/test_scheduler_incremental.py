@@ -27,6 +27,7 @@ from scheduler import (
     plan_tick,
 )
 from scheduler.batching import BatchingConfig
+from scheduler.fairness import FairShareConfig, ServiceLedger
 from scheduler.incremental import IncrementalPlanner
 from scheduler.plan import TickPlan
 from scheduler.policy import OverloadMeasure
@@ -40,6 +41,9 @@ _POLICIES = (
                  convergence_threshold=0.5, convergence_hysteresis=0.1),
     PolicyConfig(batching=BatchingConfig(max_batch=3)),
     PolicyConfig(overload_measure=OverloadMeasure.COMPUTE, load_window_s=10.0),
+    PolicyConfig(fair_share=FairShareConfig(enabled=True)),
+    PolicyConfig(fair_share=FairShareConfig(enabled=True, weights={"gold": 3.0}),
+                 batching=BatchingConfig(max_batch=3)),
 )
 _STATES = tuple(JobState)
 
@@ -72,6 +76,7 @@ class History(RuleBasedStateMachine):
         self.workers: list[WorkerView] = []
         self.cost = PolicyConfig().new_cost_model()
         self.state = PolicyState()
+        self.ledger = ServiceLedger()
         self.policy = _POLICIES[0]
         self.now_s = NOW_S
         self.serial = 0
@@ -178,13 +183,21 @@ class History(RuleBasedStateMachine):
             self.workers[k] = replace(worker, loads=(*worker.loads[-3:],
                                                      (self.now_s - ago, seconds)))
 
+    @rule(band=st.sampled_from(("realtime", "interactive", "batch")),
+          tenant=st.sampled_from(("a", "b")), tier=st.sampled_from(("gold", "standard")),
+          seconds=st.sampled_from((0.1, 1.0, 7.3, 100.0)))
+    def serve(self, band: str, tenant: str, tier: str, seconds: float) -> None:
+        """A chunk commits: its measured seconds go to its tenant's fair-share counter."""
+        self.ledger = self.ledger.charged(band, tenant, tier, seconds)
+
     @rule(policy=st.sampled_from(_POLICIES))
     def change_policy(self, policy: PolicyConfig) -> None:
         self.policy = policy
 
     @invariant()
     def plans_are_equal(self) -> None:
-        snapshot = ClusterSnapshot(tuple(self.jobs), tuple(self.workers), self.cost, self.state)
+        snapshot = ClusterSnapshot(tuple(self.jobs), tuple(self.workers), self.cost, self.state,
+                                   service=self.ledger)
         expected = plan_tick(snapshot, self.policy, self.now_s)
         got = self.planner.plan(snapshot, self.policy, self.now_s)
         assert exact(got) == exact(expected)

@@ -1,0 +1,217 @@
+"""Tenant fair share within a priority band: a virtual counter per tenant in worker-seconds.
+
+The Virtual Token Counter of Sheng et al. ("Fairness in Serving Large Language Models", OSDI
+'24), counted in worker-seconds instead of tokens. A band is an SLO class (realtime,
+interactive, batch): each tenant active in a band has a counter there, its measured service in
+that band over its tier's weight, plus the lift the join rule gave it. Within a band the tick
+serves the least counter first:
+
+- **Charged at placement, corrected at completion.** A job in flight (queued or running) is
+  charged its next chunk's estimate (the cost model's) on top of its tenant's counter; when the
+  chunk commits, the estimate gives way to the chunk's measured seconds, which the commit adds
+  to the stored counter (``tasks/lua/commit.lua``; the simulator's chunk end). A tenant's jobs
+  queue behind one another: the k-th of them starts at the counter plus the estimates of the
+  k − 1 before it, so one tick filling many slots interleaves the tenants as the counters would
+  one pick at a time.
+- **No banked credit.** A tenant that becomes active in a band (it had no live job there at
+  the last tick) joins at the least counter among the tenants active there before and still
+  (:func:`join`); when none is, at the least counter the band had when it was last busy. A
+  tenant idle for an hour comes back level with the others, not an hour ahead.
+- **Deadlines still win.** A job whose slack (``scheduler.placement.slack_s``, the one slack
+  function) no longer covers its next chunk goes before the fair order of its band; work past
+  saving (negative slack, demoted or deferred) goes after it.
+- **Warm first on ties.** Of two jobs at the same counter, the one whose model a worker holds
+  (no load expected) goes first: placement then sends it where the model is.
+
+Pure (stdlib only) and shared by the live tick and the simulator. The planner reads the
+counters from the snapshot (``ClusterSnapshot.service``); the caller keeps them between ticks
+(the join rule's lifts and the active set are its to persist: ``tasks.fair_share``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any
+
+TenantKey = tuple[str, str]
+"""(band, tenant): a band is an SLO class's name."""
+
+ServiceKey = tuple[str, str, str]
+"""(band, tenant, tier): measured worker-seconds are kept by tier, so the weights apply when
+the counter is read and may change at run time."""
+
+URGENT, ON_TIME, PAST_SAVING = 0, 1, 2
+"""Within a band, best first: a job whose slack no longer covers its next chunk, work that can
+still make its deadline (the fair order), work past saving."""
+
+FairKey = tuple[float, float, float, float]
+"""(band rank, urgency, start tag, warm 0 / cold 1): smaller first."""
+
+
+def _default_weights() -> Mapping[str, float]:
+    return MappingProxyType({"gold": 2.0, "standard": 1.0})
+
+
+@dataclass(frozen=True, slots=True)
+class FairShareConfig:
+    """Whether the tick orders each band by tenant fair share, and each tier's weight."""
+
+    enabled: bool = False
+    """Off: within the on-time band jobs go by value-weighted remaining work alone (a tenant
+    that submits ten times more takes ten times the workers)."""
+    weights: Mapping[str, float] = field(default_factory=_default_weights)
+    """Share of each tier, relative: a gold tenant backlogged beside a standard one gets twice
+    its worker-seconds. A tier not named weighs 1."""
+
+    def __post_init__(self) -> None:
+        for tier, weight in self.weights.items():
+            if not (math.isfinite(weight) and weight > 0.0):
+                raise ValueError(f"fair-share weight of tier {tier!r} must be > 0, got {weight}")
+
+    def weight(self, tier: str) -> float:
+        return self.weights.get(tier, 1.0)
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceLedger:
+    """The counters between ticks: measured worker-seconds per (band, tenant, tier), the lift
+    the join rule gave each (band, tenant), who was active at the last tick, and each band's
+    least counter then."""
+
+    service_s: Mapping[ServiceKey, float] = field(default_factory=dict)
+    lift: Mapping[TenantKey, float] = field(default_factory=dict)
+    """Virtual seconds added when the tenant (re)joined a busy band."""
+    active: frozenset[TenantKey] = frozenset()
+    floor: Mapping[str, float] = field(default_factory=dict)
+    """Per band: the least counter among its active tenants at the last tick (where a tenant
+    joins a band whose every tenant was new)."""
+
+    def virtual(self, config: FairShareConfig) -> dict[TenantKey, float]:
+        """Every (band, tenant)'s counter: lift + Σ measured seconds ÷ the tier's weight."""
+        out: dict[TenantKey, float] = dict(self.lift)
+        for (band, tenant, tier), seconds in sorted(self.service_s.items()):
+            key = (band, tenant)
+            out[key] = out.get(key, 0.0) + seconds / config.weight(tier)
+        return out
+
+    def worker_s(self) -> dict[TenantKey, float]:
+        """Measured worker-seconds per (band, tenant), whatever the tier."""
+        out: dict[TenantKey, float] = {}
+        for (band, tenant, _), seconds in sorted(self.service_s.items()):
+            out[band, tenant] = out.get((band, tenant), 0.0) + seconds
+        return out
+
+    def charged(self, band: str, tenant: str, tier: str, seconds: float) -> ServiceLedger:
+        """The ledger with ``seconds`` of measured service added (what a commit does)."""
+        key = (band, tenant, tier)
+        service = dict(self.service_s)
+        service[key] = service.get(key, 0.0) + seconds
+        return replace(self, service_s=service)
+
+    def to_json(self) -> dict[str, Any]:
+        """A plain dict (the lifts, the active set and the floors; the measured seconds are
+        kept apart, where the commits add to them)."""
+        return {"lift": [[b, t, v] for (b, t), v in sorted(self.lift.items())],
+                "active": sorted([b, t] for b, t in self.active),
+                "floor": dict(sorted(self.floor.items()))}
+
+
+@dataclass(frozen=True, slots=True)
+class Joined:
+    """:func:`join`'s outcome: the ledger to order by and persist, and the lifts it made."""
+
+    ledger: ServiceLedger
+    lifts: Mapping[TenantKey, float]
+    """(band, tenant) → the lift added this tick (> 0)."""
+
+
+def join(ledger: ServiceLedger, active: Iterable[TenantKey],
+         config: FairShareConfig) -> Joined:
+    """The join rule: each (band, tenant) in ``active`` that was not active at the last tick is
+    lifted to the least counter of the band's tenants active then and now (none: the band's
+    floor), if below it. The active set and the floors become this tick's."""
+    now = frozenset(active)
+    virtual = ledger.virtual(config)
+    by_band: dict[str, list[str]] = {}
+    for band, tenant in sorted(now):
+        by_band.setdefault(band, []).append(tenant)
+    lift = dict(ledger.lift)
+    lifts: dict[TenantKey, float] = {}
+    floor = dict(ledger.floor)
+    for band, tenants in by_band.items():
+        staying = [virtual.get((band, t), 0.0) for t in tenants if (band, t) in ledger.active]
+        reference = min(staying) if staying else floor.get(band)
+        for tenant in tenants:
+            key = (band, tenant)
+            own = virtual.get(key, 0.0)
+            if key not in ledger.active and reference is not None and own < reference:
+                lifts[key] = reference - own
+                lift[key] = lift.get(key, 0.0) + lifts[key]
+                virtual[key] = reference
+        floor[band] = min(virtual.get((band, t), 0.0) for t in tenants)
+    return Joined(ServiceLedger(ledger.service_s, lift, now, floor), lifts)
+
+
+@dataclass(frozen=True, slots=True)
+class FairJob:
+    """What the fair order reads of one live job."""
+
+    band: int
+    """Its class's rank (0: realtime)."""
+    tenant: str
+    weight: float
+    urgency: int
+    """:data:`URGENT`, :data:`ON_TIME` or :data:`PAST_SAVING`."""
+    in_flight: bool
+    """Queued or running: its next chunk is placed, so its estimate is charged already."""
+    chunk_s: float
+    """Its next chunk's estimated worker-seconds."""
+    warm: bool
+    """A worker holds its model (no load expected before its next chunk)."""
+
+
+def urgency(slack_s: float, chunk_s: float, past_saving: bool) -> int:
+    """:data:`URGENT` when the slack no longer covers the next chunk (but is not negative),
+    :data:`PAST_SAVING` for work that cannot make its deadline or is demoted or deferred."""
+    if past_saving or slack_s < 0.0:
+        return PAST_SAVING
+    return URGENT if slack_s < chunk_s else ON_TIME
+
+
+def fair_keys(jobs: Sequence[FairJob], within: Sequence[tuple[float, float]],
+              counters: Mapping[TenantKey, float], band_names: Sequence[str]
+              ) -> list[FairKey]:
+    """Each job's :data:`FairKey`. ``within``: the job's own key in the band's previous order
+    (value-weighted remaining work), which orders a tenant's jobs among themselves after their
+    urgency and whether they are in flight; ``counters``: :meth:`ServiceLedger.virtual` (a
+    tenant absent counts 0); ``band_names[band]``: the band's name in the counters.
+
+    A tenant's jobs in that order start at its counter plus the charges of those before it
+    (each its chunk estimate over its weight), summed from zero in order and added to the
+    counter last. O(n log n): one sort."""
+    walk = sorted(range(len(jobs)), key=lambda i: (
+        jobs[i].band, jobs[i].tenant, jobs[i].urgency, not jobs[i].in_flight, within[i], i))
+    keys: list[FairKey] = [(0.0, 0.0, 0.0, 0.0)] * len(jobs)
+    group: tuple[int, str] | None = None
+    base, charged = 0.0, 0.0
+    for i in walk:
+        job = jobs[i]
+        if (job.band, job.tenant) != group:
+            group = (job.band, job.tenant)
+            base, charged = counters.get((band_names[job.band], job.tenant), 0.0), 0.0
+        keys[i] = (float(job.band), float(job.urgency), base + charged,
+                   0.0 if job.warm else 1.0)
+        charged += job.chunk_s / job.weight
+    return keys
+
+
+def jain_index(values: Sequence[float]) -> float:
+    """Jain's fairness index of ``values`` (1: all equal; 1/n: one takes everything)."""
+    if not values:
+        return 1.0
+    total = sum(values)
+    squares = sum(v * v for v in values)
+    return 1.0 if squares == 0.0 else total * total / (len(values) * squares)
