@@ -24,7 +24,7 @@ from typing import Protocol
 
 import torch
 
-Weights = tuple[torch.Tensor, torch.Tensor]  # (gate_up, down) of one expert
+Weights = tuple[torch.Tensor, ...]  # (gate_up, down[, gate_up bias, down bias]) of one expert
 
 
 class CopyHandle(Protocol):
@@ -68,8 +68,7 @@ class _Done:
 
 
 def _to_device(src: Weights, device: torch.device, non_blocking: bool = False) -> Weights:
-    return (src[0].to(device, non_blocking=non_blocking, copy=True),
-            src[1].to(device, non_blocking=non_blocking, copy=True))
+    return tuple(t.to(device, non_blocking=non_blocking, copy=True) for t in src)
 
 
 class InlineCopier:

@@ -155,10 +155,13 @@ class CacheCounters:
 
 @dataclass(slots=True)
 class HostExperts:
-    """One model's fused expert weights in host memory, per MoE layer."""
+    """One model's fused expert weights in host memory, per MoE layer. Families whose experts
+    carry biases (gpt-oss) hold them beside the weights; an expert's slice is its row of each."""
 
-    gate_up: dict[int, torch.Tensor]  # layer -> [E, 2I, H]
-    down: dict[int, torch.Tensor]  # layer -> [E, H, I]
+    gate_up: dict[int, torch.Tensor]  # layer -> [E, 2I, H] ([E, H, 2I] for gpt-oss)
+    down: dict[int, torch.Tensor]  # layer -> [E, H, I] ([E, I, H] for gpt-oss)
+    gate_up_bias: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [E, 2I]
+    down_bias: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [E, H]
 
     @property
     def layers(self) -> list[int]:
@@ -170,13 +173,21 @@ class HostExperts:
 
     @property
     def expert_bytes(self) -> int:
-        """Bytes of one expert (gate/up plus down projections)."""
-        layer = self.layers[0]
-        per = self.gate_up[layer][0].numel() + self.down[layer][0].numel()
-        return per * self.gate_up[layer].element_size()
+        """Bytes of one expert's slice (gate/up plus down projections, and their biases)."""
+        return sum(t.numel() * t.element_size() for t in self.weights(self.layers[0], 0))
 
     def weights(self, layer: int, expert: int) -> Weights:
+        """Expert ``expert``'s slice of layer ``layer``: (gate_up, down), then (gate_up bias,
+        down bias) for a family with expert biases."""
+        if layer in self.gate_up_bias:
+            return (self.gate_up[layer][expert], self.down[layer][expert],
+                    self.gate_up_bias[layer][expert], self.down_bias[layer][expert])
         return self.gate_up[layer][expert], self.down[layer][expert]
+
+    def tensors(self) -> Iterator[torch.Tensor]:
+        """Every host tensor (weights and biases), for the model residency."""
+        for part in (self.gate_up, self.down, self.gate_up_bias, self.down_bias):
+            yield from part.values()
 
 
 @dataclass(slots=True)

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from workers.moe.copy import Weights
 from workers.moe.expert_cache import ExpertCache
 from workers.moe.versioned import VersionedExperts
 
@@ -61,12 +62,38 @@ class CachedExperts(nn.Module):
             weights = cache.acquire(self.layer, group, tokens)
             try:
                 for expert in group:
-                    gate_up, down = weights[expert]
                     top_k_pos, token_idx = torch.where(mask[expert])
-                    gate, up = F.linear(hidden_states[token_idx], gate_up).chunk(2, dim=-1)
-                    out = F.linear(self.act_fn(gate) * up, down)
+                    out = self.expert_output(weights[expert], hidden_states[token_idx])
                     out = out * top_k_weights[token_idx, top_k_pos, None]
                     final.index_add_(0, token_idx, out.to(final.dtype))
             finally:
                 cache.release(self.layer, group)
         return final
+
+    def expert_output(self, weights: Weights, states: torch.Tensor) -> torch.Tensor:
+        """One expert's MLP on the tokens routed to it (``weights``: its cached slice)."""
+        gate_up, down = weights[0], weights[1]
+        gate, up = F.linear(states, gate_up).chunk(2, dim=-1)
+        return F.linear(self.act_fn(gate) * up, down)
+
+
+class GptOssCachedExperts(CachedExperts):
+    """:class:`CachedExperts` with ``GptOssExperts``' arithmetic: transposed fused weights with
+    biases, gate and up interleaved, both clamped to ``limit``, gate scaled by ``alpha``."""
+
+    def __init__(
+        self, cache: ExpertCache | VersionedExperts, layer: int, num_experts: int, alpha: float,
+        limit: float,
+    ) -> None:
+        super().__init__(cache, layer, num_experts, torch.sigmoid)
+        self.alpha = alpha
+        self.limit = limit
+
+    def expert_output(self, weights: Weights, states: torch.Tensor) -> torch.Tensor:
+        gate_up_proj, down_proj, gate_up_bias, down_bias = weights
+        gate_up = states @ gate_up_proj + gate_up_bias
+        gate, up = gate_up[..., ::2], gate_up[..., 1::2]
+        gate = gate.clamp(min=None, max=self.limit)
+        up = up.clamp(min=-self.limit, max=self.limit)
+        glu = gate * torch.sigmoid(gate * self.alpha)
+        return ((up + 1) * glu) @ down_proj + down_bias

@@ -52,11 +52,16 @@ def kv_pairs(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def kv_to_tensors(cache: DynamicCache) -> dict[str, torch.Tensor]:
-    """The cache's per-layer key/value tensors, named for a checkpoint."""
+    """The cache's per-layer key/value tensors, named for a checkpoint. A sliding-window layer
+    keeps only its last ``window - 1`` tokens, so it also saves how many it has seen
+    (``kv.<i>.seen``): the positions and the window's mask follow that count, not the kept one."""
     tensors = {}
     for layer, (keys, values) in enumerate(kv_pairs(cache)):
         tensors[_KV_KEY.format(layer=layer, part="key")] = keys
         tensors[_KV_KEY.format(layer=layer, part="value")] = values
+        seen = getattr(cache.layers[layer], "cumulative_length", None)
+        if isinstance(seen, int):
+            tensors[_KV_KEY.format(layer=layer, part="seen")] = torch.tensor(seen)
     return tensors
 
 
@@ -70,4 +75,11 @@ def kv_from_tensors(
         value = tensors[_KV_KEY.format(layer=layer, part="value")]
         pairs.append((tensors[key].to(device), value.to(device)))
         layer += 1
-    return DynamicCache(ddp_cache_data=pairs, config=config)
+    cache = DynamicCache(ddp_cache_data=pairs, config=config)
+    for index, cache_layer in enumerate(cache.layers):
+        seen = tensors.get(_KV_KEY.format(layer=index, part="seen"))
+        if seen is not None:
+            if not hasattr(cache_layer, "cumulative_length"):
+                raise CheckpointError(f"KV layer {index} was saved sliding; the model's is not")
+            cache_layer.cumulative_length = int(seen)
+    return cache

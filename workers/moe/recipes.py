@@ -15,6 +15,7 @@ import torch
 import yaml  # type: ignore[import-untyped,unused-ignore]
 from transformers import (
     AutoModelForCausalLM,
+    GptOssConfig,
     MixtralConfig,
     OlmoeConfig,
     PretrainedConfig,
@@ -33,6 +34,7 @@ _CONFIGS: dict[str, type[PretrainedConfig]] = {
     "mixtral": MixtralConfig,
     "qwen3_moe": Qwen3MoeConfig,
     "olmoe": OlmoeConfig,
+    "gpt_oss": GptOssConfig,
 }
 # Mixtral's router always renormalises its top-k weights; the others follow norm_topk_prob.
 _ALWAYS_NORMALISE = {"mixtral"}
@@ -78,8 +80,10 @@ class LoadedModel:
         return bool(getattr(self.model.config, "norm_topk_prob", False))
 
 
-def list_recipes(models_dir: Path = MODELS_DIR) -> list[str]:
-    """Names of the MoE (``kind: text``) recipes in ``models_dir``."""
+def list_recipes(models_dir: Path | None = None) -> list[str]:
+    """Names of the MoE (``kind: text``) recipes in ``models_dir`` (default :data:`MODELS_DIR`,
+    read when called)."""
+    models_dir = MODELS_DIR if models_dir is None else models_dir
     names = []
     for path in sorted(models_dir.glob("*.yaml")):
         raw = _read_yaml(path)
@@ -88,8 +92,10 @@ def list_recipes(models_dir: Path = MODELS_DIR) -> list[str]:
     return names
 
 
-def load_recipe(name: str, models_dir: Path = MODELS_DIR) -> MoeRecipe:
-    """Read recipe ``name``; raises :class:`ModelConfigError` naming what is wrong."""
+def load_recipe(name: str, models_dir: Path | None = None) -> MoeRecipe:
+    """Read recipe ``name`` from ``models_dir`` (default :data:`MODELS_DIR`, read when called);
+    raises :class:`ModelConfigError` naming what is wrong."""
+    models_dir = MODELS_DIR if models_dir is None else models_dir
     path = models_dir / f"{name}.yaml"
     if not path.is_file():
         known = ", ".join(list_recipes(models_dir)) or "none"

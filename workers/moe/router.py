@@ -173,9 +173,16 @@ class StepRouter(nn.Module):
         native_top_k: int,
         normalise: bool,
         context: RoutingContext,
+        bias: nn.Parameter | None = None,
+        softmax_top: bool = False,
     ) -> None:
         super().__init__()
         self.weight = weight
+        self.bias = bias
+        self.softmax_top = softmax_top
+        """gpt-oss: the weights are the softmax of the chosen experts' logits (its router takes
+        the top-k of the biased logits, then a softmax over those k); under a temperature or
+        penalty, the normalised probabilities of the chosen experts (``normalise``)."""
         self.layer = layer
         self.native_top_k = native_top_k
         self.normalise = normalise
@@ -184,7 +191,7 @@ class StepRouter(nn.Module):
     def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, ...]:
         config = self.context.config
         hidden = hidden_states.reshape(-1, self.weight.shape[1])
-        logits = F.linear(hidden, self.weight)
+        logits = F.linear(hidden, self.weight, self.bias)
         probs = routing_probs(logits, config, self._usage_share())
         top_probs, top_index = torch.topk(probs, config.effective_k(self.native_top_k), dim=-1)
         if config.expert_capacity is not None:
@@ -196,7 +203,11 @@ class StepRouter(nn.Module):
         if self.context.observer is not None:
             routed = (hidden, top_index) if keep is None else (hidden[keep], top_index[keep])
             self.context.observer(self.layer, *routed)
-        if self.normalise:
+        if self.softmax_top and config.temperature == 1.0 and config.diversity_penalty <= 0:
+            # the same numbers as the normalised probabilities below, in gpt-oss's own order
+            chosen = logits.gather(-1, top_index)
+            top_probs = torch.softmax(chosen, dim=1, dtype=chosen.dtype)
+        elif self.normalise:
             top_probs = top_probs / top_probs.sum(dim=-1, keepdim=True)
         if keep is not None:
             top_probs, top_index = drop_tokens(top_probs, top_index, keep, self.weight.shape[0])

@@ -11,7 +11,7 @@ from torch import nn
 
 from workers.errors import ModelConfigError
 from workers.moe.expert_cache import CacheConfig, ExpertCache, HostExperts
-from workers.moe.experts import CachedExperts
+from workers.moe.experts import CachedExperts, GptOssCachedExperts
 from workers.moe.prefetch import Lookahead, LookaheadPredictor
 from workers.moe.recipes import LoadedModel
 from workers.moe.router import RouterConfig, RoutingContext, StepRouter
@@ -136,19 +136,25 @@ def _moe_layers(model: nn.Module) -> dict[int, nn.Module]:
     return {
         i: block
         for i, block in enumerate(blocks)
-        if hasattr(block, "experts") and hasattr(block, "gate")
+        if hasattr(block, "experts") and (hasattr(block, "gate") or hasattr(block, "router"))
     }
 
 
 def _extract_host_experts(layers: dict[int, nn.Module], pin: bool) -> HostExperts:
-    gate_up, down = {}, {}
+    parts: dict[str, dict[int, torch.Tensor]] = {name: {} for name in _EXPERT_TENSORS}
     for layer, block in layers.items():
         experts = block.get_submodule("experts")
-        gate_up[layer] = _tensor(experts, "gate_up_proj").detach().clone()
-        down[layer] = _tensor(experts, "down_proj").detach().clone()
-        if pin:
-            gate_up[layer], down[layer] = gate_up[layer].pin_memory(), down[layer].pin_memory()
-    return HostExperts(gate_up=gate_up, down=down)
+        for name, held in parts.items():
+            if name.endswith("_bias") and getattr(experts, name, None) is None:
+                continue  # only gpt-oss's experts carry biases
+            held[layer] = _tensor(experts, name).detach().clone()
+            if pin:
+                held[layer] = held[layer].pin_memory()
+    return HostExperts(gate_up=parts["gate_up_proj"], down=parts["down_proj"],
+                       gate_up_bias=parts["gate_up_proj_bias"], down_bias=parts["down_proj_bias"])
+
+
+_EXPERT_TENSORS = ("gate_up_proj", "down_proj", "gate_up_proj_bias", "down_proj_bias")
 
 
 def _install(
@@ -156,7 +162,19 @@ def _install(
     context: RoutingContext,
 ) -> nn.Parameter:
     """Swap in the cache-backed experts and the step router; returns the router's weight."""
-    act_fn = block.get_submodule("experts").act_fn
+    native = block.get_submodule("experts")
+    if hasattr(block, "router"):  # gpt-oss: biased router, softmax over the top-k logits
+        weight = _tensor(block.get_submodule("router"), "weight")
+        bias = _tensor(block.get_submodule("router"), "bias")
+        if not isinstance(weight, nn.Parameter) or not isinstance(bias, nn.Parameter):
+            raise ModelConfigError(f"layer {layer}: the gpt-oss router has no weight and bias")
+        block.experts = GptOssCachedExperts(experts, layer, loaded.num_experts,
+                                            float(getattr(native, "alpha")),  # noqa: B009
+                                            float(getattr(native, "limit")))  # noqa: B009
+        block.router = StepRouter(weight, layer, loaded.native_top_k, True, context, bias=bias,
+                                  softmax_top=True)
+        return weight
+    act_fn = native.act_fn
     weight = _tensor(block.get_submodule("gate"), "weight")
     if not callable(act_fn) or not isinstance(weight, nn.Parameter):
         raise ModelConfigError(f"layer {layer}: the MoE block is not a transformers 5 fused block")

@@ -117,8 +117,7 @@ class VersionedExperts:
         with self._lock:
             hosts, caches = list(self._hosts.values()), list(self._caches.values())
         for host in hosts:
-            yield from host.gate_up.values()
-            yield from host.down.values()
+            yield from host.tensors()
         for cache in caches:
             yield from cache.tensors()
 
@@ -157,7 +156,9 @@ def read_expert_file(path: Path, like: HostExperts) -> HostExperts:
         target[layer] = tensor.to(target[layer].dtype)
     if not tensors:
         raise ExpertVersionError(f"{path} holds no expert tensors")
-    host = HostExperts(gate_up=gate_up, down=down)
+    # expert biases (gpt-oss) are not part of a version file: the version keeps the model's
+    host = HostExperts(gate_up=gate_up, down=down, gate_up_bias=like.gate_up_bias,
+                       down_bias=like.down_bias)
     _check_compatible(like, host, str(path))
     return host
 
@@ -181,7 +182,8 @@ def perturbed_experts(host: HostExperts, scale: float, seed: int = 0) -> HostExp
         return t + t.abs().mean() * scale * noise
 
     return HostExperts(gate_up={k: noisy(v) for k, v in host.gate_up.items()},
-                       down={k: noisy(v) for k, v in host.down.items()})
+                       down={k: noisy(v) for k, v in host.down.items()},
+                       gate_up_bias=host.gate_up_bias, down_bias=host.down_bias)
 
 
 def _check_compatible(live: HostExperts, new: HostExperts, what: str) -> None:
