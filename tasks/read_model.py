@@ -11,10 +11,12 @@ from typing import Any, cast
 
 import redis
 
+from scheduler.fairness import ServiceLedger
 from scheduler.lifecycle import JobState, SloClass
 from tasks import keys, scripts
 from tasks.admission import PublishedAdmission
 from tasks.errors import AdmissionStatusError, JobNotFound, RedisUnavailable
+from tasks.fair_share import read_ledger
 from tasks.heartbeat import Heartbeat
 from tasks.live_counts import LiveByState
 from tasks.record import JobRecord, UnreadableRecord, field_name
@@ -91,6 +93,10 @@ class ReadModel:
 
     def records(self, job_ids: Iterable[str]) -> list[JobRecord | UnreadableRecord]:
         return self.store.records(job_ids)
+
+    def fair_ledger(self) -> ServiceLedger:
+        """Each tenant's fair-share service per band (``tasks.fair_share``)."""
+        return read_ledger(self.store.redis)
 
     def origin_id(self) -> str | None:
         return self.store.origin_id()

@@ -31,7 +31,6 @@ from app.api.stats import (
 from scheduler.fairness import ServiceLedger
 from scheduler.lifecycle import JobState, SloClass
 from tasks import keys
-from tasks.fair_share import read_ledger
 from tasks.heartbeat import Heartbeat
 from tasks.read_model import FinishedCount, ReadModel
 from tasks.settings import Settings
@@ -101,7 +100,7 @@ class StoreCollector(Collector):
         yield GaugeMetricFamily("stepline_origin_active", "1 while a job is the origin",
                                 value=1 if self.reads.origin_id() else 0)
         yield from self._load()
-        yield from fair_share_metrics(read_ledger(self.reads.store.redis))
+        yield from fair_share_metrics(self.reads.fair_ledger())
 
     def _load(self) -> Iterator[Metric]:
         """The last tick's load figures (none before the first tick): the effective load (model
