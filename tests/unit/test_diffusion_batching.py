@@ -14,9 +14,10 @@ from PIL import Image
 from workers.checkpoint import Checkpoint
 from workers.diffusion import validate_params
 from workers.diffusion.batching import batch_groups, decode_together
-from workers.diffusion.blockwise import ADAPTERS, full_forward
+from workers.diffusion.blockwise import full_forward
 from workers.diffusion.components import load_components
-from workers.diffusion.families import FAMILIES, decode_job
+from workers.diffusion.families import decode_job
+from workers.diffusion.pipelines import ADAPTERS, FAMILIES
 from workers.diffusion.recipes import diffusion_recipe
 from workers.diffusion.runner import DiffusionRunner
 from workers.runner import BatchItem, BatchRunner, ChunkResult

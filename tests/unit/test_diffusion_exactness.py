@@ -17,8 +17,9 @@ from diffusers import DiTPipeline, PixArtSigmaPipeline, WanPipeline
 
 from workers.checkpoint import Checkpoint
 from workers.diffusion import get_runner, validate_params
-from workers.diffusion.blockwise import ADAPTERS, full_forward
+from workers.diffusion.blockwise import full_forward
 from workers.diffusion.components import DiffusionComponents, clear_component_cache
+from workers.diffusion.pipelines import ADAPTERS
 from workers.diffusion.runner import DiffusionRunner
 
 pytestmark = pytest.mark.timeout(120)

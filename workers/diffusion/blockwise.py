@@ -153,13 +153,6 @@ class WanBlockwise:
         return hidden.flatten(6, 7).flatten(4, 5).flatten(2, 3)
 
 
-ADAPTERS: dict[str, BlockwiseForward] = {
-    "dit": DiTBlockwise(),
-    "pixart": PixArtBlockwise(),
-    "wan": WanBlockwise(),
-}
-
-
 def run_blocks(
     adapter: BlockwiseForward, model: Any, start: int, stop: int, hidden: torch.Tensor, ctx: Tensors
 ) -> torch.Tensor:

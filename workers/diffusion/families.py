@@ -384,10 +384,3 @@ class WanFamily:
         processor = VideoProcessor(vae_scale_factor=c.recipe.vae_scale_factor)
         out: torch.Tensor = processor.postprocess_video(decoded, output_type="pt")
         return out
-
-
-FAMILIES: dict[str, PipelineFamily] = {
-    "dit": DiTFamily(),
-    "pixart": PixArtFamily(),
-    "wan": WanFamily(),
-}

@@ -32,7 +32,7 @@ from workers.diffusion.adapters import (
 )
 from workers.diffusion.artifacts import VIDEO_FPS, image_artifact, video_artifact
 from workers.diffusion.batching import batch_groups, decode_together, run_passes_together
-from workers.diffusion.blockwise import ADAPTERS, group_bounds, run_blocks
+from workers.diffusion.blockwise import group_bounds, run_blocks
 from workers.diffusion.components import (
     DiffusionComponents,
     component_key,
@@ -41,8 +41,9 @@ from workers.diffusion.components import (
     scheduler_baseline,
     stage_components,
 )
-from workers.diffusion.families import FAMILIES, PipelineFamily, decode_job
+from workers.diffusion.families import PipelineFamily, decode_job
 from workers.diffusion.lora import apply_adapters, loaded_adapters
+from workers.diffusion.pipelines import ADAPTERS, FAMILIES
 from workers.diffusion.recipes import DiffusionRecipe, diffusion_recipe
 from workers.diffusion.scheduler_state import copy_scheduler
 from workers.diffusion.state import (

@@ -1,0 +1,30 @@
+"""Every diffusion family by its recipe name: its step arithmetic and its blockwise forward.
+
+A family lives in its own module (``families.py`` holds the first three and the helpers they
+share); this table is the one place that names them all, so adding a family adds one line to
+each dict here and imports nothing circular.
+"""
+
+from __future__ import annotations
+
+from workers.diffusion.blockwise import (
+    BlockwiseForward,
+    DiTBlockwise,
+    PixArtBlockwise,
+    WanBlockwise,
+)
+from workers.diffusion.families import DiTFamily, PipelineFamily, PixArtFamily, WanFamily
+
+FAMILIES: dict[str, PipelineFamily] = {
+    "dit": DiTFamily(),
+    "pixart": PixArtFamily(),
+    "wan": WanFamily(),
+}
+"""The step arithmetic of each family (``DiffusionRecipe.family``)."""
+
+ADAPTERS: dict[str, BlockwiseForward] = {
+    "dit": DiTBlockwise(),
+    "pixart": PixArtBlockwise(),
+    "wan": WanBlockwise(),
+}
+"""The transformer forward of each family, replayed as prologue, blocks and epilogue."""
