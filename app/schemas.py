@@ -52,6 +52,9 @@ class JobDetail(JobSummary):
         default=None, description="Submit to finish, in seconds (once finished)."
     )
     deadline_met: bool | None = Field(default=None, description="Finished by its deadline.")
+    degraded: dict[str, Any] | None = Field(
+        default=None, description="Set when admission ran the job at fewer steps than asked "
+                                  "(its quality_floor allowed it): steps, full_steps, reason.")
     result_url: str | None = Field(default=None, description="Where the artifact is served.")
 
 

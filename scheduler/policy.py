@@ -134,6 +134,9 @@ class PolicyConfig:
     batch_shed_load: float = 1.0
     """Admission sheds new standard batch work past this load (kept within [the convergence
     threshold, ``shed_load``]: batch is parked first, and refused before interactive work)."""
+    degrade_load: float = 1.0
+    """Past this load, admission runs a job that gave a quality floor at fewer steps when it
+    is predicted to miss its deadline at full quality (``scheduler.degradation``)."""
     overload_measure: OverloadMeasure = OverloadMeasure.EFFECTIVE
     """The load figure convergence, admission and shedding go by."""
     load_window_s: float = 60.0
@@ -190,6 +193,7 @@ class PolicyConfig:
             ("expire_grace_s", self.expire_grace_s, 0.0, 86400.0),
             ("shed_load", self.shed_load, self.convergence_threshold, 1e6),
             ("batch_shed_load", self.batch_shed_load, 1e-3, 1e6),
+            ("degrade_load", self.degrade_load, 0.0, 1e6),
             ("load_window_s", self.load_window_s, 1.0, 86400.0),
             ("max_retry_after_s", self.max_retry_after_s, 0.0, 86400.0),
             ("admission_status_ttl_s", self.admission_status_ttl_s, 0.0, 86400.0),

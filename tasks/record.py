@@ -145,6 +145,9 @@ class JobRecord:
     batch_growth: float | None = None
     """The job's own batched-step growth (a simulated job's ``batch_growth``); None: the
     policy's table by cost key."""
+    degraded: str | None = None
+    """JSON of the degradation admission chose (``scheduler.degradation.Degradation``: steps,
+    full_steps, reason); None: the job runs at the quality it asked for."""
     rev: int = 0
     """Writes of the record so far: every writer bumps it with the write's mark on the change
     stream (which carries the new value), so one revision is one content of the record."""
@@ -319,6 +322,7 @@ _FIELDS: dict[str, tuple[str, _Codec]] = {
     "batch_group": ("batch_group", _OPT_TEXT),
     "batch": ("batch", _OPT_TEXT),
     "batch_growth": ("batch_growth", _OPT_FLOAT),
+    "degraded": ("degraded", _OPT_TEXT),
     "rev": ("rev", _INT),
 }
 

@@ -229,6 +229,18 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def stored_cost_model(store: JobStore, policy: PolicyConfig) -> CostModel:
+    """The cost model the last tick stored (the policy's priors before the first), read
+    without folding in newer timings: what the submit path prices a job with."""
+    raw = store.redis.get(keys.COST)
+    stored = json.loads(raw) if raw is not None else {}
+    if "model" not in stored:
+        return policy.new_cost_model()
+    return CostModel.from_json(stored["model"]).with_priors(
+        policy.cost_priors_s_per_unit, policy.default_s_per_unit, policy.cost_ewma_alpha,
+        policy.cost_prior_samples)
+
+
 def learned_cost_model(store: JobStore, policy: PolicyConfig) -> CostModel:
     """The stored cost model, updated with every chunk timing recorded since the last tick."""
     raw = store.redis.get(keys.COST)

@@ -92,6 +92,17 @@ class SimulatedParams(BaseModel):
         return body
 
 
+class QualityFloor(BaseModel):
+    """How far a job may be degraded under overload instead of missing its deadline
+    (``scheduler.degradation``): an image or video job (``num_inference_steps``) or a
+    simulated one (``steps``) may then run at as few as ``min_steps`` steps."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min_steps: int = Field(ge=1, le=100_000,
+                           description="The fewest steps the job accepts (1 to its own steps).")
+
+
 class JobSpec(BaseModel):
     """What a client submits. ``params`` are checked against the kind's own schema at submit."""
 
@@ -116,6 +127,12 @@ class JobSpec(BaseModel):
     )
     depends_on: list[str] = Field(
         default_factory=list, max_length=16, description="Job ids that must finish first."
+    )
+    quality_floor: QualityFloor | None = Field(
+        default=None,
+        description="Under overload, allow running at fewer steps (down to min_steps) when "
+                    "the job would otherwise miss its deadline; the level chosen is in its "
+                    "events and its record. Default: never degraded.",
     )
     exact: bool | None = Field(
         default=None,

@@ -291,6 +291,9 @@ class NewJob:
     events_ttl_s: float | None = None
     batch_group: str | None = None
     batch_growth: float | None = None
+    degraded: str | None = None
+    """JSON of the degradation admission chose (None: none); its reason is the job's first
+    event's."""
 
     def fields(self, job_id: str) -> dict[str, str]:
         """The record this job is stored as under ``job_id``."""
@@ -305,6 +308,7 @@ class NewJob:
             chunk_names=tuple(self.chunk_names), resource_profile=self.resource_profile,
             shed_if_late=spec.shed_if_late, events_ttl_s=self.events_ttl_s,
             batch_group=self.batch_group, batch_growth=self.batch_growth,
+            degraded=self.degraded,
         )
 
     def create_call(self, job_id: str, fields: Mapping[str, str]) -> tuple[list[str], list[Any]]:
@@ -314,7 +318,9 @@ class NewJob:
                 if spec.idempotency_key else "")
         keys_ = [keys.job(job_id), keys.job_events(job_id), keys.ACTIVE, keys.INDEX, idem,
                  keys.CHANGES]
-        return keys_, [job_id, repr(self.now_s), _flat_json(fields)]
+        note = "accepted" if self.degraded is None else (
+            "accepted; " + json.loads(self.degraded)["reason"])
+        return keys_, [job_id, repr(self.now_s), _flat_json(fields), note]
 
 
 class _ScriptPipeline:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 from collections.abc import Iterable, Sequence
@@ -23,6 +24,8 @@ from scheduler import (
     Tier,
     decide_submit,
 )
+from scheduler.cost import CostModel, chunk_cost_key, chunk_kind
+from scheduler.degradation import Degradation, QualityLadder, choose_steps
 from scheduler.lifecycle import JobState, SloClass
 from tasks import keys
 from tasks.adapter import configured_policy
@@ -36,6 +39,7 @@ from tasks.dispatch import (
 from tasks.errors import InvalidJob, Overloaded
 from tasks.record import JobRecord
 from tasks.settings import Settings
+from tasks.snapshot import stored_cost_model
 from tasks.spec import JobSpec, SimulatedParams
 from tasks.store import JobStore, NewJob, ScriptBatch
 from workers.diffusion.adapters import adapter_registry
@@ -77,6 +81,41 @@ def validate_params(kind: str, params: dict[str, Any],
     raise InvalidJob(f"unknown job kind {kind!r}; use simulated, image, video or text")
 
 
+STEPS_PARAM = {"image": "num_inference_steps", "video": "num_inference_steps",
+               "simulated": "steps"}
+"""The parameter a quality floor lowers, per kind that can be degraded."""
+
+
+def full_steps(kind: str, params: dict[str, Any], min_steps: int) -> int:
+    """The steps a job asked for (validated ``params``); :class:`InvalidJob` when its quality
+    floor cannot apply (a kind without steps, or a floor above them)."""
+    if kind not in STEPS_PARAM:
+        raise InvalidJob(f"quality_floor applies to {', '.join(STEPS_PARAM)} jobs, not {kind}")
+    steps = int(params[STEPS_PARAM[kind]])
+    if min_steps > steps:
+        raise InvalidJob(f"quality_floor.min_steps={min_steps} is more than the job's "
+                         f"{STEPS_PARAM[kind]}={steps}; use 1 to {steps}")
+    return steps
+
+
+def quality_ladder(plan: ChunkPlan, steps: int, min_steps: int, cost: CostModel
+                   ) -> QualityLadder:
+    """The job's levels priced by the cost model: its encode, decode and prefill chunks are run
+    at every level, its other chunks (the steps, all their evaluations) scale with the steps."""
+    fixed_s = step_total_s = 0.0
+    for name, units in zip(plan.names, plan.cost_units, strict=True):
+        seconds = cost.estimate_step_s(chunk_cost_key(plan.cost_key, name), units=units)
+        if chunk_kind(name) in FIXED_CHUNKS:
+            fixed_s += seconds
+        else:
+            step_total_s += seconds
+    return QualityLadder(full_steps=steps, min_steps=min_steps, step_s=step_total_s / steps,
+                         fixed_s=fixed_s)
+
+
+FIXED_CHUNKS = frozenset({"encode", "decode", "prefill"})
+
+
 def prepare_submits(jobs: Iterable[tuple[str, dict[str, Any]]]) -> None:
     """Validate and plan one job of each ``(kind, params)`` without submitting it: the first
     real submit of each kind then finds torch, diffusers, the recipes and the runners' planners
@@ -94,6 +133,8 @@ class Prepared:
     group: str | None
     deadline_s: float
     """Seconds from submit to its deadline."""
+    degradation: Degradation | None = None
+    """What admission lowered it to (None: the quality it asked for)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +176,7 @@ class JobService:
         policy, admission = self._policy_and_admission()
         prepared = self.prepare(specs, policy.policy.value)
         now_s = time.time()
+        prepared = self._degrade_all(prepared, policy, admission, now_s)
         decisions = [self._decide(p, tier, policy, admission, now_s) for p in prepared]
         kept = [(p, d) for p, d in zip(prepared, decisions, strict=True)
                 if d.action is not SubmitAction.SHED]
@@ -203,8 +245,38 @@ class JobService:
         group = self._batch_group(spec, runner, params, plan, policy)
         for dep in spec.depends_on:
             self.store.state(dep)  # raises JobNotFound for an unknown dependency
+        if spec.quality_floor is not None:
+            full_steps(spec.kind, params, spec.quality_floor.min_steps)  # refuses a bad floor
         target_s = self.settings.scheduler.slo_classes[spec.slo.value].target_s
         return Prepared(spec, plan, group, spec.deadline_s or target_s)
+
+    def _degrade_all(self, prepared: list[Prepared], policy: PolicyConfig,
+                     admission: AdmissionStatus | None, now_s: float) -> list[Prepared]:
+        """Each job that gave a quality floor, at the level :func:`choose_steps` picks under the
+        last tick's load (a fresh status only: a stale one degrades nothing)."""
+        if admission is None or now_s - admission.measured_at_s > policy.admission_status_ttl_s \
+                or admission.load <= policy.degrade_load \
+                or all(p.spec.quality_floor is None for p in prepared):
+            return prepared
+        cost = stored_cost_model(self.store, policy)
+        return [self._degrade(p, policy, admission.load, cost) for p in prepared]
+
+    def _degrade(self, p: Prepared, policy: PolicyConfig, load: float,
+                 cost: CostModel) -> Prepared:
+        floor, params = p.spec.quality_floor, dict(p.spec.params)
+        if floor is None:
+            return p
+        ladder = quality_ladder(p.plan, full_steps(p.spec.kind, params, floor.min_steps),
+                                floor.min_steps, cost)
+        chosen = choose_steps(ladder, p.deadline_s, load, policy)
+        if chosen is None:
+            return p
+        params[STEPS_PARAM[p.spec.kind]] = chosen.steps
+        params = validate_params(p.spec.kind, params, self.settings.diffusion.adapters_dir)
+        spec = p.spec.model_copy(update={"params": params})
+        plan = get_runner(spec.kind).plan(params)
+        log.info("job degraded at submit: %s", chosen.reason)
+        return dataclasses.replace(p, spec=spec, plan=plan, degradation=chosen)
 
     def _policy_and_admission(self) -> tuple[PolicyConfig, AdmissionStatus | None]:
         """The policy in force and the last tick's admission status, in one round trip."""
@@ -226,6 +298,7 @@ class JobService:
             resource_profile=ResourceProfile(plan.resource_profile),
             events_ttl_s=self.settings.broker.event_retention, batch_group=p.group,
             batch_growth=spec.params.get("batch_growth") if spec.kind == "simulated" else None,
+            degraded=None if p.degradation is None else json.dumps(p.degradation.as_json()),
         )
 
     def _batch_group(self, spec: JobSpec, runner: Any, params: dict[str, Any], plan: ChunkPlan,

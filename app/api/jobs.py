@@ -77,6 +77,7 @@ def job_detail(record: JobRecord, origin_id: str | None) -> JobDetail:
         deadline_met=None if r.finished_at_s is None else (
             done and r.finished_at_s <= r.deadline_at_s),
         result_url=f"/v1/jobs/{r.job_id}/result" if done and r.artifact else None,
+        degraded=None if r.degraded is None else json.loads(r.degraded),
     )
 
 

@@ -61,10 +61,12 @@ NOTE = ("simulated: the live tick's planner and scheduler.placement.place on a v
         "GenTD26 production trace's figures (Lin et al., SoCC '25), not measured on this machine")
 
 
-def sim_trace(jobs: Sequence[ModelJob], seed: int = 1, jitter: float = 0.1) -> list[SimArrival]:
+def sim_trace(jobs: Sequence[ModelJob], seed: int = 1, jitter: float = 0.1,
+              floors: Mapping[int, int] | None = None) -> list[SimArrival]:
     """The workload's jobs as simulated arrivals: one chunk per denoising step, each step's
     true time the job's ``step_s`` with ``jitter``; the cost units a job declares are its step
-    time at the cost key's prior (what a recipe's shape tells the live cost model)."""
+    time at the cost key's prior (what a recipe's shape tells the live cost model). ``floors``:
+    the quality floor (``min_steps``) of the jobs, by index, that allow degradation."""
     rng = random.Random(f"trace-{seed}")
     s_per_unit = PolicyConfig().new_cost_model().prior_s_per_unit(COST_KEY)
     trace: list[SimArrival] = []
@@ -74,7 +76,8 @@ def sim_trace(jobs: Sequence[ModelJob], seed: int = 1, jitter: float = 0.1) -> l
         chunk_s = tuple(job.step_s * (1.0 + jitter * (2.0 * rng.random() - 1.0))
                         for _ in range(job.steps))
         trace.append(SimArrival(job.index, job.arrival_s, shape, Tier.STANDARD, chunk_s,
-                                job.deadline_s, job.model, job.adapters))
+                                job.deadline_s, job.model, job.adapters,
+                                min_steps=(floors or {}).get(job.index)))
     return trace
 
 

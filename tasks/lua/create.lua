@@ -1,7 +1,7 @@
 -- create: store a new PENDING job, once per idempotency key.
 --
 -- KEYS: job, events, active, index, idem, changes
--- ARGV: id, now, fields
+-- ARGV: id, now, fields, note
 -- Needs: lifecycle, _events
 --
 -- job     hash    the new job's record (sl:job:<id>)
@@ -14,6 +14,7 @@
 -- id      string  the new job's id
 -- now     string  the submit time, seconds since the epoch
 -- fields  JSON    the record: [field, value, ...]
+-- note    string  the reason of its first event ("accepted", and how admission degraded it)
 --
 -- Returns {'ok', id}, or {'exists', the first job's id} for an idempotency key seen before.
 
@@ -26,6 +27,7 @@ local changes = KEYS[6]
 local id = ARGV[1]
 local now = ARGV[2]
 local fields = cjson.decode(ARGV[3])
+local note = ARGV[4]
 
 if idem ~= '' then
   local existing = redis.call('GET', idem)
@@ -36,5 +38,5 @@ redis.call('HSET', job, unpack(fields))
 redis.call('SADD', active, id)
 redis.call('ZADD', index, now, id)
 changed(changes, job)
-event(events, 'state', '', STATE.PENDING, 'submit', 'accepted', now)
+event(events, 'state', '', STATE.PENDING, 'submit', note, now)
 return {'ok', id}

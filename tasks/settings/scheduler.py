@@ -185,6 +185,10 @@ class SchedulerSettings(BaseModel):
     """Admission refuses new standard batch work (429 with Retry-After) past this load, taken
     within [convergence_threshold, shed_load]: batch is parked first, and refused no later
     than interactive work."""
+    degrade_load: float = Field(default=1.0, ge=0, le=1e6)
+    """Load (a ratio of outstanding work to capacity, 0 to 1e6) past which admission runs a
+    job that gave a ``quality_floor`` at fewer steps, when it is predicted to miss its
+    deadline at full quality; a job without a floor is never degraded."""
     overload_measure: Literal["effective", "compute"] = "effective"
     """The load convergence, admission and shedding go by: ``effective`` counts model loads
     as work (the waiting jobs' expected cold loads, or the load time workers paid over the
@@ -253,6 +257,7 @@ class SchedulerSettings(BaseModel):
             expire_grace_s=self.expire_grace,
             shed_load=self.shed_load,
             batch_shed_load=self.batch_shed_load,
+            degrade_load=self.degrade_load,
             overload_measure=OverloadMeasure(self.overload_measure),
             load_window_s=self.load_window,
             max_retry_after_s=self.max_retry_after,

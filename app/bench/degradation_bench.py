@@ -1,0 +1,145 @@
+"""Degradation before shedding, swept over effective load: the overload bench's workload
+(``app.bench.overload_bench``) with a share of the jobs allowing a quality floor, each seeded
+trace run twice — admission degrading the jobs that allow it (``scheduler.degradation``), and
+not degrading at all — on the same arrivals.
+
+Per point and arm: the share of all jobs done within their deadline (95 % Wilson interval,
+pooled over the seeds) and per class; how many jobs ran degraded, the mean share of their
+steps they kept, and how many were degraded without allowing it (must be 0); shed and expired
+jobs. The headline is the ratio of deadlines met with degradation to without, per point.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from app.bench.models_sim import models_config, residency_for, sim_trace
+from app.bench.models_workload import generate_jobs, model_catalog
+from app.bench.overload_bench import NOTE, calibrate, overload_workload
+from app.bench.report import wilson_interval
+from app.bench.simulate import ClusterSim, SimArrival, SimResult, sim_policy
+from scheduler.lifecycle import SloClass
+from scheduler.policy import OverloadMeasure
+
+TARGETS = (0.8, 1.0, 1.3, 1.6)
+ARMS = ("none", "degrade")
+ALLOW_SHARE = 0.5
+"""Share of jobs that give a quality floor."""
+FLOOR = 0.5
+"""Their floor: this share of their steps (rounded up)."""
+GOAL = (1.3, 1.5)
+"""At effective load 1.3, deadlines met with degradation ≥ 1.5 × without (a goal, not a test)."""
+
+
+def floors(trace_jobs: Sequence[Any], seed: int, share: float = ALLOW_SHARE,
+           floor: float = FLOOR) -> dict[int, int]:
+    """The quality floor of each job that allows one (drawn apart from the trace's own draws,
+    so both arms and every share see the same arrivals)."""
+    rng = random.Random(f"floors-{seed}")
+    return {job.index: max(1, math.ceil(floor * job.steps)) for job in trace_jobs
+            if rng.random() < share}
+
+
+def run_arm(compute_load: float, seed: int, jobs: int, workers: int, degrade: bool
+            ) -> tuple[list[SimArrival], SimResult]:
+    """One seeded trace at ``compute_load``, its floors given (``degrade``) or not."""
+    workload = overload_workload(compute_load, seed, jobs, workers)
+    catalog = model_catalog(workload)
+    generated = generate_jobs(workload, catalog)
+    median = sorted(m.bytes for m in catalog.models)[len(catalog.models) // 2]
+    device = max(int(3.0 * median), max(m.bytes for m in catalog.models))
+    residency = residency_for("stepline", catalog, device, int(8.0 * median),
+                              20.0 * workload.time_scale)
+    config = models_config(workload, residency, generated, 0.5 * workload.time_scale)
+    allowed = floors(generated, seed)
+    trace = sim_trace(generated, seed, floors=allowed if degrade else None)
+    policy = replace(sim_policy(config, "stepline"), overload_measure=OverloadMeasure.EFFECTIVE)
+    return trace, ClusterSim(config, trace, policy).run()
+
+
+def run_figures(trace: Sequence[SimArrival], result: SimResult, allowed: set[int]
+                ) -> dict[str, Any]:
+    """One run's counts: jobs and deadlines met per class and in all, degraded jobs (and
+    those degraded without a floor), the share of steps the degraded kept, shed or expired."""
+    def met(a: SimArrival) -> bool:
+        finished = result.finished_s[a.index]
+        return finished is not None and finished <= a.deadline_s + 1e-9
+
+    classes = {cls.value: {"jobs": sum(1 for a in trace if a.shape.slo is cls),
+                           "met": sum(1 for a in trace if a.shape.slo is cls and met(a))}
+               for cls in SloClass}
+    kept = [result.degraded[a.index] / a.shape.chunks for a in trace
+            if a.index in result.degraded]
+    return {"jobs": len(trace), "met": sum(1 for a in trace if met(a)), "classes": classes,
+            "degraded": len(result.degraded),
+            "degraded_without_floor": sum(1 for k in result.degraded if k not in allowed),
+            "steps_kept_sum": sum(kept),
+            "shed_or_expired": sum(1 for s in result.status if s in ("shed", "expired"))}
+
+
+def pooled(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The runs of one arm as one: counts summed, within-deadline shares with 95 % Wilson
+    intervals, the mean share of steps degraded jobs kept."""
+    total = {k: sum(r[k] for r in runs) for k in
+             ("jobs", "met", "degraded", "degraded_without_floor", "shed_or_expired")}
+    classes = {}
+    for name in runs[0]["classes"]:
+        jobs = sum(r["classes"][name]["jobs"] for r in runs)
+        hits = sum(r["classes"][name]["met"] for r in runs)
+        ci = wilson_interval(hits, jobs)
+        classes[name] = {"jobs": jobs, "met": hits, "within_slo": hits / jobs if jobs else None,
+                         "ci95": list(ci) if ci else None}
+    ci = wilson_interval(total["met"], total["jobs"])
+    kept = sum(r["steps_kept_sum"] for r in runs)
+    return {**total, "within_slo": total["met"] / total["jobs"] if total["jobs"] else None,
+            "ci95": list(ci) if ci else None, "classes": classes,
+            "mean_steps_kept": kept / total["degraded"] if total["degraded"] else None}
+
+
+def run_degradation_bench(targets: Sequence[float] = TARGETS, seeds: int = 3, jobs: int = 600,
+                          workers: int = 8,
+                          progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """The sweep (module docstring): per target effective load, both arms on the same
+    ``seeds`` traces; the ratio of deadlines met, degrade ÷ none."""
+    started = time.perf_counter()
+    points = []
+    for target in targets:
+        compute = calibrate(target, 1000, jobs, workers)
+        arms: dict[str, Any] = {}
+        for arm in ARMS:
+            runs = []
+            for seed in range(1, seeds + 1):
+                trace, result = run_arm(compute, seed, jobs, workers, arm == "degrade")
+                allowed = {a.index for a in trace if a.min_steps is not None}
+                runs.append(run_figures(trace, result, allowed))
+            arms[arm] = pooled(runs)
+        none, degrade = arms["none"]["met"], arms["degrade"]["met"]
+        point = {"target_effective_load": target, "compute_load": compute, "arms": arms,
+                 "met_ratio": degrade / none if none else None}
+        points.append(point)
+        if progress is not None:
+            progress(line(point))
+    goal_point = next((p for p in points if p["target_effective_load"] == GOAL[0]), None)
+    return {"simulated": True, "note": NOTE, "workers": workers, "jobs_per_trace": jobs,
+            "seeds": seeds, "allow_share": ALLOW_SHARE, "floor": FLOOR, "points": points,
+            "goal": {"effective_load": GOAL[0], "met_ratio_at_least": GOAL[1],
+                     "met_ratio": None if goal_point is None else goal_point["met_ratio"]},
+            "wall_s": time.perf_counter() - started}
+
+
+def line(point: dict[str, Any]) -> str:
+    """One printed row: both arms' within-deadline shares and the degraded counts."""
+    arms = point["arms"]
+    ratio = point["met_ratio"]
+    return (f"E={point['target_effective_load']:.1f}: met {100 * arms['none']['within_slo']:.1f}%"
+            f" without, {100 * arms['degrade']['within_slo']:.1f}% with degradation "
+            f"(x{ratio:.2f}); degraded {arms['degrade']['degraded']} "
+            f"(without a floor: {arms['degrade']['degraded_without_floor']}), "
+            f"shed/expired {arms['none']['shed_or_expired']} -> "
+            f"{arms['degrade']['shed_or_expired']}" if ratio is not None else
+            f"E={point['target_effective_load']:.1f}: no deadline met without degradation")
