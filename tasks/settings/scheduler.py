@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from scheduler.batching import BatchingConfig
 from scheduler.fairness import FairShareConfig
+from scheduler.lifecycle import SloClass
 from scheduler.model import JobKind
 from scheduler.policy import OverloadMeasure, PolicyConfig, PolicyKind, ScoreWeights
 from tasks.settings.durations import Seconds
@@ -33,7 +35,7 @@ def _default_classes() -> dict[str, SloClassSettings]:
 
 class ScoreWeightSettings(BaseModel):
     """Weights of the origin score's dimensions; only their ratios matter. Each is a weight in
-    [0, 1]."""
+    [0, 1], and at least one is above 0."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
@@ -58,6 +60,13 @@ class ScoreWeightSettings(BaseModel):
     resource: float = Field(default=0.05, ge=0, le=1)
     """Weight of memory-bound jobs (costlier to checkpoint and move) over compute-bound ones,
     in [0, 1]."""
+
+    @model_validator(mode="after")
+    def _some_weight(self) -> ScoreWeightSettings:
+        if sum(self.model_dump().values()) <= 0:
+            raise ValueError("at least one score weight must be above 0")
+        return self
+
 
 KindName = Literal["text", "image", "video", "simulated"]
 
@@ -163,8 +172,8 @@ class SchedulerSettings(BaseModel):
     convergence_threshold: float = Field(default=0.8, gt=0, le=1)
     """Load above which overload convergence pauses batch work. A load, in (0, 1]."""
     slo_classes: dict[str, SloClassSettings] = Field(default_factory=_default_classes)
-    """Latency target per class (``realtime``, ``interactive``, ``batch``); batch's target is
-    a floor ("> 10 s"), the default deadline."""
+    """Latency target per class (``realtime``, ``interactive``, ``batch``; none larger than a
+    less urgent class's); batch's target is a floor ("> 10 s"), the default deadline."""
 
     score_weights: ScoreWeightSettings = Field(default_factory=ScoreWeightSettings)
     """Weights of the origin score's nine dimensions."""
@@ -263,7 +272,21 @@ class SchedulerSettings(BaseModel):
             raise ValueError("convergence_hysteresis must be <= convergence_threshold")
         if self.realtime_quantum > self.interactive_quantum:
             raise ValueError("realtime_quantum must be <= interactive_quantum")
+        self._check_classes()
         return self
+
+    def _check_classes(self) -> None:
+        """Only the three classes have targets, and a more urgent class's is no larger."""
+        order = [c.value for c in SloClass]
+        unknown = sorted(set(self.slo_classes) - set(order))
+        if unknown:
+            raise ValueError(f"slo_classes: no class {unknown}; the classes are {order}")
+        targets = [(name, self.slo_classes[name].target_s) for name in order
+                   if name in self.slo_classes]
+        for (urgent, sooner), (lax, later) in pairwise(targets):
+            if sooner > later:
+                raise ValueError(f"slo_classes: {urgent}'s target_s ({sooner:g}) must be <= "
+                                 f"{lax}'s ({later:g})")
 
     def to_policy(self) -> PolicyConfig:
         """The pure scheduler's configuration built from these settings."""
