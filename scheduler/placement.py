@@ -331,19 +331,19 @@ def idle_holders(parked: Iterable[Parked], idle: Mapping[str, Sequence[Holding]]
     adapters (``JobView.idle_holder``): earliest deadline first, each idle worker given to one
     job (so that two jobs do not both move to a worker that can start only one), the holder
     with the fewest adapters first. ``idle``: per class queue, the idle workers that consume
-    it with nothing parked on them."""
-    free = {queue: list(workers) for queue, workers in idle.items()}
+    it with nothing parked on them. A worker is its name: listed under two queues it is one
+    worker, taken once, even where the two lists see it differently."""
+    taken: set[str] = set()
     moved: set[str] = set()
     for job in sorted(parked, key=lambda p: (p.deadline_s, p.job_id)):
-        takers = [w for w in free.get(job.class_queue, ()) if w.holds(job.need)]
+        takers = [w for w in idle.get(job.class_queue, ())
+                  if w.name not in taken and w.holds(job.need)]
         if not takers:
             continue
         # the least specialised holder: one with adapters others may need is kept for them
         taker = min(takers, key=lambda w: (len(w.adapters), w.name))
         moved.add(job.job_id)
-        for queue in free.values():  # one job per idle worker, whichever class it serves
-            if taker in queue:
-                queue.remove(taker)
+        taken.add(taker.name)  # one job per idle worker, whichever class it serves
     return frozenset(moved)
 
 

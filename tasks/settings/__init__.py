@@ -58,54 +58,58 @@ class BrokerSettings(BaseModel):
     the broker; a chunk committed but never published is requeued by the tick after
     ``chunk_lease``."""
     visibility_timeout: Seconds = Field(default=120.0, ge=1, le=86400)
-    """An unacknowledged chunk is redelivered after this long; sized for the longest step."""
+    """An unacknowledged chunk is redelivered after this long; sized for the longest step.
+    Seconds, in [1, 86400]."""
     unacked_restore_interval: Seconds = Field(default=5.0, ge=0.1, le=3600)
-    """How often a worker sweeps for chunks whose worker died."""
+    """How often a worker sweeps for chunks whose worker died. Seconds, in [0.1, 3600]."""
     chunk_lease: Seconds = Field(default=10.0, ge=0.5, le=3600)
-    """A running chunk refreshes its lease this often x3; a job whose lease lapses is requeued."""
+    """A running chunk's lease: refreshed three times within it, and a job whose lease lapses
+    is requeued. Seconds, in [0.5, 3600]."""
     stuck_factor: float = Field(default=10.0, ge=2, le=1000)
     """A chunk whose worker still heartbeats but which has run this many times its expected
-    step time is stuck: it is requeued from its checkpoint under a new epoch."""
+    step time is stuck: it is requeued from its checkpoint under a new epoch. A factor, in
+    [2, 1000]."""
     stuck_min_s: Seconds = Field(default=5.0, ge=0.1, le=86400)
-    """Floor of the stuck threshold, so short steps with noisy timings are never requeued."""
+    """Floor of the stuck threshold, so short steps with noisy timings are never requeued.
+    Seconds, in [0.1, 86400]."""
     task_events: bool = True
     """Celery's task events from the workers (received, started, succeeded, failed, …), what
-    Flower's task list and ``celery events`` are made of. Sent one publish per task, they cost
-    a hop ~0.5 ms of worker time; coalesced (``task_events_flush``) far less
-    (``tests/bench/bench_hop.py --no-task-events`` measures it). Off, Flower still shows the
-    workers (heartbeats) and ``celery inspect`` still answers, but lists no tasks."""
+    Flower's task list and ``celery events`` are made of; each costs a hop worker time unless
+    coalesced (``task_events_flush``). Off, Flower still shows the workers (heartbeats) and
+    ``celery inspect`` still answers, but lists no tasks."""
     task_events_flush: Seconds = Field(default=0.2, ge=0, le=10)
     """A worker sends its buffered task events at most this often (and when 24 are waiting),
     so hops share publishes (``tasks/events.py``); Flower shows them up to this much later.
-    0: Celery's own timing, one publish per task."""
+    0: Celery's own timing, one publish per task. Seconds, in [0, 10]."""
     task_sent_events: bool = False
-    """Celery's ``task-sent`` event for every chunk published. Flower builds its task list from
-    the workers' events (received, started, succeeded, failed), which stay on; the sent event
-    only adds a publish timestamp, and costs each hop ~0.3-0.5 ms (``tests/bench/bench_hop.py``)."""
+    """Celery's ``task-sent`` event for every chunk published: a publish timestamp in Flower,
+    at a cost to each hop (Flower's task list comes from the workers' events without it)."""
     direct_publish: bool = True
     """Stepline puts chunk and batch messages on their queues itself: the message Celery would
-    send (protocol 2 in kombu's Redis envelope, built in-process; a test holds the two equal),
-    pushed by the commit script when a job hops — commit, publish and bookkeeping one round
-    trip with nothing between them — or, for the tick's releases and a batch's hops, in one
-    MULTI with the records' bookkeeping. Off: Celery's ``send_task``, then the bookkeeping
-    (two round trips and ~1 ms more of worker time per hop; ``tests/bench/bench_hop.py``).
-    ``task_sent_events`` needs Celery's publish and turns it off."""
-    event_retention: Seconds | None = Field(default=7 * 86400.0, gt=0)
+    send (protocol 2 in kombu's Redis envelope), pushed by the commit script when a job hops
+    (commit, publish and bookkeeping in one round trip) or, for the tick's releases and a
+    batch's hops, in one MULTI with the records' bookkeeping. Off: Celery's ``send_task``,
+    then the bookkeeping, two round trips per hop. ``task_sent_events`` needs Celery's
+    publish and turns it off."""
+    event_retention: Seconds | None = Field(default=7 * 86400.0, gt=0, le=366 * 86400.0)
     """How long a job's event history (every transition, preemption and commit) is kept after
-    the job ends; null keeps it for ever. It is never trimmed while the job lives."""
+    the job ends; null keeps it for ever. It is never trimmed while the job lives. Seconds, in
+    (0, 31622400] (366 days: a retention given in milliseconds is refused)."""
     sentinel_master: str = Field(default="stepline", min_length=1, max_length=200)
     """With a Sentinel ``REDIS_URL`` (``sentinel://h1:26379;sentinel://h2:26379``): the name
-    the sentinels monitor the master under (kombu's ``master_name``)."""
+    the sentinels monitor the master under (kombu's ``master_name``); 1 to 200 characters."""
     commit_replicas: int = Field(default=0, ge=0, le=16)
     """After each commit, wait until this many replicas hold it (Redis ``WAIT``, in the same
     round trip) before the worker acknowledges the chunk, so a failover promoting one of them
     cannot lose it; a new job the API creates likewise, else it answers 503 (retry with the
     same idempotency key) instead of accepting a job a failover could drop. 0 (one server): no
     wait. With Sentinel, the number of replicas: with more replicas than this, the one that
-    acknowledged may be re-pointed at another, promoted one and drop the write."""
+    acknowledged may be re-pointed at another, promoted one and drop the write. Replicas, in
+    [0, 16]."""
     commit_replica_timeout: Seconds = Field(default=0.5, gt=0, le=60)
     """The longest a commit waits for its replicas; past it the worker goes on (logged): a
-    commit a failover then loses is replayed from the previous checkpoint (the fences)."""
+    commit a failover then loses is replayed from the previous checkpoint (the fences).
+    Seconds, in (0, 60]."""
     redis_appendfsync: Literal["always", "everysec", "no"] = "everysec"
     """fsync policy of the embedded Redis's append-only file: ``everysec`` may lose about the
     last second of writes to a machine crash (not to a killed redis-server); ``always`` loses
@@ -128,9 +132,9 @@ class ServiceSettings(BaseModel):
     api_host: str = "127.0.0.1"
     """Interface the REST shim listens on."""
     api_port: int = Field(default=8080, ge=1, le=65535)
-    """Port of the REST shim (the reference design's)."""
+    """Port of the REST shim (the reference design's), in [1, 65535]."""
     flower_port: int = Field(default=5555, ge=1, le=65535)
-    """Port of Flower."""
+    """Port of Flower, in [1, 65535]."""
     autoscale: AutoscaleSettings = Field(default_factory=AutoscaleSettings)
     """Adding and draining local workers (``stepline up --workers MIN:MAX``)."""
 
@@ -155,9 +159,10 @@ class Settings(BaseSettings):
     artifacts: ArtifactSettings = Field(default_factory=ArtifactSettings)
     """The artifact store: a local directory, or an fsspec URL (``s3://``) all hosts share."""
     device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d+)?|simulated)$")
-    """Device the worker runs models on."""
+    """Device the worker runs models on: ``cpu``, ``cuda``, ``cuda:N`` or ``simulated``."""
     torch_threads: int = Field(default=1, ge=0, le=256)
-    """Intra-op threads per worker process (0: torch's default); one worker per device."""
+    """Intra-op threads per worker process (0: torch's default); one worker per device.
+    Threads, in [0, 256]."""
     warm_start: bool = True
     """A worker runs one tiny job of every recipe before it takes work (torch, the models and
     their kernels built), so the first real job is as fast as the next; /readyz says when

@@ -24,10 +24,12 @@ class AffinitySettings(BaseModel):
     """Job kinds whose chunks continue on the same worker (text: its experts are resident;
     diffusion: its checkpoint stays in the worker's memory)."""
     max_wait: Seconds = Field(default=0.3, gt=0, le=60)
-    """A chunk parked this long in a busy worker's affinity queue moves to its class queue."""
+    """A chunk parked this long in a busy worker's affinity queue moves to its class queue.
+    Seconds, in (0, 60]."""
     prefill_min_fit: float = Field(default=0.5, ge=0, le=1)
     """A new text job goes to an idle worker whose resident experts cover at least this share
-    of the model's most frequent experts; otherwise to its class queue."""
+    of the model's most frequent experts; otherwise to its class queue. A fraction, in
+    [0, 1]."""
     placement: PlacementName = "stepline"
     """Where a released chunk of a job that runs on a model (image, video, a simulated job
     naming a ``model``) goes (``scheduler.placement``); the default is the value above.

@@ -33,14 +33,15 @@ class ArtifactSettings(BaseModel):
     """S3 secret key (never printed or logged); unset → the usual chain
     (``AWS_SECRET_ACCESS_KEY`` ...)."""
     checkpoint_offload_bytes: int | None = Field(default=None, ge=0, le=512 * 1024 * 1024)
-    """Bytes (0 to 512 MiB): a durable checkpoint larger than this is written to the store
-    (under ``checkpoints/<job id>/``) and Redis keeps only a small reference to it (0: every
+    """A durable checkpoint larger than this is written to the store (under
+    ``checkpoints/<job id>/``) and Redis keeps only a small reference to it (0: every
     checkpoint). Unset → 1 MiB when the store is not a local directory (``s3://``: every host
-    reads it), else never: a single host keeps every checkpoint in Redis."""
+    reads it), else never: a single host keeps every checkpoint in Redis. Bytes, in
+    [0, 2**29] (512 MiB)."""
     checkpoint_sweep_interval: Seconds = Field(default=60.0, ge=1, le=86400)
     """How often the scheduler removes the checkpoint objects of jobs that ended without a
     worker removing them (cancelled or expired while queued, failed by the watchdog, a worker
-    that died)."""
+    that died). Seconds, in [1, 86400]."""
 
     def offload_threshold_bytes(self, store_is_local: bool) -> int | None:
         """The size above which a checkpoint goes to the store; None: every one stays in

@@ -20,16 +20,20 @@ class RouterSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     k: int = Field(default=8, ge=1, le=64)
-    """Experts activated per token (capped at the model's own expert count)."""
+    """Experts activated per token (capped at the model's own expert count). Experts, in
+    [1, 64]."""
     temperature: float = Field(default=0.5, gt=0, le=10)
-    """Softmax temperature applied to router logits."""
-    expert_capacity: int = Field(default=256, ge=1)
-    """Most tokens one expert takes per forward pass before the fallback applies."""
+    """Softmax temperature applied to router logits (1: the logits as they are). Unitless, in
+    (0, 10]."""
+    expert_capacity: int = Field(default=256, ge=1, le=1_048_576)
+    """Most tokens one expert takes per forward pass before the fallback applies. Tokens, in
+    [1, 1048576] (2**20: more than one forward pass of any context window)."""
     fallback_strategy: Literal["random", "next_best"] = "random"
     """Where a token goes when its chosen expert is full."""
     diversity_penalty: float = Field(default=0.0, ge=0, le=10)
     """Logits subtracted from an expert in proportion to its share of the request's routing so
-    far (0 disables); counters requests that always land on the same experts."""
+    far (0 disables), so that a request does not always land on the same experts. Logits per
+    unit share, in [0, 10]."""
 
 
 class ExpertCacheSettings(BaseModel):
@@ -38,14 +42,17 @@ class ExpertCacheSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     memory_threshold: float = Field(default=0.85, gt=0, le=1)
-    """Share of the memory budget the resident experts may fill before eviction."""
-    idle_unload: Seconds = Field(default=300.0, gt=0)
-    """Experts unused this long are unloaded."""
-    warmup_experts: int = Field(default=16, ge=0)
-    """The most frequent experts loaded at start."""
-    budget_mb: float | None = Field(default=None, gt=0)
-    """Device memory for resident experts, in MiB; unset: resource_limits.memory of the device's
-    memory on CUDA, every expert on CPU. The slots fill memory_threshold of it."""
+    """Share of the memory budget the resident experts may fill before eviction. A fraction,
+    in (0, 1]."""
+    idle_unload: Seconds = Field(default=300.0, gt=0, le=86400)
+    """Experts unused this long are unloaded. Seconds, in (0, 86400]."""
+    warmup_experts: int = Field(default=16, ge=0, le=100_000)
+    """The most frequent experts (layer and expert pairs, over all layers) loaded at start.
+    Experts, in [0, 100000] (the largest models have some 15000)."""
+    budget_mb: float | None = Field(default=None, gt=0, le=1_048_576)
+    """Device memory for resident experts; null: resource_limits.memory of the device's memory
+    on CUDA, every expert on CPU. The slots fill memory_threshold of it. MiB, in
+    (0, 1048576] (1 TiB, past any device: a budget given in bytes is refused)."""
     policy: Literal["lru", "lfru", "arc", "s3fifo", "lecar"] = "lfru"
     """Eviction policy of the resident experts: least recently used, decayed frequency (LFRU),
     adaptive replacement (ARC), S3-FIFO or LeCaR; `stepline experts replay` compares them on a
@@ -53,16 +60,21 @@ class ExpertCacheSettings(BaseModel):
     allocation: Literal["uniform", "reuse"] = "reuse"
     """Slots per layer: the same for every layer, or the same total rebalanced toward the layers
     whose measured reuse gains most per slot."""
-    rebalance_every: int = Field(default=256, ge=1)
-    """Forward passes between two rebalancings of the slots (allocation: reuse)."""
+    rebalance_every: int = Field(default=256, ge=1, le=1_000_000_000)
+    """Forward passes between two rebalancings of the slots (allocation: reuse). Forward
+    passes, in [1, 1e9] (a very large value: never)."""
     prefetch_experts: int = Field(default=2, ge=0, le=64)
-    """Most experts of the next layer prefetched per layer per forward (0 disables)."""
+    """Most experts of the next layer prefetched per layer per forward (0 disables). Experts,
+    in [0, 64]."""
     prefetch_min_confidence: float = Field(default=0.5, ge=0, le=1)
-    """Least estimated chance that a prefetched expert is routed (it costs a slot and a copy)."""
+    """Least estimated chance that a prefetched expert is routed (it costs a slot and a copy).
+    A probability, in [0, 1]."""
     lookahead_weight: float = Field(default=0.7, ge=0, le=1)
-    """Weight of the next router applied early (lookahead) against routing history."""
+    """Weight of the next router applied early (lookahead) against routing history. A
+    fraction, in [0, 1]."""
     history_decay: float = Field(default=0.999, gt=0, le=1)
-    """Per-token decay of the routing history used for prediction and warm-up."""
+    """Per-token decay of the routing history used for prediction and warm-up (1: none). A
+    factor, in (0, 1]."""
     overlap: bool = True
     """Prefetches copy on a side lane (a CUDA stream; a copy thread on the CPU)."""
 
@@ -73,15 +85,17 @@ class VersionSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     traffic_step: float = Field(default=0.05, gt=0, le=1)
-    """Share of traffic moved to a new version per healthy step."""
-    step_interval: Seconds = Field(default=30.0, gt=0)
-    """Least time between two traffic steps."""
-    min_samples: int = Field(default=20, ge=1)
-    """Requests each version must serve in a step before the step is judged."""
+    """Share of traffic moved to a new version per healthy step. A fraction, in (0, 1]."""
+    step_interval: Seconds = Field(default=30.0, gt=0, le=86400)
+    """Least time between two traffic steps. Seconds, in (0, 86400]."""
+    min_samples: int = Field(default=20, ge=1, le=1_000_000)
+    """Requests each version must serve in a step before the step is judged. Requests, in
+    [1, 1000000]."""
     rollback_degradation: float = Field(default=0.15, gt=0, le=10)
-    """Relative latency or error-rate degradation versus the live version that rolls back."""
+    """Relative latency or error-rate degradation versus the live version that rolls back
+    (0.15: 15 % worse). A ratio, in (0, 10]."""
     keep_versions: int = Field(default=3, ge=1, le=32)
-    """Versions kept for rollback."""
+    """Versions kept for rollback. Versions, in [1, 32]."""
 
 
 class ResourceLimits(BaseModel):
@@ -90,9 +104,9 @@ class ResourceLimits(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     memory: float = Field(default=0.75, gt=0, le=1)
-    """Share of device memory Stepline may use."""
+    """Share of device memory Stepline may use. A fraction, in (0, 1]."""
     compute: float = Field(default=0.90, gt=0, le=1)
-    """Share of device compute Stepline may use."""
+    """Share of device compute Stepline may use. A fraction, in (0, 1]."""
 
 
 class MoeSettings(BaseModel):
@@ -110,7 +124,7 @@ class MoeSettings(BaseModel):
     """Expert hot update."""
     checkpoint_every: int = Field(default=1, ge=1, le=1000)
     """Write a text job's durable checkpoint to Redis every this many chunks (always when it
-    stops); the chunks since are replayed from it on another worker."""
+    stops); the chunks since are replayed from it on another worker. Chunks, in [1, 1000]."""
 
 
 def router_config(settings: MoeSettings) -> RouterConfig:
