@@ -1,5 +1,6 @@
-"""The newer MoE families (gpt-oss): chunked generation equals model.generate() run in one go,
-across preemption, migration to a fresh worker and a crash that loses a chunk's result."""
+"""The newer MoE families (gpt-oss, DeepSeek-V3): chunked generation equals model.generate()
+run in one go, across preemption, migration to a fresh worker and a crash that loses a chunk's
+result."""
 
 from __future__ import annotations
 
@@ -7,19 +8,26 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import DeepseekV3Config
+from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
 
 from workers.checkpoint import Checkpoint
+from workers.errors import ExpertCacheError
 from workers.moe import recipes
 from workers.moe import runner as runner_module
+from workers.moe.deepseek import GroupLimitedRouter
 from workers.moe.expert_cache import CacheConfig
 from workers.moe.recipes import build_model, load_recipe, save_model_dir
+from workers.moe.router import RouterConfig, RoutingContext
 from workers.moe.runner import TextRunner
+from workers.moe.session import open_session
 from workers.moe.tokenizer import encode_prompt
+from workers.registry import default_registry
 from workers.runner import ChunkResult
 
 pytestmark = pytest.mark.timeout(180)
 
-FAMILIES = ["gpt-oss-tiny"]
+FAMILIES = ["gpt-oss-tiny", "deepseek-v3-tiny"]
 PROMPT = "Explain quantum computing in simple terms"
 STEPS = 24
 
@@ -170,3 +178,132 @@ def test_a_save_pretrained_dir_loaded_through_weights_generates_the_same_text(
     # then it generates the built model's text
     assert _generated(state) == want
     assert state.meta["text"] == built.tokenizer.decode(want, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize(("experts", "groups", "topk_group", "top_k"),
+                         [(8, 2, 1, 2), (16, 4, 2, 4), (12, 3, 3, 3)])
+def test_deepseek_group_limited_routing_equals_transformers_gate_on_random_inputs(
+    experts: int, groups: int, topk_group: int, top_k: int,
+) -> None:
+    # given DeepSeek-V3's own gate with random weights and a random score-correction bias
+    config = DeepseekV3Config(hidden_size=32, n_routed_experts=experts, n_group=groups,
+                              topk_group=topk_group, num_experts_per_tok=top_k,
+                              routed_scaling_factor=2.5, norm_topk_prob=True)
+    gen = torch.Generator().manual_seed(experts)
+    gate = DeepseekV3TopkRouter(config)
+    with torch.no_grad():
+        gate.weight.copy_(torch.randn(gate.weight.shape, generator=gen))
+        gate.e_score_correction_bias.copy_(0.1 * torch.randn(experts, generator=gen))
+    context = RoutingContext(RouterConfig.native(), torch.zeros(1, experts, dtype=torch.int64))
+    router = GroupLimitedRouter(gate, 0, True, context)
+    hidden = torch.randn(3, 7, 32, generator=gen)
+    # when both route the same tokens natively
+    want_logits, want_weights, want_index = gate(hidden)
+    logits, weights, index = router(hidden)
+    # then logits, chosen experts (in the gate's order) and weights are bit-identical
+    assert torch.equal(logits, want_logits)
+    assert torch.equal(index, want_index)
+    assert torch.equal(weights, want_weights)
+    # and every token's experts lie in its topk_group groups
+    per_token = [len({int(e) // (experts // groups) for e in row}) for row in index]
+    assert max(per_token) <= topk_group
+
+
+def test_deepseek_checkpoint_holds_the_compressed_latent_kv_equal_to_generates_cache() -> None:
+    # given a DeepSeek-V3 job migrated to a fresh worker every chunk
+    loaded = build_model(load_recipe("deepseek-v3-tiny"))
+    config = loaded.model.config
+    state = _run(_params("deepseek-v3-tiny"), fresh_runner_per_chunk=True,
+                 yield_every_token=False)
+    seen = len(state.tensors["ids"]) - 1  # the last sampled token is not in the cache yet
+    # when model.generate() decodes the same job in one go, keeping its cache
+    ids = encode_prompt(loaded.tokenizer, PROMPT)
+    out = loaded.model.generate(torch.tensor([ids]), max_new_tokens=STEPS, do_sample=False,
+                                return_dict_in_generate=True)
+    reference = out.past_key_values
+    # then every layer's checkpoint holds the latent c_kv (after its norm) and the roped k_pe,
+    # not per-head K/V, bit-identical to generate()'s own cache
+    for layer in range(config.num_hidden_layers):
+        latent, rope_key = state.tensors[f"kv.{layer}.key"], state.tensors[f"kv.{layer}.value"]
+        assert latent.shape == (1, 1, seen, config.kv_lora_rank)
+        assert rope_key.shape == (1, 1, seen, config.qk_rope_head_dim)
+        assert torch.equal(latent, reference.layers[layer].keys)
+        assert torch.equal(rope_key, reference.layers[layer].values)
+    # and it is (kv_lora_rank + qk_rope_head_dim) / (heads x (qk_head_dim + v_head_dim)) of
+    # the per-head form per token: 24 of 160 floats a layer in the tiny model
+    full = config.num_attention_heads * (config.qk_head_dim + config.v_head_dim)
+    assert (config.kv_lora_rank + config.qk_rope_head_dim, full) == (24, 160)
+
+
+def test_deepseek_shared_experts_take_their_bytes_out_of_the_expert_budget_first() -> None:
+    # given DeepSeek-V3's routed slice bytes and its always-resident shared experts' bytes
+    loaded = build_model(load_recipe("deepseek-v3-tiny"))
+    moe = [layer.mlp for layer in loaded.model.model.layers if hasattr(layer.mlp, "experts")]
+    experts = moe[0].experts
+    slice_bytes = 4 * (experts.gate_up_proj[0].numel() + experts.down_proj[0].numel())
+    shared = sum(4 * p.numel() for block in moe for p in block.shared_experts.parameters())
+    routed_only = int(slice_bytes * len(moe) / 0.85) + 1
+    # when the budget holds one slice per MoE layer but not the shared experts too
+    # then no worker opens the model, naming the shared experts in its hint
+    with pytest.raises(ExpertCacheError, match="shared experts"):
+        open_session(build_model(load_recipe("deepseek-v3-tiny")),
+                     CacheConfig(budget_bytes=routed_only, prefetch_experts=0))
+    # and when it holds the shared experts plus one slice per layer, every token evicts
+    cache = CacheConfig(budget_bytes=int((shared + slice_bytes * len(moe)) / 0.85) + 1,
+                        prefetch_experts=0)
+    state = _run(_params("deepseek-v3-tiny", max_new_tokens=12), fresh_runner_per_chunk=True,
+                 yield_every_token=False, cache=cache)
+    # then the output is unchanged and each load moved one routed slice's bytes
+    assert _generated(state) == _reference_ids("deepseek-v3-tiny", 12)
+    stats = state.meta["cache"]
+    assert stats["evictions"] > 0
+    assert stats["bytes_moved"] == stats["loads"] * slice_bytes
+
+
+def test_deepseek_configured_routing_resumes_exactly_on_fresh_workers() -> None:
+    # given DeepSeek-V3 under the configured router (temperature, a capacity of one token per
+    # expert with random fallback, a diversity penalty): the group-limited sigmoid scores
+    params = _params("deepseek-v3-tiny", routing="configured", max_new_tokens=10)
+    runner_config = RouterConfig(k=2, temperature=0.5, expert_capacity=1,
+                                 diversity_penalty=0.3)
+    # when it runs uninterrupted, and again preempted after every token on fresh workers
+    plain = _run_routed(params, runner_config, fresh=False, yield_every_token=False)
+    preempted = _run_routed(params, runner_config, fresh=True, yield_every_token=True)
+    # then both generate the same tokens and count the same routing
+    assert _generated(plain) == _generated(preempted)
+    assert torch.equal(plain.tensors["routing.expert_counts"],
+                       preempted.tensors["routing.expert_counts"])
+    assert int(plain.tensors["routing.expert_counts"].sum()) > 0
+
+
+def _run_routed(params: dict[str, object], router: RouterConfig, fresh: bool,
+                yield_every_token: bool) -> Checkpoint:
+    plan = TextRunner().plan(params)
+    shared = TextRunner(router=router)
+    state: Checkpoint | None = None
+    for index in range(plan.num_chunks):
+        complete = False
+        while not complete:
+            runner = TextRunner(router=router) if fresh else shared
+            result = runner.run_chunk(params, index, state, lambda: yield_every_token)
+            state, complete = _round_trip(result), result.complete
+    assert state is not None
+    return state
+
+
+def test_deepseek_recipe_builds_identical_weights_and_score_biases_dense_layers_first() -> None:
+    # given the DeepSeek-V3 recipe, listed as a text model (GET /v1/models reads the registry)
+    assert "deepseek-v3-tiny" in default_registry().names("text")
+    assert "deepseek-v3-tiny" in recipes.list_recipes()
+    # when it is built twice (as two worker processes would do)
+    first, second = (build_model(load_recipe("deepseek-v3-tiny")) for _ in range(2))
+    # then every parameter and buffer is equal, the score-correction bias is seeded (not zero)
+    for a, b in zip(first.model.state_dict().values(), second.model.state_dict().values(),
+                    strict=True):
+        assert torch.equal(a, b)
+    layers = first.model.model.layers
+    dense = int(first.model.config.first_k_dense_replace)
+    assert all(not hasattr(layer.mlp, "experts") for layer in layers[:dense])
+    for layer in layers[dense:]:
+        assert layer.mlp.experts.gate_up_proj.dim() == 3
+        assert bool(layer.mlp.gate.e_score_correction_bias.abs().sum() > 0)
