@@ -1,6 +1,6 @@
-"""The newer MoE families (gpt-oss, DeepSeek-V3): chunked generation equals model.generate()
-run in one go, across preemption, migration to a fresh worker and a crash that loses a chunk's
-result."""
+"""The newer MoE families (gpt-oss, DeepSeek-V3, Qwen3-Next): chunked generation equals
+model.generate() run in one go, across preemption, migration to a fresh worker and a crash that
+loses a chunk's result."""
 
 from __future__ import annotations
 
@@ -23,11 +23,11 @@ from workers.moe.runner import TextRunner
 from workers.moe.session import open_session
 from workers.moe.tokenizer import encode_prompt
 from workers.registry import default_registry
-from workers.runner import ChunkResult
+from workers.runner import BatchItem, ChunkResult
 
 pytestmark = pytest.mark.timeout(180)
 
-FAMILIES = ["gpt-oss-tiny", "deepseek-v3-tiny"]
+FAMILIES = ["gpt-oss-tiny", "deepseek-v3-tiny", "qwen3-next-tiny"]
 PROMPT = "Explain quantum computing in simple terms"
 STEPS = 24
 
@@ -307,3 +307,80 @@ def test_deepseek_recipe_builds_identical_weights_and_score_biases_dense_layers_
     for layer in layers[dense:]:
         assert layer.mlp.experts.gate_up_proj.dim() == 3
         assert bool(layer.mlp.gate.e_score_correction_bias.abs().sum() > 0)
+
+
+def test_qwen3_next_checkpoint_holds_deltanet_states_and_full_attention_kv_of_generate() -> None:
+    # given a Qwen3-Next job migrated to a fresh worker every chunk
+    loaded = build_model(load_recipe("qwen3-next-tiny"))
+    config = loaded.model.config
+    state = _run(_params("qwen3-next-tiny"), fresh_runner_per_chunk=True,
+                 yield_every_token=False)
+    seen = len(state.tensors["ids"]) - 1  # the last sampled token is not in the cache yet
+    # when model.generate() decodes the same job in one go, keeping its cache
+    ids = encode_prompt(loaded.tokenizer, PROMPT)
+    out = loaded.model.generate(torch.tensor([ids]), max_new_tokens=STEPS, do_sample=False,
+                                return_dict_in_generate=True)
+    reference = out.past_key_values.layers
+    # then a gated-DeltaNet layer saves its conv window, recurrent state and token count, a
+    # full-attention layer its keys and values, each bit-identical to generate()'s own cache
+    for layer, kind in enumerate(config.layer_types):
+        if kind == "linear_attention":
+            conv = state.tensors[f"kv.{layer}.conv.0"]
+            recurrent = state.tensors[f"kv.{layer}.recurrent.0"]
+            assert conv.shape[-1] == config.linear_conv_kernel_dim
+            assert torch.equal(conv, reference[layer].conv_states[0])
+            assert torch.equal(recurrent, reference[layer].recurrent_states[0])
+            assert int(state.tensors[f"kv.{layer}.seen"]) == seen
+            assert f"kv.{layer}.key" not in state.tensors
+        else:
+            assert state.tensors[f"kv.{layer}.key"].shape[2] == seen
+            assert torch.equal(state.tensors[f"kv.{layer}.key"], reference[layer].keys)
+            assert torch.equal(state.tensors[f"kv.{layer}.value"], reference[layer].values)
+
+
+def test_qwen3_next_router_equals_its_own_gate_and_its_shared_expert_counts_in_the_budget(
+) -> None:
+    # given Qwen3-Next's gate and the step router installed in its place
+    loaded = build_model(load_recipe("qwen3-next-tiny"))
+    block = loaded.model.model.layers[0].mlp
+    gate = block.gate
+    hidden = torch.randn(2, 5, loaded.model.config.hidden_size,
+                         generator=torch.Generator().manual_seed(5))
+    want = gate(hidden)
+    session = open_session(loaded, CacheConfig(prefetch_experts=0))
+    # when both route the same tokens natively
+    got = block.gate(hidden)
+    # then logits, weights and experts are bit-identical
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+    # and the always-resident shared expert and its gate are in the budget's shared bytes
+    shared = sum(4 * p.numel() for layer in loaded.model.model.layers
+                 for m in (layer.mlp.shared_expert, layer.mlp.shared_expert_gate)
+                 for p in m.parameters())
+    assert session.cache.host.shared_bytes == shared > 0
+
+
+def test_qwen3_next_evicting_budget_keeps_the_output_and_jobs_run_alone_not_batched() -> None:
+    # given a budget of the shared experts plus one routed slice per layer
+    loaded = build_model(load_recipe("qwen3-next-tiny"))
+    layers = loaded.model.model.layers
+    experts = layers[0].mlp.experts
+    slice_bytes = 4 * (experts.gate_up_proj[0].numel() + experts.down_proj[0].numel())
+    shared = sum(4 * p.numel() for layer in layers
+                 for m in (layer.mlp.shared_expert, layer.mlp.shared_expert_gate)
+                 for p in m.parameters())
+    cache = CacheConfig(budget_bytes=int((shared + slice_bytes * len(layers)) / 0.85) + 1,
+                        prefetch_experts=0)
+    # when a job runs chunk by chunk on fresh workers
+    state = _run(_params("qwen3-next-tiny", max_new_tokens=12), fresh_runner_per_chunk=True,
+                 yield_every_token=False, cache=cache)
+    # then the output is unchanged, the cache evicted, each load moved one slice's bytes
+    assert _generated(state) == _reference_ids("qwen3-next-tiny", 12)
+    stats = state.meta["cache"]
+    assert stats["evictions"] > 0
+    assert stats["bytes_moved"] == stats["loads"] * slice_bytes
+    # and two prefills handed over as a batch run alone (the DeltaNet state would run through
+    # the left padding)
+    runner = TextRunner()
+    items = [BatchItem(_params("qwen3-next-tiny", prompt=p), 0, None) for p in ("hi", PROMPT)]
+    assert [r.metrics["batch_size"] for r in runner.run_batch(items)] == [1, 1]

@@ -101,12 +101,18 @@ class GroupLimitedRouter(StepRouter):
         return apply_capacity(scores, top_weights, top_index, config, generator)
 
 
+_SHARED = ("shared_experts", "shared_expert", "shared_expert_gate")
+"""DeepSeek-V3's ``shared_experts``; Qwen3-Next's ``shared_expert`` and its sigmoid gate."""
+
+
 def shared_expert_bytes(block: nn.Module) -> int:
-    """Bytes of a DeepSeek-V3 MoE block's shared experts (0 for a block without them)."""
-    shared = getattr(block, "shared_experts", None)
-    if not isinstance(shared, nn.Module):
-        return 0
-    return sum(p.numel() * p.element_size() for p in shared.parameters())
+    """Bytes of an MoE block's shared experts (DeepSeek-V3, Qwen3-Next; 0 without them)."""
+    total = 0
+    for name in _SHARED:
+        shared = getattr(block, name, None)
+        if isinstance(shared, nn.Module):
+            total += sum(p.numel() * p.element_size() for p in shared.parameters())
+    return total
 
 
 def is_group_limited(block: nn.Module) -> bool:

@@ -23,6 +23,7 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerFast,
     Qwen3MoeConfig,
+    Qwen3NextConfig,
 )
 
 from workers.errors import ModelConfigError
@@ -37,6 +38,7 @@ _CONFIGS: dict[str, type[PretrainedConfig]] = {
     "olmoe": OlmoeConfig,
     "gpt_oss": GptOssConfig,
     "deepseek_v3": DeepseekV3Config,
+    "qwen3_next": Qwen3NextConfig,
 }
 # Mixtral's router always renormalises its top-k weights; the others follow norm_topk_prob.
 _ALWAYS_NORMALISE = {"mixtral"}
