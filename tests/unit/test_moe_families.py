@@ -18,9 +18,8 @@ from workers.moe import runner as runner_module
 from workers.moe.deepseek import GroupLimitedRouter
 from workers.moe.expert_cache import CacheConfig
 from workers.moe.recipes import build_model, load_recipe, save_model_dir
-from workers.moe.router import RouterConfig, RoutingContext
+from workers.moe.router import RouterConfig, RoutingContext, StepRouter
 from workers.moe.runner import TextRunner
-from workers.moe.session import open_session
 from workers.moe.tokenizer import encode_prompt
 from workers.registry import default_registry
 from workers.runner import BatchItem, ChunkResult
@@ -245,9 +244,10 @@ def test_deepseek_shared_experts_take_their_bytes_out_of_the_expert_budget_first
     routed_only = int(slice_bytes * len(moe) / 0.85) + 1
     # when the budget holds one slice per MoE layer but not the shared experts too
     # then no worker opens the model, naming the shared experts in its hint
-    with pytest.raises(ExpertCacheError, match="shared experts"):
-        open_session(build_model(load_recipe("deepseek-v3-tiny")),
-                     CacheConfig(budget_bytes=routed_only, prefetch_experts=0))
+    with pytest.raises(ExpertCacheError, match=f"beside {shared} bytes of shared experts"):
+        _run(_params("deepseek-v3-tiny", max_new_tokens=2), fresh_runner_per_chunk=False,
+             yield_every_token=False,
+             cache=CacheConfig(budget_bytes=routed_only, prefetch_experts=0))
     # and when it holds the shared experts plus one slice per layer, every token evicts
     cache = CacheConfig(budget_bytes=int((shared + slice_bytes * len(moe)) / 0.85) + 1,
                         prefetch_experts=0)
@@ -340,24 +340,31 @@ def test_qwen3_next_checkpoint_holds_deltanet_states_and_full_attention_kv_of_ge
 
 def test_qwen3_next_router_equals_its_own_gate_and_its_shared_expert_counts_in_the_budget(
 ) -> None:
-    # given Qwen3-Next's gate and the step router installed in its place
+    # given Qwen3-Next's gate and a step router on its weight, routing natively
     loaded = build_model(load_recipe("qwen3-next-tiny"))
-    block = loaded.model.model.layers[0].mlp
-    gate = block.gate
+    gate = loaded.model.model.layers[0].mlp.gate
+    context = RoutingContext(RouterConfig.native(),
+                             torch.zeros(1, loaded.num_experts, dtype=torch.int64))
+    router = StepRouter(gate.weight, 0, loaded.native_top_k, True, context)
     hidden = torch.randn(2, 5, loaded.model.config.hidden_size,
                          generator=torch.Generator().manual_seed(5))
-    want = gate(hidden)
-    session = open_session(loaded, CacheConfig(prefetch_experts=0))
-    # when both route the same tokens natively
-    got = block.gate(hidden)
+    # when both route the same tokens
     # then logits, weights and experts are bit-identical
-    for a, b in zip(got, want, strict=True):
+    for a, b in zip(router(hidden), gate(hidden), strict=True):
         assert torch.equal(a, b)
-    # and the always-resident shared expert and its gate are in the budget's shared bytes
-    shared = sum(4 * p.numel() for layer in loaded.model.model.layers
+    # and a budget of one routed slice per layer, without room for the always-resident shared
+    # expert and its gate, is refused naming exactly their bytes
+    layers = loaded.model.model.layers
+    experts = layers[0].mlp.experts
+    slice_bytes = 4 * (experts.gate_up_proj[0].numel() + experts.down_proj[0].numel())
+    shared = sum(4 * p.numel() for layer in layers
                  for m in (layer.mlp.shared_expert, layer.mlp.shared_expert_gate)
                  for p in m.parameters())
-    assert session.cache.host.shared_bytes == shared > 0
+    cache = CacheConfig(budget_bytes=int(slice_bytes * len(layers) / 0.85) + 1,
+                        prefetch_experts=0)
+    with pytest.raises(ExpertCacheError, match=f"beside {shared} bytes of shared experts"):
+        _run(_params("qwen3-next-tiny", max_new_tokens=2), fresh_runner_per_chunk=False,
+             yield_every_token=False, cache=cache)
 
 
 def test_qwen3_next_evicting_budget_keeps_the_output_and_jobs_run_alone_not_batched() -> None:
