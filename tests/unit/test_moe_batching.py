@@ -102,7 +102,8 @@ def test_batched_decode_gives_identical_results_for_the_same_items_in_the_same_o
         assert a.metrics["tokens"] == b.metrics["tokens"] == 4
 
 
-@pytest.mark.parametrize("model", ["qwen3-moe-tiny", "mixtral-tiny", "olmoe-tiny"])
+@pytest.mark.parametrize("model", ["qwen3-moe-tiny", "mixtral-tiny", "olmoe-tiny",
+                                   "deepseek-v3-tiny"])
 def test_greedy_batched_tokens_equal_the_tokens_decoded_one_job_at_a_time(model: str) -> None:
     # given four greedy jobs of different prompt lengths, prefilled
     runner = TextRunner()
@@ -328,7 +329,8 @@ def _prefill_batched(runner: TextRunner, jobs: Sequence[Params]) -> list[ChunkRe
     return runner.run_batch([BatchItem(p, 0, None) for p in jobs])
 
 
-@pytest.mark.parametrize("model", ["qwen3-moe-tiny", "mixtral-tiny", "olmoe-tiny"])
+@pytest.mark.parametrize("model", ["qwen3-moe-tiny", "mixtral-tiny", "olmoe-tiny",
+                                   "deepseek-v3-tiny"])
 def test_batched_prefill_of_different_prompt_lengths_gives_the_lone_tokens_and_continuation(
     model: str,
 ) -> None:

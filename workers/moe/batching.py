@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, PretrainedConfig
+from transformers.cache_utils import LinearAttentionCacheLayerMixin
 
 from workers.moe.generation import kv_pairs
 
@@ -109,6 +110,13 @@ class PaddedKV:
 def has_sliding_window(config: PretrainedConfig) -> bool:
     """Whether a model's cache crops old tokens: left padding would then misalign its rows."""
     return any(DynamicCache(config=config).is_sliding)
+
+
+def has_linear_attention(config: PretrainedConfig) -> bool:
+    """Whether a model has linear-attention layers (Qwen3-Next's gated DeltaNet): their conv and
+    recurrent states run through every token a row holds, padding too, so rows do not pad."""
+    return any(isinstance(layer, LinearAttentionCacheLayerMixin)
+               for layer in DynamicCache(config=config).layers)
 
 
 def _left_pad(tensor: torch.Tensor, width: int) -> torch.Tensor:

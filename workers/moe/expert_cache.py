@@ -162,6 +162,10 @@ class HostExperts:
     down: dict[int, torch.Tensor]  # layer -> [E, H, I] ([E, I, H] for gpt-oss)
     gate_up_bias: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [E, 2I]
     down_bias: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [E, H]
+    shared_bytes: int = 0
+    """Bytes of the model's shared experts (DeepSeek-V3), all layers: dense MLPs every token
+    runs, always resident beside the cache (model parameters, never evicted); the cache's
+    budget holds them first and its slots share what is left."""
 
     @property
     def layers(self) -> list[int]:
@@ -618,16 +622,19 @@ class ExpertCache:
 
 
 def slots_per_layer(host: HostExperts, config: CacheConfig) -> int:
-    """Experts per layer that fit in ``budget_bytes * memory_threshold`` (at least one)."""
+    """Experts per layer that fit in ``budget_bytes * memory_threshold``, less the shared
+    experts (at least one)."""
     if config.budget_bytes is None:
         return host.num_experts
-    usable = config.budget_bytes * config.memory_threshold
-    per_layer = int(usable // (host.expert_bytes * len(host.layers)))
+    usable = config.budget_bytes * config.memory_threshold - host.shared_bytes
+    per_layer = int(max(0.0, usable) // (host.expert_bytes * len(host.layers)))
     if per_layer < 1:
-        need_mib = host.expert_bytes * len(host.layers) / config.memory_threshold / _MIB
+        need = host.expert_bytes * len(host.layers) + host.shared_bytes
+        shared = f" beside {host.shared_bytes} bytes of shared experts" if host.shared_bytes else ""
         raise ExpertCacheError(
             f"an expert budget of {config.budget_bytes / _MIB:.2f} MiB holds no expert per "
-            f"layer; set moe.cache.budget_mb to at least {need_mib:.2f}"
+            f"layer{shared}; set moe.cache.budget_mb to at least "
+            f"{need / config.memory_threshold / _MIB:.2f}"
         )
     return min(per_layer, host.num_experts)
 

@@ -15,6 +15,7 @@ import torch
 import yaml  # type: ignore[import-untyped,unused-ignore]
 from transformers import (
     AutoModelForCausalLM,
+    DeepseekV3Config,
     GptOssConfig,
     MixtralConfig,
     OlmoeConfig,
@@ -22,6 +23,7 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerFast,
     Qwen3MoeConfig,
+    Qwen3NextConfig,
 )
 
 from workers.errors import ModelConfigError
@@ -35,6 +37,8 @@ _CONFIGS: dict[str, type[PretrainedConfig]] = {
     "qwen3_moe": Qwen3MoeConfig,
     "olmoe": OlmoeConfig,
     "gpt_oss": GptOssConfig,
+    "deepseek_v3": DeepseekV3Config,
+    "qwen3_next": Qwen3NextConfig,
 }
 # Mixtral's router always renormalises its top-k weights; the others follow norm_topk_prob.
 _ALWAYS_NORMALISE = {"mixtral"}
@@ -50,6 +54,9 @@ class MoeRecipe:
     weights: Path | None = None
     tokenizer_vocab_size: int = 512
     config: dict[str, Any] = field(default_factory=dict)
+    score_correction_std: float = 0.0
+    """DeepSeek-V3: the std of a seeded random ``e_score_correction_bias`` (its routers'
+    load-balancing bias, which ``from_config`` zeroes); 0 keeps the zeros."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +120,7 @@ def load_recipe(name: str, models_dir: Path | None = None) -> MoeRecipe:
         weights=_resolve(Path(weights), path.parent) if weights else None,
         tokenizer_vocab_size=int(raw.get("tokenizer_vocab_size", 512)),
         config=dict(raw.get("config") or {}),
+        score_correction_std=float(raw.get("score_correction_std", 0.0)),
     )
 
 
@@ -127,6 +135,7 @@ def build_model(recipe: MoeRecipe) -> LoadedModel:
         model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
             config, experts_implementation="eager"
         )
+        _randomise_score_correction(model, recipe.score_correction_std)
     return LoadedModel(recipe=recipe, model=_eval(model), tokenizer=tokenizer)
 
 
@@ -146,6 +155,17 @@ def _load_pretrained(recipe: MoeRecipe, directory: Path) -> LoadedModel:
     model = AutoModelForCausalLM.from_pretrained(directory, experts_implementation="eager")
     tokenizer = PreTrainedTokenizerFast.from_pretrained(directory)
     return LoadedModel(recipe=recipe, model=_eval(model), tokenizer=tokenizer)
+
+
+def _randomise_score_correction(model: PreTrainedModel, std: float) -> None:
+    """Draw every router's ``e_score_correction_bias`` from N(0, std), after the weights."""
+    if std <= 0:
+        return
+    with torch.no_grad():
+        for module in model.modules():
+            bias = getattr(module, "e_score_correction_bias", None)
+            if isinstance(bias, torch.Tensor):
+                bias.normal_(0.0, std)
 
 
 def _eval(model: PreTrainedModel) -> PreTrainedModel:

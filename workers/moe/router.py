@@ -199,10 +199,8 @@ class StepRouter(nn.Module):
             generator = torch.Generator().manual_seed(seed)
             top_probs, top_index = apply_capacity(probs, top_probs, top_index, config, generator)
         self.context.record(self.layer, top_probs, top_index)
+        self._observe(hidden, top_index)
         keep = self.context.token_mask
-        if self.context.observer is not None:
-            routed = (hidden, top_index) if keep is None else (hidden[keep], top_index[keep])
-            self.context.observer(self.layer, *routed)
         if self.softmax_top and config.temperature == 1.0 and config.diversity_penalty <= 0:
             # the same numbers as the normalised probabilities below, in gpt-oss's own order
             chosen = logits.gather(-1, top_index)
@@ -212,6 +210,13 @@ class StepRouter(nn.Module):
         if keep is not None:
             top_probs, top_index = drop_tokens(top_probs, top_index, keep, self.weight.shape[0])
         return logits, top_probs.to(logits.dtype), top_index
+
+    def _observe(self, hidden: torch.Tensor, top_index: torch.Tensor) -> None:
+        """Tell the context's observer (the cache's prefetch hook) of the routing, padding out."""
+        keep = self.context.token_mask
+        if self.context.observer is not None:
+            routed = (hidden, top_index) if keep is None else (hidden[keep], top_index[keep])
+            self.context.observer(self.layer, *routed)
 
     def _usage_share(self) -> torch.Tensor | None:
         if self.context.config.diversity_penalty <= 0:

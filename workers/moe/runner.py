@@ -24,7 +24,12 @@ from transformers import DynamicCache
 
 from workers.checkpoint import Checkpoint
 from workers.errors import CheckpointError, NonFiniteOutput, ParamsError
-from workers.moe.batching import PaddedKV, PaddedPrompts, has_sliding_window
+from workers.moe.batching import (
+    PaddedKV,
+    PaddedPrompts,
+    has_linear_attention,
+    has_sliding_window,
+)
 from workers.moe.expert_cache import CacheConfig
 from workers.moe.generation import (
     generator_from_state,
@@ -240,9 +245,11 @@ class TextRunner:
         return key, _version_of(p, item.state, session)
 
     def _pads_cleanly(self, model: str) -> bool:
-        """Whether ``model``'s KV cache keeps every token, so left-padded rows stay aligned."""
+        """Whether ``model``'s KV cache keeps every token, so left-padded rows stay aligned, and
+        no linear-attention state runs through the padding."""
         if model not in self._pads:
-            self._pads[model] = not has_sliding_window(self.session(model).loaded.model.config)
+            config = self.session(model).loaded.model.config
+            self._pads[model] = not has_sliding_window(config) and not has_linear_attention(config)
         return self._pads[model]
 
     def _run_alone(self, item: BatchItem) -> ChunkResult:

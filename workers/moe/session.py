@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from workers.errors import ModelConfigError
+from workers.moe.deepseek import GroupLimitedRouter, is_group_limited, shared_expert_bytes
 from workers.moe.expert_cache import CacheConfig, ExpertCache, HostExperts
 from workers.moe.experts import CachedExperts, GptOssCachedExperts
 from workers.moe.prefetch import Lookahead, LookaheadPredictor
@@ -151,7 +152,8 @@ def _extract_host_experts(layers: dict[int, nn.Module], pin: bool) -> HostExpert
             if pin:
                 held[layer] = held[layer].pin_memory()
     return HostExperts(gate_up=parts["gate_up_proj"], down=parts["down_proj"],
-                       gate_up_bias=parts["gate_up_proj_bias"], down_bias=parts["down_proj_bias"])
+                       gate_up_bias=parts["gate_up_proj_bias"], down_bias=parts["down_proj_bias"],
+                       shared_bytes=sum(shared_expert_bytes(block) for block in layers.values()))
 
 
 _EXPERT_TENSORS = ("gate_up_proj", "down_proj", "gate_up_proj_bias", "down_proj_bias")
@@ -179,7 +181,12 @@ def _install(
     if not callable(act_fn) or not isinstance(weight, nn.Parameter):
         raise ModelConfigError(f"layer {layer}: the MoE block is not a transformers 5 fused block")
     block.experts = CachedExperts(experts, layer, loaded.num_experts, act_fn)
-    block.gate = StepRouter(weight, layer, loaded.native_top_k, loaded.normalises_top_k, context)
+    if is_group_limited(block):  # DeepSeek-V3: sigmoid scores, group-limited, scaled weights
+        block.gate = GroupLimitedRouter(block.get_submodule("gate"), layer,
+                                        loaded.normalises_top_k, context)
+    else:
+        block.gate = StepRouter(weight, layer, loaded.native_top_k, loaded.normalises_top_k,
+                                context)
     return weight
 
 

@@ -156,9 +156,10 @@ def read_expert_file(path: Path, like: HostExperts) -> HostExperts:
         target[layer] = tensor.to(target[layer].dtype)
     if not tensors:
         raise ExpertVersionError(f"{path} holds no expert tensors")
-    # expert biases (gpt-oss) are not part of a version file: the version keeps the model's
+    # expert biases (gpt-oss) and shared experts (DeepSeek-V3) are not part of a version file:
+    # the version keeps the model's
     host = HostExperts(gate_up=gate_up, down=down, gate_up_bias=like.gate_up_bias,
-                       down_bias=like.down_bias)
+                       down_bias=like.down_bias, shared_bytes=like.shared_bytes)
     _check_compatible(like, host, str(path))
     return host
 
@@ -183,7 +184,8 @@ def perturbed_experts(host: HostExperts, scale: float, seed: int = 0) -> HostExp
 
     return HostExperts(gate_up={k: noisy(v) for k, v in host.gate_up.items()},
                        down={k: noisy(v) for k, v in host.down.items()},
-                       gate_up_bias=host.gate_up_bias, down_bias=host.down_bias)
+                       gate_up_bias=host.gate_up_bias, down_bias=host.down_bias,
+                       shared_bytes=host.shared_bytes)
 
 
 def _check_compatible(live: HostExperts, new: HostExperts, what: str) -> None:
