@@ -116,8 +116,7 @@ class FairShareSettings(BaseModel):
     joins at the least standing, counter plus in-flight charges, of those who stayed). A job
     whose slack no longer covers its next chunk still goes first. Off: value-weighted
     remaining work alone. At 10 000 live jobs it costs the held tick 1.4x (1.9x when no view
-    changed; docs/
-    scheduling.md, tests/bench/bench_tick.py --fair-share)."""
+    changed; docs/scheduling.md, ``tests/bench/bench_tick.py --fair-share``)."""
     weights: dict[TierName, float] = Field(
         default_factory=_default_fair_weights)
     """Each tier's relative share of a band while its tenants are backlogged, unitless ratios,
