@@ -14,9 +14,11 @@ serves the least counter first:
   k − 1 before it, so one tick filling many slots interleaves the tenants as the counters would
   one pick at a time.
 - **No banked credit.** A tenant that becomes active in a band (it had no live job there at
-  the last tick) joins at the least counter among the tenants active there before and still
-  (:func:`join`); when none is, at the least counter the band had when it was last busy. A
-  tenant idle for an hour comes back level with the others, not an hour ahead.
+  the last tick) joins at the least standing among the tenants active there before and still
+  (:func:`join`): a standing is the counter plus the charges of the tenant's chunks in flight,
+  so a joiner does not go ahead of work already placed. When none stayed, it joins at the
+  least standing the band had when it was last busy. A tenant idle for an hour comes back
+  level with the others, not an hour ahead.
 - **Deadlines still win.** A job whose slack (``scheduler.placement.slack_s``, the one slack
   function) no longer covers its next chunk goes before the fair order of its band; work past
   saving (negative slack, demoted or deferred) goes after it.
@@ -86,8 +88,8 @@ class ServiceLedger:
     """Virtual seconds added when the tenant (re)joined a busy band."""
     active: frozenset[TenantKey] = frozenset()
     floor: Mapping[str, float] = field(default_factory=dict)
-    """Per band: the least counter among its active tenants at the last tick (where a tenant
-    joins a band whose every tenant was new)."""
+    """Per band: the least standing (counter plus in-flight charges, :func:`join`) among its
+    active tenants at the last tick (where a tenant joins a band whose every tenant was new)."""
 
     def virtual(self, config: FairShareConfig) -> dict[TenantKey, float]:
         """Every (band, tenant)'s counter: lift + Σ measured seconds ÷ the tier's weight."""
@@ -128,13 +130,21 @@ class Joined:
     """(band, tenant) → the lift added this tick (> 0)."""
 
 
-def join(ledger: ServiceLedger, active: Iterable[TenantKey],
-         config: FairShareConfig) -> Joined:
+def join(ledger: ServiceLedger, active: Iterable[TenantKey], config: FairShareConfig,
+         in_flight: Mapping[TenantKey, float] | None = None) -> Joined:
     """The join rule: each (band, tenant) in ``active`` that was not active at the last tick is
-    lifted to the least counter of the band's tenants active then and now (none: the band's
-    floor), if below it. The active set and the floors become this tick's."""
+    lifted to the least standing of the band's tenants active then and now (none: the band's
+    floor), if below it. The active set and the floors become this tick's.
+
+    A tenant's standing is its counter plus ``in_flight[band, tenant]``: the charges of its
+    chunks in flight (each its estimate over the tier's weight, as :func:`fair_keys` charges
+    them), placed but not committed, so not in the counter yet. The least counter alone would
+    let a joiner's first start tag sit below every in-flight-charged tag of those who stayed:
+    it would go ahead of them by up to their whole in-flight work (credit banked out of the
+    others' placements), however many workers that takes."""
     now = frozenset(active)
     virtual = ledger.virtual(config)
+    charged = in_flight or {}
     by_band: dict[str, list[str]] = {}
     for band, tenant in sorted(now):
         by_band.setdefault(band, []).append(tenant)
@@ -142,16 +152,18 @@ def join(ledger: ServiceLedger, active: Iterable[TenantKey],
     lifts: dict[TenantKey, float] = {}
     floor = dict(ledger.floor)
     for band, tenants in by_band.items():
-        staying = [virtual.get((band, t), 0.0) for t in tenants if (band, t) in ledger.active]
+        standing = {t: virtual.get((band, t), 0.0) + charged.get((band, t), 0.0)
+                    for t in tenants}
+        staying = [standing[t] for t in tenants if (band, t) in ledger.active]
         reference = min(staying) if staying else floor.get(band)
         for tenant in tenants:
             key = (band, tenant)
-            own = virtual.get(key, 0.0)
+            own = standing[tenant]
             if key not in ledger.active and reference is not None and own < reference:
                 lifts[key] = reference - own
                 lift[key] = lift.get(key, 0.0) + lifts[key]
-                virtual[key] = reference
-        floor[band] = min(virtual.get((band, t), 0.0) for t in tenants)
+                standing[tenant] = reference
+        floor[band] = min(standing.values())
     return Joined(ServiceLedger(ledger.service_s, lift, now, floor), lifts)
 
 
@@ -171,6 +183,18 @@ class FairJob:
     """Its next chunk's estimated worker-seconds."""
     warm: bool
     """A worker holds its model (no load expected before its next chunk)."""
+
+
+def in_flight_charges(jobs: Sequence[FairJob], band_names: Sequence[str]
+                      ) -> dict[TenantKey, float]:
+    """(band, tenant) → the charges of its jobs in flight (each its chunk estimate over its
+    weight), summed in the jobs' order: what :func:`join` adds to a counter for a standing."""
+    out: dict[TenantKey, float] = {}
+    for job in jobs:
+        if job.in_flight:
+            key = (band_names[job.band], job.tenant)
+            out[key] = out.get(key, 0.0) + job.chunk_s / job.weight
+    return out
 
 
 def urgency(slack_s: float, chunk_s: float, past_saving: bool) -> int:

@@ -23,7 +23,7 @@ import heapq
 import math
 import operator
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from itertools import compress
 from typing import Any, TypeVar, cast
@@ -46,10 +46,20 @@ from scheduler.allocation import (
     ranked_candidates,
 )
 from scheduler.batching import GrowthTable, batch_slowdown
+from scheduler.fairness import (
+    ON_TIME,
+    PAST_SAVING,
+    URGENT,
+    FairKey,
+    ServiceLedger,
+    TenantKey,
+    join,
+)
 from scheduler.judgement import Judgement
 from scheduler.lifecycle import JobState, SloClass
 from scheduler.model import ClusterSnapshot, JobView, ResourceProfile, Tier, WorkerView
 from scheduler.ordering import (
+    BAND_NAMES,
     Levels,
     Order,
     Ranking,
@@ -79,8 +89,8 @@ _STATE_CODE = {JobState.PENDING: _WAITING, JobState.PREEMPTED: _WAITING,
                JobState.SUSPENDED: _SUSPENDED}
 
 _FLOATS = ("submitted", "deadline", "waiting", "service", "level_service", "units", "load",
-           "base", "prog", "pre", "value")
-_INTS = ("state", "cls_rank", "key", "left", "level")
+           "base", "prog", "pre", "value", "next_units", "fair_weight")
+_INTS = ("state", "cls_rank", "key", "left", "level", "tenant")
 _BOOLS = ("realtime", "batch", "preempt", "on_standby", "estimated", "shed", "deps", "by_key",
           "grouped", "group_truthy", "recover")
 
@@ -97,6 +107,8 @@ class _Columns:
         self.key_of: dict[str, int] = {}
         self.key_names: list[str] = []
         self.group_of: dict[str, int] = {}
+        self.tenant_of: dict[str, int] = {}
+        self.tenant_names: list[str] = []
         self.row_of_id: dict[str, int] = {}
         """The row last read for each job id."""
         self.capacity = 0
@@ -237,6 +249,15 @@ class _Columns:
                 key_of[j.cost_key] = len(names)
                 names.append(j.cost_key)
         i["key"][at] = [key_of[j.cost_key] for j in views]
+        tenant_of, tenants = self.tenant_of, self.tenant_names
+        for j in views:
+            if j.tenant not in tenant_of:
+                tenant_of[j.tenant] = len(tenants)
+                tenants.append(j.tenant)
+        i["tenant"][at] = [tenant_of[j.tenant] for j in views]
+        f["next_units"][at] = [j.next_chunk_cost_units for j in views]
+        fair = self.policy.fair_share
+        f["fair_weight"][at] = [fair.weight(j.tier.value) for j in views]
         done = np.array([j.next_chunk for j in views], np.int64)
         chunks = np.array([j.num_chunks for j in views], np.int64)
         i["left"][at] = chunks - done
@@ -334,6 +355,9 @@ class _Planning:
     def __init__(self, columns: _Columns, snapshot: ClusterSnapshot, policy: PolicyConfig,
                  now_s: float) -> None:
         self.c, self.snapshot, self.policy, self.now_s = columns, snapshot, policy, now_s
+        self.fair: tuple[Floats, ...] = ()
+        """Under fair share, the fair key of every job as four arrays (band, urgency, start
+        tag, warm 0 / cold 1); empty: off, or ranked by the readable order."""
 
     def plan(self, all_rows: Ints) -> TickPlan:
         snapshot, policy, now_s = self.snapshot, self.policy, self.now_s
@@ -348,8 +372,8 @@ class _Planning:
         ranking = Ranking(survey, levels, behind, policy, now_s)
         self._keys(tick, behind)
         if policy.fair_share.enabled:
-            ranking = with_fair_share(ranking, snapshot.service,
-                                      list(zip(tick.k1.tolist(), tick.k2.tolist(), strict=True)))
+            ranking = (with_fair_share(ranking, snapshot.service) if levels.inherited
+                       else self._fair(ranking, tick))
         order = Order(alive, survey, judgement, origin, levels, ranking, growths)
         flight, pool = self._flight(order, tick)
         cap = len(alive) * policy.slots_per_worker
@@ -652,6 +676,91 @@ class _Planning:
         tick.k1[:] = k1
         tick.k2[:] = np.where(late, tie, slack)
 
+    # -- fair share (scheduler.ordering.fair_order) -----------------------------------------
+
+    def _fair(self, ranking: Ranking, tick: _Tick) -> Ranking:
+        """``ordering.fair_order`` without inheritance, over the columns: the chunk estimates,
+        urgencies and charges as arrays; the join (``fairness.join`` itself) on the tenants of
+        the contending rows and the in-flight rows' charges; each (band, tenant)'s counter
+        looked up once; the start tags a sequential cumulative sum per tenant, in the order
+        ``fairness.fair_keys`` walks (band, tenant, urgency, in flight first, key, index)."""
+        c, config, rows = self.c, self.policy.fair_share, tick.rows
+        remaining, units, after = tick.remaining, c.f["units"][rows], c.f["next_units"][rows]
+        chunk = np.where((after > 0.0) & (units > 0.0), remaining * after / units,
+                         remaining / np.maximum(c.i["left"][rows], 1))
+        slack = tick.deadline - self.now_s - remaining
+        past = slack < 0.0
+        if ranking.behind:
+            past[list(ranking.behind)] = True
+        urgency = np.where(past, PAST_SAVING, np.where(slack < chunk, URGENT, ON_TIME))
+        in_flight = (tick.state == _QUEUED) | (tick.state == _RUNNING)
+        charge = chunk / c.f["fair_weight"][rows]
+        band, tenant = c.i["cls_rank"][rows], c.i["tenant"][rows]
+        joined = join(self.snapshot.service or ServiceLedger(),
+                      self._contending(tick, band, tenant), config,
+                      self._in_flight(band, tenant, charge, in_flight))
+        # one small integer for (band, tenant, urgency, in flight first): the sort is stable,
+        # so the index needs no key of its own
+        within = ((band * len(c.tenant_names) + tenant) * 3 + urgency) * 2 + ~in_flight
+        walk = _lexsort3(tick.k2, tick.k1, within)
+        start = self._start_tags(walk, band, tenant, charge, joined.ledger.virtual(config))
+        self.fair = (band.astype(np.float64), urgency.astype(np.float64), start,
+                     np.where(c.f["load"][rows] <= 0.0, 0.0, 1.0))
+        return replace(ranking, fair=_FairKeys(self.fair), joined=joined)
+
+    def _contending(self, tick: _Tick, band: Ints, tenant: Ints) -> set[TenantKey]:
+        """``ordering.active_tenants``: the (band, tenant) of every row not suspended."""
+        names = self.c.tenant_names
+        count = np.bincount((band * len(names) + tenant)[tick.state != _SUSPENDED],
+                            minlength=len(BAND_NAMES) * len(names))
+        return {(BAND_NAMES[code // len(names)], names[code % len(names)])
+                for code in np.flatnonzero(count).tolist()}
+
+    def _in_flight(self, band: Ints, tenant: Ints, charge: Floats,
+                   in_flight: Bools) -> dict[TenantKey, float]:
+        """``fairness.in_flight_charges``: the in-flight rows' charges summed in index order."""
+        out: dict[TenantKey, float] = {}
+        names = self.c.tenant_names
+        at = np.flatnonzero(in_flight)
+        for b, t, value in zip(band[at].tolist(), tenant[at].tolist(), charge[at].tolist(),
+                               strict=True):
+            key = (BAND_NAMES[b], names[t])
+            out[key] = out.get(key, 0.0) + value
+        return out
+
+    def _start_tags(self, walk: Ints, band: Ints, tenant: Ints, charge: Floats,
+                    counters: dict[TenantKey, float]) -> Floats:
+        """Each row's start tag: its (band, tenant)'s counter plus the charges of the rows
+        before it in ``walk`` of the same (band, tenant), summed from zero in that order (a
+        cumulative sum along each row of a padded table: sequential, so the readable loop's
+        floats)."""
+        names = self.c.tenant_names
+        n = len(walk)
+        if not n:
+            return np.zeros(0)
+        code = (band * len(names) + tenant)[walk]
+        cut = np.concatenate(([True], code[1:] != code[:-1]))
+        group = np.cumsum(cut) - 1
+        begins = np.flatnonzero(cut)
+        place = np.arange(n) - begins[group]
+        sizes = np.diff(np.concatenate((begins, [n])))
+        base = np.array([counters.get((BAND_NAMES[k // len(names)], names[k % len(names)]), 0.0)
+                         for k in code[begins].tolist()])
+        walked = charge[walk]
+        before = np.zeros(n)
+        if int(sizes.max()) * len(begins) <= 4 * n + 4096:
+            table = np.zeros((len(begins), int(sizes.max())))
+            table[group, place] = walked
+            summed = np.cumsum(table, axis=1)
+            later = place > 0
+            before[later] = summed[group[later], place[later] - 1]
+        else:  # a few tenants hold most rows: one cumulative sum per tenant
+            for lo, size in zip(begins.tolist(), sizes.tolist(), strict=True):
+                before[lo + 1:lo + size] = np.cumsum(walked[lo:lo + size - 1])
+        out = np.empty(n)
+        out[walk] = base[group] + before
+        return out
+
     # -- flight (scheduler.allocation.plan_flight) ------------------------------------------
 
     def _levels(self, levels: Levels, tick: _Tick) -> Ints:
@@ -774,14 +883,12 @@ class _Planning:
         batching, c = self.policy.batching, self.c
         shared = batching.enabled and bool(c.b["grouped"][tick.rows[pool]].any())
         take = cap * (batching.max_batch if shared else 1) + len(flight.staying)
-        fair = order.ranking.fair
         # under fair share the fair key goes first: (band, urgency, start tag, warm)
-        ahead: tuple[Floats, ...] = () if fair is None else tuple(
-            np.asarray(fair, np.float64).reshape(-1, 4).T[::-1])
+        ahead = self.fair[::-1]
         k1, k2 = tick.k1[pool], tick.k2[pool]
         chosen = np.arange(len(pool))
-        if fair is not None:
-            best = np.lexsort((chosen, k2, k1, *(a[pool] for a in ahead)))[:take]
+        if ahead:
+            best = self._fair_best(pool, take, tick)
         else:
             if take < len(pool):
                 bar = np.partition(k1, take - 1)[take - 1]
@@ -799,6 +906,25 @@ class _Planning:
                    for a in ahead]
         walk = np.lexsort((np.arange(len(at)), tick.k2[at], tick.k1[at], *fair_at, band))
         return at[walk].tolist()  # type: ignore[no-any-return]
+
+    def _fair_best(self, pool: Ints, take: int, tick: _Tick) -> Ints:
+        """The ``take`` best of the pool (positions in it) by (fair key, key, index): whole
+        (band, urgency) classes while they fit, then the least start tags of the class that
+        does not (ties at the bar kept), and only those sorted."""
+        band, urgency, start, warm = (a[pool] for a in self.fair)
+        k1, k2 = tick.k1[pool], tick.k2[pool]
+        chosen = np.arange(len(pool))
+        if take < len(pool):
+            klass = (band * 3 + urgency).astype(np.int64)
+            filled = np.cumsum(np.bincount(klass))
+            edge = int(np.searchsorted(filled, take))
+            need = take - (int(filled[edge - 1]) if edge else 0)
+            edges = start[klass == edge]
+            bar = np.partition(edges, need - 1)[need - 1]
+            keep = (klass < edge) | ((klass == edge) & ((start <= bar) | np.isnan(bar)))
+            chosen = np.flatnonzero(keep)
+        return chosen[np.lexsort((chosen, k2[chosen], k1[chosen], warm[chosen], start[chosen],
+                                  urgency[chosen], band[chosen]))][:take]
 
     def _realtime_slack(self, tick: _Tick, demoted: frozenset[int]) -> tuple[bool, float]:
         """``reserve._realtime_slack``."""
@@ -826,6 +952,48 @@ class _Planning:
             mask[list(out)] = True
             suspended = suspended[~mask[suspended]]
         return tuple(self._earliest(suspended, idle, tick))
+
+
+class _FairKeys(Sequence[FairKey]):
+    """``Ranking.fair`` over the four key arrays (read by index for the few jobs ranked one
+    at a time, as the preemption's holders are)."""
+
+    __slots__ = ("_keys",)
+
+    def __init__(self, keys: tuple[Floats, ...]) -> None:
+        self._keys = keys
+
+    def __len__(self) -> int:
+        return len(self._keys[0])
+
+    def __getitem__(self, i: int) -> FairKey:  # type: ignore[override]
+        band, urgency, start, warm = self._keys
+        return (float(band[i]), float(urgency[i]), float(start[i]), float(warm[i]))
+
+
+def _lexsort3(k2: Floats, k1: Floats, code: Ints) -> Ints:
+    """``np.lexsort((k2, k1, code))`` (``code`` >= 0 first, then ``k1``, ``k2``, the index),
+    faster: each float replaced by its dense rank (an unstable sort, then a count of new
+    values), the four folded into one distinct integer, which any sort puts in the one order.
+    A NaN (no rank) or a fold past 63 bits: ``np.lexsort`` itself."""
+    n = len(code)
+    if not n or np.isnan(k1).any() or np.isnan(k2).any():
+        return np.lexsort((k2, k1, code))
+    r1, r2 = _dense_rank(k1), _dense_rank(k2)
+    m1, m2, top = int(r1.max()) + 1, int(r2.max()) + 1, int(code.max()) + 1
+    if top * m1 * m2 * n >= 1 << 63:
+        return np.lexsort((k2, k1, code))
+    return np.argsort(((code * m1 + r1) * m2 + r2) * n + np.arange(n))
+
+
+def _dense_rank(values: Floats) -> Ints:
+    """Each value's rank among the distinct values (equal values, 0.0 and -0.0 too, share
+    one)."""
+    order = np.argsort(values)
+    ordered = values[order]
+    rank = np.empty(len(values), np.int64)
+    rank[order] = np.cumsum(np.concatenate(([0], ordered[1:] != ordered[:-1])))
+    return rank
 
 
 def _same_bits(a: Floats | Ints, b: Floats | Ints) -> bool:

@@ -16,6 +16,7 @@ from scheduler.fairness import (
     ServiceLedger,
     TenantKey,
     fair_keys,
+    in_flight_charges,
     join,
     urgency,
 )
@@ -173,9 +174,12 @@ class Ranking:
     """Demoted or deferred: ranked as late work."""
     policy: PolicyConfig
     now_s: float
-    fair: tuple[FairKey, ...] | None = None
+    fair: Sequence[FairKey] | None = None
     """Under fair share, each job's place in its band's fair order (:func:`fair_order`),
     ranked before its key; None: the key alone."""
+    joined: Joined | None = None
+    """Under fair share, this tick's join (``scheduler.fairness.join``) that the fair order
+    read its counters from: the plan carries it for the caller to persist."""
 
     def slack_s(self, i: int) -> float:
         """Deadline − now − estimated remaining work."""
@@ -290,27 +294,26 @@ def order_jobs(snapshot: ClusterSnapshot, policy: PolicyConfig, now_s: float) ->
     return Order(alive, survey, judgement, origin, levels, ranking, growths)
 
 
-def with_fair_share(ranking: Ranking, ledger: ServiceLedger | None,
-                    keys: Sequence[tuple[float, float]] | None = None) -> Ranking:
-    """``ranking`` with its fair order (:func:`fair_order`). ``keys``: :meth:`Ranking.keys`
-    of every job, when the caller has them (work others wait on: its rank instead)."""
+def with_fair_share(ranking: Ranking, ledger: ServiceLedger | None) -> Ranking:
+    """``ranking`` with this tick's join and its fair order (:func:`fair_order`)."""
     everyone = range(len(ranking.survey.live))
     if ranking.levels.inherited:
         within: Sequence[tuple[float, ...]] = [ranking.rank(i)[1:] for i in everyone]
     else:
-        within = keys if keys is not None else ranking.keys(everyone)
-    return replace(ranking, fair=fair_order(ranking, ledger, within))
+        within = ranking.keys(everyone)
+    return fair_order(ranking, ledger, within)
 
 
 def fair_order(ranking: Ranking, ledger: ServiceLedger | None,
-               within: Sequence[tuple[float, ...]]) -> tuple[FairKey, ...]:
-    """Each live job's :data:`~scheduler.fairness.FairKey`: its class's band, its urgency
-    (its slack against its next chunk; late, demoted and deferred work past saving; work
-    others wait on urgent), its start tag in its tenant's queue, warm or cold. ``within``:
-    :meth:`Ranking.keys` of every job without fair share (a tenant's own order)."""
+               within: Sequence[tuple[float, ...]]) -> Ranking:
+    """``ranking`` with the join (its active set: the tenants of work that contends for a
+    worker; their standings: the counters plus their in-flight charges) and each live job's
+    :data:`~scheduler.fairness.FairKey`: its class's band, its urgency (its slack against its
+    next chunk; late, demoted and deferred work past saving; work others wait on urgent), its
+    start tag in its tenant's queue, warm or cold. ``within``: :meth:`Ranking.keys` of every
+    job without fair share (a tenant's own order)."""
     survey, levels, policy = ranking.survey, ranking.levels, ranking.policy
     config = policy.fair_share
-    counters = (ledger or ServiceLedger()).virtual(config)
     inherited = levels.inherited
     queued, running = JobState.QUEUED, JobState.RUNNING
     jobs: list[FairJob] = []
@@ -323,7 +326,11 @@ def fair_order(ranking: Ranking, ledger: ServiceLedger | None,
         jobs.append(FairJob(job.slo_class.rank, job.tenant, config.weight(job.tier.value),
                             urgent, job.state is queued or job.state is running, chunk_s,
                             job.load_s <= 0.0))
-    return tuple(fair_keys(jobs, [(k[0], k[1]) for k in within], counters, BAND_NAMES))
+    joined = join(ledger or ServiceLedger(), active_tenants(survey.live), config,
+                  in_flight_charges(jobs, BAND_NAMES))
+    counters = joined.ledger.virtual(config)
+    keys = fair_keys(jobs, [(k[0], k[1]) for k in within], counters, BAND_NAMES)
+    return replace(ranking, fair=tuple(keys), joined=joined)
 
 
 _CONTENDING = frozenset({JobState.PENDING, JobState.PREEMPTED, JobState.QUEUED, JobState.RUNNING})
@@ -335,12 +342,3 @@ def active_tenants(jobs: Sequence[JobView]) -> frozenset[TenantKey]:
     contending = _CONTENDING
     return frozenset({(job.slo_class.value, job.tenant) for job in jobs
                       if job.state in contending})
-
-
-def join_fair_share(snapshot: ClusterSnapshot, policy: PolicyConfig
-                    ) -> tuple[ClusterSnapshot, Joined]:
-    """The join rule applied to the snapshot's counters (``scheduler.fairness.join``): the
-    snapshot to plan from, and what the caller persists (the lifts, the active set)."""
-    joined = join(snapshot.service or ServiceLedger(), active_tenants(snapshot.jobs),
-                  policy.fair_share)
-    return replace(snapshot, service=joined.ledger), joined

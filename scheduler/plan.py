@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from scheduler.fairness import Joined
 from scheduler.policy import PolicyKind
 from scheduler.recovery import Failure, Recovery
 from scheduler.state import AdmissionState, PolicyState
@@ -130,3 +131,7 @@ class TickPlan:
     deferred: tuple[str, ...] = ()
     """Jobs ranked behind the rest because the fleet cannot finish them by their deadlines
     together with the work that can still make it (not marked; judged again every tick)."""
+    fair_share: Joined | None = None
+    """Under tenant fair share, this tick's join (``scheduler.fairness.join``: the lifts, the
+    active set, the floors) that the order read its counters from: the caller persists it and
+    hands its ledger back with the next snapshot. None: fair share off."""

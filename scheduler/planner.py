@@ -100,6 +100,7 @@ class _Emit:
             capacity_slots=cap,
             state=self._next_state(),
             estimates=self._first_estimates() if self.estimates is None else self.estimates,
+            fair_share=order.ranking.joined,
             reserve_reason=self.reserve.reason,
             deferred=_job_ids(live, sorted(judgement.deferred)),
         )

@@ -28,7 +28,6 @@ from scheduler import (
 from scheduler.errors import SchedulerError
 from scheduler.lifecycle import JobState
 from scheduler.model import ClusterSnapshot
-from scheduler.ordering import join_fair_share
 from scheduler.placement import ModelNeed, PlacementPolicy
 from scheduler.plan import LevelMark, Release
 from scheduler.recovery import Failure, Recovery, RecoveryCause, RecoveryConfig
@@ -139,10 +138,8 @@ def run_tick(ctx: WorkerContext, now_s: float, cache: SnapshotCache | None = Non
             else read_snapshot(store, cost, policy, now_s, block_groups))
     expected = loads if loads is not None else ExpectedLoads()
     snapshot = expected.apply(settings, seen.snapshot, seen.records, seen.heartbeats)
-    joined = None
-    if policy.fair_share.enabled:
-        snapshot, joined = join_fair_share(replace(snapshot, service=read_ledger(store.redis)),
-                                           policy)
+    if policy.fair_share.enabled:  # the counters as stored; the plan carries the join
+        snapshot = replace(snapshot, service=read_ledger(store.redis))
     read = time.perf_counter()
     took.read_s, took.jobs = read - started, len(snapshot.jobs)
     took.reread = cache.changed if cache is not None else took.jobs
@@ -166,8 +163,8 @@ def run_tick(ctx: WorkerContext, now_s: float, cache: SnapshotCache | None = Non
                         counted_until_s=read_at_s, rate=snapshot.cost.seconds_per_unit,
                         converging=plan.admission.state is AdmissionState.CONVERGING,
                         built=expected.built)
-    if joined is not None:
-        save_joined(store.redis, joined)
+    if plan.fair_share is not None:
+        save_joined(store.redis, plan.fair_share)
     try:
         apply_plan(plan, target)
         target.flush()

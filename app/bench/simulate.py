@@ -49,7 +49,6 @@ from scheduler import (
 )
 from scheduler.degradation import QualityLadder, choose_steps
 from scheduler.fairness import ServiceLedger
-from scheduler.ordering import join_fair_share
 from scheduler.placement import (
     Holding,
     LoadEstimates,
@@ -886,10 +885,10 @@ class ClusterSim:
                                    self._worker_views(), self.cost, self.state)
         started = time.perf_counter()
         if self.policy.fair_share.enabled:
-            snapshot, joined = join_fair_share(replace(snapshot, service=self.ledger),
-                                               self.policy)
-            self.ledger = joined.ledger
+            snapshot = replace(snapshot, service=self.ledger)
         plan = self.planner.plan(snapshot, self.policy, self.now)
+        if plan.fair_share is not None:  # the join's lifts, active set and floors
+            self.ledger = plan.fair_share.ledger
         self.result.tick_ms.append((time.perf_counter() - started) * 1e3)
         self.result.tick_jobs.append(len(snapshot.jobs))
         if self.check_invariants:

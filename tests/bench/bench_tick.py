@@ -21,6 +21,13 @@ gets the scenarios above; every size gets the held-planner histories.
     python tests/bench/bench_tick.py [--jobs 10000 [50000 ...]] [--workers 64] [--ticks 300]
                                      [--changes 0 10 100 1000] [--held-ticks 100]
                                      [--scratch-ticks 20] [--held-only] [--out bench-out/tick.json]
+
+``--fair-share`` times instead the held planner with tenant fair share off and on
+(``scheduler.fair_share``) on the steady snapshot (50 tenants, counters already served), both
+planning each tick of the same history: p50s and the per-tick ratio on ÷ off with 95 %
+intervals (the join rule included: it runs inside the plan).
+
+    python tests/bench/bench_tick.py --fair-share --changes 0 100 --held-ticks 40
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ from scheduler import (
     check_plan_invariants,
     plan_tick,
 )
+from scheduler.fairness import FairShareConfig, ServiceLedger
 from scheduler.incremental import IncrementalPlanner
 
 _CLASSES = ((SloClass.REALTIME, 0.1, 1.0), (SloClass.INTERACTIVE, 0.3, 5.0),
@@ -265,6 +273,77 @@ def run_held(args: argparse.Namespace) -> dict[str, object]:
     return found
 
 
+def served_ledger(snapshot: ClusterSnapshot, seed: int) -> ServiceLedger:
+    """Counters as a busy cluster has them: some worker-seconds for every (band, tenant, tier)
+    of the snapshot's jobs, nobody active yet (the first join lifts nobody: no one stayed)."""
+    rng = random.Random(seed)
+    keys = sorted({(j.slo_class.value, j.tenant, j.tier.value) for j in snapshot.jobs})
+    return ServiceLedger({key: rng.uniform(0.0, 600.0) for key in keys})
+
+
+def time_fair_share(snapshot: ClusterSnapshot, changes: int, ticks: int,
+                    seed: int) -> dict[str, object]:
+    """The held planner with fair share off and on, each tick planned by both on the same
+    snapshot (one planner each, alternating which goes first): p50 of each with a 95 %
+    interval, and the per-tick ratio on ÷ off (its median and interval). The join rule runs
+    inside the plan under fair share, so it is timed with it."""
+    rng = random.Random(seed)
+    off = PolicyConfig()
+    on = replace(off, fair_share=FairShareConfig(enabled=True))
+    planners = {"off": IncrementalPlanner(), "on": IncrementalPlanner()}
+    ledger = served_ledger(snapshot, seed)
+    jobs = list(snapshot.jobs)
+    planners["off"].plan(snapshot, off, 1000.0)
+    ledger = planners["on"].plan(replace(snapshot, service=ledger), on, 1000.0).fair_share.ledger
+    wall: dict[str, list[float]] = {"off": [], "on": []}
+    gc.collect()
+    for t in range(ticks):
+        now_s = 1000.1 + 0.1 * t
+        for k in rng.sample(range(len(jobs)), min(changes, len(jobs))):
+            jobs[k] = changed(rng, jobs[k], (t + 1) * len(jobs) + k, now_s)
+        snapshot = replace(snapshot, jobs=tuple(jobs), service=ledger)
+        gc.disable()
+        for mode in (("off", "on") if t % 2 else ("on", "off")):
+            start = time.perf_counter()
+            plan = planners[mode].plan(snapshot, on if mode == "on" else off, now_s)
+            wall[mode].append(time.perf_counter() - start)
+            if plan.fair_share is not None:
+                ledger = plan.fair_share.ledger
+        gc.enable()
+    out: dict[str, object] = {"changes_per_tick": changes, "ticks": ticks}
+    for mode, samples in wall.items():
+        p50, low, high = median_ci([w * 1e3 for w in samples])
+        out[mode] = {"p50_ms": p50, "p50_ci95_ms": [low, high],
+                     "p99_ms": _p99(sorted(samples)) * 1e3}
+    ratio, low, high = median_ci([a / b for a, b in zip(wall["on"], wall["off"], strict=True)])
+    out["ratio_on_over_off"] = {"median": ratio, "ci95": [low, high]}
+    return out
+
+
+def run_fair_share(args: argparse.Namespace) -> dict[str, object]:
+    """Fair share off and on for the first ``--jobs`` size, steady scenario, each of
+    ``--changes``."""
+    snapshot = build_snapshot(args.jobs[0], args.workers, "steady", seed=7)
+    return {"jobs": args.jobs[0], "workers": args.workers, "cpus": os.cpu_count(),
+            "load_average": os.getloadavg(), "python": sys.version.split()[0],
+            "rows": [time_fair_share(snapshot, c, args.held_ticks, seed=11)
+                     for c in args.changes]}
+
+
+def report_fair_share(results: dict[str, object]) -> None:
+    print(f"fair share off vs on, {results['jobs']} jobs, {results['workers']} workers,"
+          f" load average {results['load_average']} on {results['cpus']} CPUs")
+    rows = results["rows"]
+    assert isinstance(rows, list)
+    for r in rows:
+        off, on, ratio = r["off"], r["on"], r["ratio_on_over_off"]
+        print(f"changes {r['changes_per_tick']:5d}  off p50 {off['p50_ms']:7.2f} ms"
+              f" [{off['p50_ci95_ms'][0]:.2f}, {off['p50_ci95_ms'][1]:.2f}]"
+              f"  on p50 {on['p50_ms']:7.2f} ms [{on['p50_ci95_ms'][0]:.2f},"
+              f" {on['p50_ci95_ms'][1]:.2f}]  ratio on/off {ratio['median']:.2f}"
+              f" [{ratio['ci95'][0]:.2f}, {ratio['ci95'][1]:.2f}]")
+
+
 def run(args: argparse.Namespace) -> dict[str, object]:
     results: dict[str, object] = {"jobs": args.jobs[0], "workers": args.workers,
                                   "ticks": args.ticks, "python": sys.version.split()[0],
@@ -342,9 +421,15 @@ def main() -> None:
     parser.add_argument("--held-only", action="store_true",
                         help="skip the gc and FIFO scenarios; time the held planner only")
     parser.add_argument("--out", type=Path, default=Path("bench-out/tick.json"))
+    parser.add_argument("--fair-share", action="store_true",
+                        help="time the held planner with fair share off and on (steady)")
     args = parser.parse_args()
-    results = run(args)
-    report(results)
+    if args.fair_share:
+        results = run_fair_share(args)
+        report_fair_share(results)
+    else:
+        results = run(args)
+        report(results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))
     print(f"wrote {args.out}")

@@ -200,3 +200,58 @@ def test_the_metrics_show_each_tenants_seconds_and_share_of_its_band() -> None:
     seconds, share = fair_share_metrics(ledger)
     assert {s.labels["tenant"]: s.value for s in seconds.samples} == {"a": 3.0, "b": 1.0}
     assert {s.labels["tenant"]: s.value for s in share.samples} == {"a": 0.75, "b": 0.25}
+
+
+def test_a_joiner_is_lifted_to_the_stayers_counter_plus_their_in_flight_charges() -> None:
+    # given alice active with 10 s committed and 4 s of chunks placed but not committed yet
+    ledger = ServiceLedger({(BAND, "alice", "standard"): 10.0},
+                           active=frozenset({(BAND, "alice")}))
+    in_flight = {(BAND, "alice"): 4.0}
+    # when bob becomes active in the band
+    joined = join(ledger, [(BAND, "alice"), (BAND, "bob")], CONFIG, in_flight)
+    # then bob joins at alice's standing (14 s), not her committed counter (10 s): his first
+    # start tag is level with her next waiting job's, not ahead of her placed chunks
+    assert joined.lifts == {(BAND, "bob"): 14.0}
+    assert joined.ledger.virtual(CONFIG)[BAND, "bob"] == 14.0
+    assert joined.ledger.floor[BAND] == 14.0
+
+
+@settings(max_examples=200)
+@given(st.dictionaries(st.sampled_from("abcd"), st.tuples(
+    st.floats(0, 100), st.floats(0, 50), st.booleans()), min_size=1),
+    st.floats(0, 50))
+def test_a_joiner_never_stands_below_the_least_standing_of_those_who_stayed(
+        tenants: dict[str, tuple[float, float, bool]], joiner_flight: float) -> None:
+    # given tenants with committed seconds, in-flight charges and whether they stayed
+    service = {(BAND, t, "standard"): s for t, (s, _, _) in tenants.items()}
+    stayed = frozenset((BAND, t) for t, (_, _, kept) in tenants.items() if kept)
+    in_flight = {(BAND, t): f for t, (_, f, _) in tenants.items()}
+    in_flight[BAND, "new"] = joiner_flight
+    ledger = ServiceLedger(service, active=stayed)
+    # when a new tenant joins beside them
+    joined = join(ledger, [*((BAND, t) for t in tenants), (BAND, "new")], CONFIG, in_flight)
+    # then its standing (counter + in-flight) is at least the least standing of the stayers
+    virtual = joined.ledger.virtual(CONFIG)
+    standings = [virtual.get(key, 0.0) + in_flight[key] for key in stayed]
+    if standings:
+        assert virtual.get((BAND, "new"), 0.0) + joiner_flight >= min(standings) - 1e-9
+    # and the stayers are not moved
+    assert all(virtual.get(key, 0.0) == ledger.virtual(CONFIG).get(key, 0.0) for key in stayed)
+
+
+@settings(max_examples=200)
+@given(st.lists(st.tuples(st.sampled_from("abc"), st.sampled_from((URGENT, ON_TIME)),
+                          st.floats(0.01, 10.0)), min_size=2, max_size=20),
+       st.dictionaries(st.sampled_from("abc"), st.floats(0, 1e4)))
+def test_deadlines_win_an_urgent_job_goes_before_every_on_time_job_whatever_the_counters(
+        jobs: list[tuple[str, int, float]], counters: dict[str, float]) -> None:
+    # given jobs of one band, some urgent (slack below their next chunk), tenants at any counter
+    fair = [FairJob(1, t, 1.0, u, False, chunk, True) for t, u, chunk in jobs]
+    # when the fair keys are built
+    keys = fair_keys(fair, [(0.0, float(k)) for k in range(len(fair))],
+                     {(BAND, t): v for t, v in counters.items()}, NAMES)
+    # then every urgent job's key is smaller than every on-time job's, however far ahead
+    # its tenant's counter is
+    urgent = [k for k, job in zip(keys, fair, strict=True) if job.urgency == URGENT]
+    on_time = [k for k, job in zip(keys, fair, strict=True) if job.urgency == ON_TIME]
+    assert all(u < o for u in urgent for o in on_time)

@@ -9,11 +9,13 @@ makes from scratch — every field, floats to the bit, dicts in their order.
 
 from __future__ import annotations
 
+import math
 from dataclasses import fields, is_dataclass, replace
 from enum import Enum
 
+import numpy as np
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
@@ -28,11 +30,11 @@ from scheduler import (
 )
 from scheduler.batching import BatchingConfig
 from scheduler.fairness import FairShareConfig, ServiceLedger
-from scheduler.incremental import IncrementalPlanner
+from scheduler.incremental import IncrementalPlanner, _lexsort3
 from scheduler.plan import TickPlan
 from scheduler.policy import OverloadMeasure
 from scheduler.queues import NORMAL_WORKER_QUEUES, STANDBY_QUEUE
-from tests.bench.bench_tick import build_snapshot
+from tests.bench.bench_tick import build_snapshot, served_ledger
 from tests.unit.test_scheduler_support import NOW_S, _job, make_job, make_snapshot
 
 _POLICIES = (
@@ -224,6 +226,42 @@ def test_plans_at_bench_scale_are_equal(scenario: str) -> None:
         expected = plan_tick(snapshot, PolicyConfig(), now_s)
         assert exact(planner.plan(snapshot, PolicyConfig(), now_s)) == exact(expected)
         snapshot = replace(snapshot, state=_next_state(expected))
+
+
+@pytest.mark.parametrize("scenario", ["steady", "converged", "overload"])
+def test_fair_share_plans_at_bench_scale_equal_the_readable_ones_join_included(
+        scenario: str) -> None:
+    """Thousands of jobs of 50 tenants with served counters: the fair keys over the columns
+    (dense-rank walk, padded start-tag sums, the pool's partition on start tags) and the join
+    on the contending rows give the readable plan, the join's lifts and floors included."""
+    # given the bench snapshot, fair share on, counters already served
+    policy = PolicyConfig(fair_share=FairShareConfig(enabled=True))
+    snapshot = build_snapshot(1500, 16, scenario, seed=5)
+    snapshot = replace(snapshot, service=served_ledger(snapshot, seed=3))
+    planner = IncrementalPlanner()
+    for now_s in (1000.0, 1000.1, 1030.0):
+        # when both plan the same tick
+        expected = plan_tick(snapshot, policy, now_s)
+        # then the plans are equal, the join too
+        assert expected.fair_share is not None
+        assert exact(planner.plan(snapshot, policy, now_s)) == exact(expected)
+        snapshot = replace(snapshot, state=_next_state(expected),
+                           service=expected.fair_share.ledger)
+
+
+@settings(max_examples=300)
+@given(st.lists(st.tuples(st.sampled_from((0.0, -0.0, 1.0, 2.5, math.inf, 1e300)),
+                          st.floats(allow_nan=False, width=16), st.integers(0, 40)),
+                max_size=60))
+def test_the_dense_rank_walk_is_the_lexsort_order(rows: list[tuple[float, float, int]]) -> None:
+    # given keys with many ties, signed zeros and infinities
+    k1 = np.array([r[0] for r in rows], np.float64)
+    k2 = np.array([r[1] for r in rows], np.float64)
+    code = np.array([r[2] for r in rows], np.int64)
+    # when the walk is ordered by the fold of dense ranks
+    walk = _lexsort3(k2, k1, code)
+    # then it is np.lexsort's stable order
+    assert walk.tolist() == np.lexsort((k2, k1, code)).tolist()
 
 
 def test_the_planner_reads_each_view_once() -> None:

@@ -55,7 +55,8 @@ EXPECTED = {
     "simulated": "9edce547dc4884204989aba251d1aca8de41b6f6f66807054da58e1772e79b25",
 }
 
-ADDED_LATER = {"recoveries": (), "failures": (), "batch": None, "join": False}
+ADDED_LATER = {"recoveries": (), "failures": (), "batch": None, "join": False,
+               "fair_share": None}
 NOT_DECISIONS = frozenset({"estimates", "suspend_reason", "compute_load", "effective_load"})
 """Plan fields that report rather than decide (the cost model's first estimates, the words on
 a suspended job's events, the load figures beside the one admission goes by): left out."""
