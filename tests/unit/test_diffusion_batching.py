@@ -360,3 +360,28 @@ def test_given_encode_denoise_and_decode_items_in_one_call_then_each_kind_batche
         assert (result.artifact is None) == (item.index != last)
         if result.artifact is not None and expected.artifact is not None:
             assert result.artifact.data == expected.artifact.data
+
+
+def test_given_wan22_jobs_either_side_of_the_boundary_when_batched_then_each_expert_batches_apart(
+) -> None:
+    # given four Wan 2.2 jobs: two at their first (high-noise) step, two at their third step,
+    # past the boundary (4 UniPC steps: t = 999, 900 | 750, 500 against a boundary of 875)
+    runner = DiffusionRunner("video")
+    raws = [{"prompt": "a kite"}, {"prompt": "a dune", "guidance_scale_2": 2.0},
+            {"prompt": "sea", "guidance_scale_2": 3.0}, {"prompt": "sky", "guidance_scale": 1.0}]
+    params = [_params("video", {"model": "wan22-tiny", **raw}, seed=70 + i, steps=4)
+              for i, raw in enumerate(raws)]
+    starts = [1, 1, 3, 3]
+    ready = [_run_alone(runner, p, None, 0, start) for p, start in zip(params, starts, strict=True)]
+    items = [BatchItem(p, start, s) for p, start, s in zip(params, starts, ready, strict=True)]
+    # when their next denoise chunks run as one batch, and each alone
+    keys = [runner.batch_key(item.params, item.index) for item in items]
+    batched = runner.run_batch(items)
+    alone = [_run_alone(runner, p, s, start, start + 1)
+             for p, s, start in zip(params, ready, starts, strict=True)]
+    # then the high-noise pair and the low-noise pair each shared a forward on its own expert
+    assert keys[0] == keys[1] == "wan22-tiny:32x32x9"
+    assert keys[2] == keys[3] == "wan22-tiny:32x32x9:transformer_2"
+    assert [r.metrics["batch_size"] for r in batched] == [2, 2, 2, 2]
+    for result, lone in zip(batched, alone, strict=True):
+        assert lone is not None and _relative_error(result.state, lone) < RELATIVE_TOLERANCE

@@ -30,11 +30,14 @@ JOBS: dict[str, tuple[str, dict[str, Any]]] = {
                               "height": 32, "width": 48}),
     "wan-tiny": ("video", {"prompt": "waves at dusk", "negative_prompt": "static",
                            "num_frames": 9}),
+    "wan22-tiny": ("video", {"prompt": "a kite over dunes", "negative_prompt": "static",
+                             "num_frames": 9, "guidance_scale": 5.0, "guidance_scale_2": 3.0}),
 }
 CASES = [
     ("dit-tiny", "ddim"), ("dit-tiny", "dpmpp_2m"),
     ("pixart-tiny", "dpmpp_2m"), ("pixart-tiny", "unipc"),
     ("wan-tiny", "unipc"), ("wan-tiny", "flow_match_euler"),
+    ("wan22-tiny", "unipc"), ("wan22-tiny", "flow_match_heun"),
 ]
 STEPS = 5
 
@@ -50,16 +53,26 @@ def _yield_once_at(call: int) -> Callable[[], bool]:
     return lambda: next(calls) == call
 
 
-def run_preempted_job(params: Mapping[str, Any], rng: random.Random) -> tuple[Checkpoint,
-                                                                              DiffusionRunner]:
-    """Run every chunk through Checkpoint bytes, yielding once mid-step and migrating often."""
+def run_preempted_job(params: Mapping[str, Any], rng: random.Random,
+                      yield_chunk: int | None = None, crash_chunk: int | None = None
+                      ) -> tuple[Checkpoint, DiffusionRunner]:
+    """Run every chunk through Checkpoint bytes, yielding once mid-step (in chunk
+    ``yield_chunk``, else a random one) and migrating often; chunk ``crash_chunk`` first runs
+    on a worker that dies before its result is kept, and reruns from the same checkpoint."""
     kind = "video" if params["num_frames"] > 1 else "image"
     runner = get_runner(kind, block_groups=3)
-    yield_step = rng.randrange(1, STEPS + 1)
+    evaluations = runner.evaluations(params)
+    yield_step = rng.randrange(1, evaluations + 1) if yield_chunk is None else yield_chunk
     state: Checkpoint | None = None
     index, yields = 0, 0
-    while index < STEPS + 1:
+    while index < evaluations + 1:
         should_yield = _yield_once_at(rng.randrange(2)) if index == yield_step else lambda: False
+        if index == crash_chunk:
+            runner.run_chunk(params, index, state, lambda: False)  # its result is lost
+            crash_chunk = None
+            clear_component_cache()
+            runner = get_runner(kind, block_groups=3)
+            state = None if state is None else Checkpoint.decode(state.encode())
         result = runner.run_chunk(params, index, state, should_yield)
         state = Checkpoint.decode(result.state.encode())
         if not result.complete:
@@ -101,8 +114,12 @@ def _pipeline_latents_and_pixels(c: DiffusionComponents, params: Mapping[str, An
         captured["latents"] = kw["latents"].clone()
         return {}
 
+    experts: dict[str, Any] = {}
+    if c.transformer_2 is not None:  # Wan 2.2: the low-noise expert, its boundary and guidance
+        experts = {"transformer_2": c.transformer_2, "boundary_ratio": c.recipe.boundary_ratio}
+        common["guidance_scale_2"] = params["guidance_scale_2"]
     pipe = WanPipeline(tokenizer=c.tokenizer, text_encoder=c.text_encoder, vae=c.vae,
-                       transformer=c.transformer, scheduler=scheduler)
+                       transformer=c.transformer, scheduler=scheduler, **experts)
     frames = pipe(
         prompt=params["prompt"], negative_prompt=params["negative_prompt"],
         height=params["height"], width=params["width"], num_frames=params["num_frames"],
@@ -112,13 +129,28 @@ def _pipeline_latents_and_pixels(c: DiffusionComponents, params: Mapping[str, An
     return captured["latents"], frames
 
 
+def _boundary_chunks(params: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """A two-expert job's first chunk on ``transformer_2`` and its last on ``transformer``
+    (both inside the run), else (None, None)."""
+    runner = get_runner("video")
+    if not runner.recipe(params).two_experts:
+        return None, None
+    experts = [runner._planned_expert(params, i) for i in range(1, runner.evaluations(params) + 1)]
+    first_low = experts.index("transformer_2") + 1
+    assert 1 < first_low <= len(experts), "the boundary must fall inside the run"
+    return first_low, first_low - 1
+
+
 @pytest.mark.parametrize(("model", "scheduler"), CASES)
 def test_preempted_migrated_job_equals_uninterrupted_pipeline(model: str, scheduler: str) -> None:
     # given a job and the library's own pipeline built from the same recipe
     params = _params(model, scheduler)
     rng = random.Random(f"{model}/{scheduler}")
     # when the job runs chunk by chunk, preempted inside a step and moved between workers
-    final_state, runner = run_preempted_job(params, rng)
+    # (a two-expert job: preempted inside the first low-noise step, its first high-noise step
+    # lost to a crash and rerun)
+    yield_chunk, crash_chunk = _boundary_chunks(params)
+    final_state, runner = run_preempted_job(params, rng, yield_chunk, crash_chunk)
     pixels = runner.decode_pixels(params, final_state)
     # then latents and decoded pixels are bit-identical to the uninterrupted pipeline
     ref_latents, ref_pixels = _pipeline_latents_and_pixels(runner.components(params), params)
@@ -139,13 +171,14 @@ def test_blockwise_forward_equals_the_models_own_forward(model: str) -> None:
     job = runner._restore(params, 1, state)
     progress = runner._start_step(params, job)
     c = runner.components(params)
-    for inputs in progress.inputs:
-        # when the adapter runs prologue, every block and epilogue
+    models = [c.transformer] if c.transformer_2 is None else [c.transformer, c.transformer_2]
+    for model, inputs in ((m, x) for m in models for x in progress.inputs):
+        # when the adapter runs prologue, every block and epilogue (of each expert)
         with torch.no_grad():
-            ours = full_forward(ADAPTERS[c.recipe.family], c.transformer, inputs)
+            ours = full_forward(ADAPTERS[c.recipe.family], model, inputs)
             kwargs = dict(inputs)
             if c.recipe.family == "pixart":
                 kwargs["added_cond_kwargs"] = {"resolution": None, "aspect_ratio": None}
-            theirs = c.transformer(**kwargs, return_dict=False)[0]
+            theirs = model(**kwargs, return_dict=False)[0]
         # then it is bit-identical to the model's forward
         assert torch.equal(ours, theirs)

@@ -81,3 +81,21 @@ def test_given_the_api_process_when_it_validates_then_torch_is_not_imported() ->
             "validate_params('video', {'prompt': 'x'}); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_guidance_scale_2_defaults_to_guidance_scale_on_wan22_and_is_refused_elsewhere() -> None:
+    # given a two-expert model (Wan 2.2) and a one-transformer one (Wan 2.1)
+    two = {"model": "wan22-tiny", "prompt": "a kite", "guidance_scale": 4.0}
+    one = {"model": "wan-tiny", "prompt": "a kite", "guidance_scale": 4.0}
+    # when each is validated with and without guidance_scale_2
+    defaulted = validate_params("video", two)
+    chosen = validate_params("video", {**two, "guidance_scale_2": 2.5})
+    plain = validate_params("video", one)
+    # then Wan 2.2 takes it (default: guidance_scale, as WanPipeline sets it) ...
+    assert defaulted["guidance_scale_2"] == 4.0 and chosen["guidance_scale_2"] == 2.5
+    # ... a one-transformer job carries no such key, and asking for it there is refused
+    assert "guidance_scale_2" not in plain
+    with pytest.raises(ParamsError, match="guidance_scale_2 is for two-expert models"):
+        validate_params("video", {**one, "guidance_scale_2": 2.5})
+    with pytest.raises(ParamsError, match="guidance_scale_2"):
+        validate_params("video", {**two, "guidance_scale_2": 51})

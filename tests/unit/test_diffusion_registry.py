@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 import yaml
-from diffusers import PixArtSigmaPipeline
+from diffusers import PixArtSigmaPipeline, WanPipeline
 
 from workers.checkpoint import Checkpoint
 from workers.diffusion import get_runner, validate_params
@@ -37,7 +37,8 @@ def _digest(name: str) -> str:
 
 def test_every_diffusion_recipe_parses_with_image_and_video_kinds() -> None:
     names = {r.name: r.kind for r in diffusion_recipes("image") + diffusion_recipes("video")}
-    assert names == {"dit-tiny": "image", "pixart-tiny": "image", "wan-tiny": "video"}
+    assert names == {"dit-tiny": "image", "pixart-tiny": "image", "wan-tiny": "video",
+                     "wan22-tiny": "video"}
 
 
 def test_given_two_processes_when_they_build_a_recipe_then_the_weights_are_identical() -> None:
@@ -61,8 +62,9 @@ def test_given_an_unknown_component_class_when_built_then_the_error_names_it(
         build_components(diffusion_recipe("bad", ModelRegistry(tmp_path)))
 
 
-def _run_job(params: dict[str, Any], registry: ModelRegistry | None) -> torch.Tensor:
-    runner = get_runner("image", registry=registry)
+def _run_job(params: dict[str, Any], registry: ModelRegistry | None, kind: str = "image"
+             ) -> torch.Tensor:
+    runner = get_runner(kind, registry=registry)
     state = None
     for index in range(runner.plan(params).num_chunks - 1):  # every chunk but decode
         state = Checkpoint.decode(runner.run_chunk(params, index, state, lambda: False)
@@ -90,3 +92,31 @@ def test_given_a_weights_folder_when_the_recipe_loads_it_then_outputs_are_equal(
     ref = _run_job(validate_params("image", {**raw, "model": "pixart-tiny"}), None)
     # then the outputs are bit-identical
     assert torch.equal(ours, ref)
+
+
+def test_a_saved_wan22_pipeline_loaded_through_weights_gives_both_experts_and_the_same_video(
+    tmp_path: Path,
+) -> None:
+    # given the seeded Wan 2.2 recipe saved as a pipeline folder, both experts and the boundary
+    c = load_components(diffusion_recipe("wan22-tiny"))
+    WanPipeline(tokenizer=c.tokenizer, text_encoder=c.text_encoder, vae=c.vae,
+                transformer=c.transformer, transformer_2=c.transformer_2,
+                boundary_ratio=c.recipe.boundary_ratio, scheduler=c.scheduler("unipc"),
+                ).save_pretrained(tmp_path / "pipe")
+    spec = yaml.safe_load((DEFAULT_MODELS_DIR / "wan22-tiny.yaml").read_text())
+    # a different seed: equal outputs prove both experts came from the folder
+    spec.update(name="wan22-local", seed=999, weights="pipe", default=False)
+    (tmp_path / "wan22-local.yaml").write_text(yaml.safe_dump(spec))
+    local = ModelRegistry(tmp_path)
+    loaded = build_components(diffusion_recipe("wan22-local", local))
+    raw = {"prompt": "a kite", "num_inference_steps": 4, "seed": 3, "guidance_scale_2": 2.0}
+    # when the same job, whose steps cross the boundary, runs on both recipes
+    ours = _run_job(validate_params("video", {**raw, "model": "wan22-local"}, local), local,
+                    "video")
+    ref = _run_job(validate_params("video", {**raw, "model": "wan22-tiny"}), None, "video")
+    # then each expert's weights and the video are bit-identical
+    for mine, theirs in ((loaded.transformer, c.transformer),
+                         (loaded.transformer_2, c.transformer_2)):
+        a, b = mine.state_dict(), theirs.state_dict()
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert torch.equal(ours, ref) and ours.std() > 0

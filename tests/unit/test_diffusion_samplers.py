@@ -52,6 +52,8 @@ JOBS: dict[str, tuple[str, dict[str, Any]]] = {
                               "height": 24, "width": 40}),
     "wan-tiny": ("video", {"prompt": "waves at dusk", "negative_prompt": "static",
                            "num_frames": 5, "height": 16, "width": 32}),
+    "wan22-tiny": ("video", {"prompt": "a kite over dunes", "negative_prompt": "static",
+                             "num_frames": 5, "height": 16, "width": 32, "guidance_scale_2": 2.0}),
 }
 
 
@@ -138,8 +140,12 @@ def pipeline_output(c: DiffusionComponents, params: Mapping[str, Any]) -> torch.
         pipe.set_progress_bar_config(disable=True)
         out = pipe(use_resolution_binning=False, clean_caption=False, **text).images
         return out
+    experts: dict[str, Any] = {}
+    if c.transformer_2 is not None:  # Wan 2.2: the low-noise expert, its boundary and guidance
+        experts = {"transformer_2": c.transformer_2, "boundary_ratio": c.recipe.boundary_ratio}
+        text["guidance_scale_2"] = params["guidance_scale_2"]
     pipe = WanPipeline(tokenizer=c.tokenizer, text_encoder=c.text_encoder, vae=c.vae,
-                       transformer=c.transformer, scheduler=scheduler)
+                       transformer=c.transformer, scheduler=scheduler, **experts)
     pipe.set_progress_bar_config(disable=True)
     out = pipe(num_frames=params["num_frames"], **text).frames
     return out

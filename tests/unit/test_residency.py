@@ -395,3 +395,22 @@ def test_a_load_never_measured_is_expected_as_long_as_this_workers_others_from_i
     seen: list[object] = []
     r.acquire("c", lambda: seen.append(r.summary()["loading"]) or build("c", 1.0), FAKE)
     assert seen == [{"model": "c", "since": 0.0, "expected_s": 2.0, "from": "disk"}]
+
+
+def test_both_wan22_experts_are_counted_in_the_models_bytes_and_move_with_it() -> None:
+    # given a residency with a host tier and the two-expert Wan 2.2 recipe
+    r = ModelResidency(host_budget_bytes=None)
+    recipe = diffusion_recipe("wan22-tiny")
+    key = component_key(recipe)
+    # when the model is acquired, then evicted to host memory by a budget too small for it
+    c = r.acquire(key, lambda: build_components(recipe), DIFFUSION_RESIDENT)
+    expert_bytes = tensor_bytes(module_tensors([c.transformer_2]))
+    rest = tensor_bytes(module_tensors([c.transformer, c.vae, c.text_encoder]))
+    device_bytes = r.tier_bytes("device")
+    r.budget_bytes = 1
+    r.remeasure()
+    # then its bytes are all four modules', the low-noise expert's among them, and the whole
+    # model (both experts) went to host memory together
+    assert expert_bytes > 0 and device_bytes == rest + expert_bytes
+    assert r.tier_of(key) == "host" and r.tier_bytes("host") == device_bytes
+    assert r.summary()["host"] == {key: rest + expert_bytes}

@@ -41,6 +41,8 @@ class DiffusionComponents:
     """The transformer's dtype, read once at load: diffusers' ``ModelMixin.dtype`` walks the
     module's parameters on every call (~0.5 ms for a small model — a step's worth of
     overhead if read per step)."""
+    transformer_2: Any | None = None
+    """Wan 2.2's low-noise expert transformer (None: a one-transformer recipe)."""
 
     def scheduler(self, name: str, seed: int = 0) -> Any:
         """A fresh scheduler of this recipe for a job of ``seed`` (state is per job)."""
@@ -59,18 +61,24 @@ def build_scheduler(recipe: DiffusionRecipe, name: str, seed: int = 0) -> Any:
     return cls(**config)
 
 
-_EVALUATIONS: dict[tuple[str, str, str, int], int] = {}
+_TIMED: dict[tuple[str, str, str, int], Any] = {}
+
+
+def timed_scheduler(recipe: DiffusionRecipe, name: str, steps: int) -> Any:
+    """Sampler ``name`` with its timesteps set for ``steps`` steps on the CPU, built once per
+    process and shared (read it, never step it): what a job's timesteps are, without its models."""
+    key = (recipe.name, str(recipe.source_dir), name, steps)
+    if key not in _TIMED:
+        scheduler = build_scheduler(recipe, name)
+        scheduler.set_timesteps(steps)
+        _TIMED[key] = scheduler
+    return _TIMED[key]
 
 
 def model_evaluations(recipe: DiffusionRecipe, name: str, steps: int) -> int:
     """Model evaluations of a ``steps``-step run: ``len(timesteps)``, one per denoising loop
     iteration (2·steps − 1 for second-order samplers such as Heun, steps + 1 for PNDM)."""
-    key = (recipe.name, str(recipe.source_dir), name, steps)
-    if key not in _EVALUATIONS:
-        scheduler = build_scheduler(recipe, name)
-        scheduler.set_timesteps(steps)
-        _EVALUATIONS[key] = len(scheduler.timesteps)
-    return _EVALUATIONS[key]
+    return len(timed_scheduler(recipe, name, steps).timesteps)
 
 
 def resolve_class(name: str, base: type) -> Any:
@@ -118,7 +126,23 @@ def _build_random(recipe: DiffusionRecipe) -> dict[str, Any]:
         parts["text_encoder"] = _seeded(recipe.seed + 2, recipe.text_encoder, PreTrainedModel)
     if recipe.tokenizer is not None:
         parts["tokenizer"] = build_tokenizer(recipe.tokenizer, recipe.text_max_length)
+    if recipe.transformer_2 is not None:
+        parts["transformer_2"] = _seeded(recipe.seed + 5, recipe.transformer_2, ModelMixin)
     return parts
+
+
+def _own_storage(module: torch.nn.Module) -> None:
+    """Copy ``module``'s parameters and buffers out of the loaded file into fresh tensors. A
+    tensor read from a safetensors file can start at an unaligned address, where CPU kernels
+    take another path and round differently from the same weights built in memory (measured:
+    a Wan transformer forward 4.8e-7 apart with every weight equal). Tied weights stay tied."""
+    with torch.no_grad():
+        for param in module.parameters():
+            param.data = param.data.clone()
+        for sub in module.modules():
+            for name, buffer in sub._buffers.items():
+                if buffer is not None:
+                    sub._buffers[name] = buffer.clone()
 
 
 def _load_local(recipe: DiffusionRecipe) -> dict[str, Any]:
@@ -141,6 +165,13 @@ def _load_local(recipe: DiffusionRecipe) -> dict[str, Any]:
         parts["text_encoder"] = cls.from_pretrained(folder / "text_encoder")
     if recipe.tokenizer is not None:
         parts["tokenizer"] = PreTrainedTokenizerFast.from_pretrained(folder / "tokenizer")
+    if recipe.transformer_2 is not None:
+        parts["transformer_2"] = resolve_class(
+            recipe.transformer_2.class_name, ModelMixin).from_pretrained(
+                folder, subfolder="transformer_2")
+    for key in ("transformer", "vae", "text_encoder", "transformer_2"):
+        if parts.get(key) is not None:
+            _own_storage(parts[key])
     return parts
 
 
@@ -148,8 +179,8 @@ def build_components(recipe: DiffusionRecipe, device: str = "cpu") -> DiffusionC
     """Build (never cached) the recipe's modules on ``device``."""
     parts = _build_random(recipe) if recipe.weights is None else _load_local(recipe)
     dev = torch.device(device)
-    for key in ("transformer", "vae", "text_encoder"):
-        if parts[key] is not None:
+    for key in ("transformer", "vae", "text_encoder", "transformer_2"):
+        if parts.get(key) is not None:
             parts[key] = parts[key].to(dev).eval().requires_grad_(False)
     return DiffusionComponents(recipe=recipe, device=dev, **parts,
                                transformer_dtype=parts["transformer"].dtype)
@@ -180,7 +211,7 @@ def scheduler_baseline(c: DiffusionComponents, name: str, seed: int, steps: int,
 
 
 def _modules(c: DiffusionComponents) -> tuple[Any, ...]:
-    return (c.transformer, c.vae, c.text_encoder)
+    return (c.transformer, c.vae, c.text_encoder, c.transformer_2)
 
 
 def _move(c: DiffusionComponents, device: torch.device) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from diffusers.image_processor import VaeImageProcessor
@@ -75,6 +75,22 @@ class PipelineFamily(Protocol):
                ) -> torch.Tensor:
         """A job's rows of :meth:`vae_decode` as pixels in [0, 1]: (B, C, H, W) for images,
         (B, F, C, H, W) for video."""
+        ...
+
+
+@runtime_checkable
+class ExpertFamily(Protocol):
+    """A family whose steps run on one of several transformers, chosen by the step's timestep
+    (Wan 2.2's high- and low-noise experts): the runner asks it which, and hands ``combine`` the
+    step's parameters."""
+
+    def expert(self, recipe: Any, scheduler: Any, t: torch.Tensor) -> str:
+        """The component (``transformer``, ``transformer_2``) that runs the step at ``t``."""
+        ...
+
+    def step_params(self, recipe: Any, p: Mapping[str, Any], scheduler: Any, t: torch.Tensor
+                    ) -> Mapping[str, Any]:
+        """``p`` as the step at ``t`` reads it in :meth:`PipelineFamily.combine`."""
         ...
 
 

@@ -53,6 +53,9 @@ class DiffusionParams(BaseModel):
     num_inference_steps: int | None = None
     guidance_scale: float | None = Field(default=None, ge=0, le=50)
     """CFG scale; 1 or less disables guidance."""
+    guidance_scale_2: float | None = Field(default=None, ge=0, le=50)
+    """CFG scale of the low-noise expert's steps (two-expert models such as Wan 2.2 only);
+    default: ``guidance_scale``. Whether CFG runs is ``guidance_scale``'s alone."""
     seed: int = Field(default=0, ge=0, lt=2**63)
     scheduler: str | None = None
     output_format: str | None = None
@@ -228,6 +231,18 @@ def validate_params(
     normal = p.model_copy(update={
         "model": r.name, "height": height, "width": width, "num_frames": frames,
         "num_inference_steps": steps, "scheduler": scheduler, "output_format": fmt,
-        "guidance_scale": float(guidance),
-    }).model_dump(exclude={"adapters"})
+        "guidance_scale": float(guidance), **_second_guidance(p, r, float(guidance)),
+    }).model_dump(exclude={"adapters"} | (set() if r.two_experts else {"guidance_scale_2"}))
     return {**normal, "adapters": chosen} if chosen else normal
+
+
+def _second_guidance(p: DiffusionParams, r: DiffusionRecipe, guidance: float) -> dict[str, float]:
+    """``guidance_scale_2`` of a two-expert model (default ``guidance``, as WanPipeline sets
+    it); refused on any other model, as the pipeline refuses it without a ``boundary_ratio``."""
+    if not r.two_experts:
+        if p.guidance_scale_2 is not None:
+            raise ParamsError(f"guidance_scale_2 is for two-expert models (Wan 2.2); model "
+                              f"{r.name!r} has one transformer: use guidance_scale")
+        return {}
+    return {"guidance_scale_2": guidance if p.guidance_scale_2 is None
+            else float(p.guidance_scale_2)}

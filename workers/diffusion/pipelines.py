@@ -14,11 +14,13 @@ from workers.diffusion.blockwise import (
     WanBlockwise,
 )
 from workers.diffusion.families import DiTFamily, PipelineFamily, PixArtFamily, WanFamily
+from workers.diffusion.wan22 import Wan22Family
 
 FAMILIES: dict[str, PipelineFamily] = {
     "dit": DiTFamily(),
     "pixart": PixArtFamily(),
     "wan": WanFamily(),
+    "wan22": Wan22Family(),
 }
 """The step arithmetic of each family (``DiffusionRecipe.family``)."""
 
@@ -26,5 +28,6 @@ ADAPTERS: dict[str, BlockwiseForward] = {
     "dit": DiTBlockwise(),
     "pixart": PixArtBlockwise(),
     "wan": WanBlockwise(),
+    "wan22": WanBlockwise(),  # both experts are WanTransformer3DModel
 }
 """The transformer forward of each family, replayed as prologue, blocks and epilogue."""

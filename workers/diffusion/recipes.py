@@ -57,8 +57,9 @@ class DiffusionRecipe(BaseModel):
 
     name: str
     kind: Literal["image", "video"]
-    family: Literal["dit", "pixart", "wan"]
-    """Which pipeline's arithmetic the runner reproduces (DiTPipeline, PixArt, WanPipeline)."""
+    family: Literal["dit", "pixart", "wan", "wan22"]
+    """Which pipeline's arithmetic the runner reproduces (DiTPipeline, PixArt, WanPipeline;
+    ``wan22``: WanPipeline with two expert transformers)."""
     description: str = ""
     default: bool = False
     """The default recipe of its kind for its conditioning (class label or prompt)."""
@@ -90,6 +91,11 @@ class DiffusionRecipe(BaseModel):
     """Sampler name -> scheduler class and config (beyond diffusers' defaults); each one must run
     exactly for the family (:func:`workers.diffusion.samplers.refusal`)."""
     transformer: ComponentSpec
+    transformer_2: ComponentSpec | None = None
+    """Wan 2.2's low-noise expert (diffusers' ``transformer_2``), beside the high-noise
+    ``transformer``; steps below ``boundary_ratio`` × num_train_timesteps run it."""
+    boundary_ratio: float | None = Field(default=None, gt=0, lt=1)
+    """WanPipeline's ``boundary_ratio``: where a two-expert recipe switches transformers."""
     vae: ComponentSpec
     text_encoder: ComponentSpec | None = None
     tokenizer: TokenizerSpec | None = None
@@ -106,6 +112,11 @@ class DiffusionRecipe(BaseModel):
     @property
     def conditioning(self) -> Literal["class", "text"]:
         return "class" if self.family == "dit" else "text"
+
+    @property
+    def two_experts(self) -> bool:
+        """Its steps switch between two transformers (Wan 2.2's high- and low-noise experts)."""
+        return self.transformer_2 is not None
 
     @property
     def num_classes(self) -> int:
@@ -143,6 +154,7 @@ def parse_recipe(recipe: RecipeFile) -> DiffusionRecipe:
             raise ModelConfigError(f"model recipe {recipe.path}: scheduler {name!r} is refused: "
                                    f"{reason}")
     _check_dit_sizes(parsed, recipe.path)
+    _check_experts(parsed, recipe.path)
     return _without_unbuildable(parsed, recipe.path)
 
 
@@ -166,6 +178,15 @@ def _check_dit_sizes(r: DiffusionRecipe, path: Path) -> None:
             f"sample_size x vae_scale_factor); set every size to {r.native_size_px}"
         )
 
+
+def _check_experts(r: DiffusionRecipe, path: Path) -> None:
+    """A ``wan22`` recipe has both experts and their boundary; no other recipe has either."""
+    two = r.transformer_2 is not None and r.boundary_ratio is not None
+    if two != (r.family == "wan22") or (r.transformer_2 is None) != (r.boundary_ratio is None):
+        raise ModelConfigError(
+            f"model recipe {path}: family {r.family!r} with transformer_2 "
+            f"{'set' if r.transformer_2 else 'unset'} and boundary_ratio {r.boundary_ratio}; "
+            "family wan22 takes both, every other family neither")
 
 _PARSED: dict[tuple[int, str], DiffusionRecipe] = {}
 

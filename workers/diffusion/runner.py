@@ -40,8 +40,9 @@ from workers.diffusion.components import (
     model_evaluations,
     scheduler_baseline,
     stage_components,
+    timed_scheduler,
 )
-from workers.diffusion.families import PipelineFamily, decode_job
+from workers.diffusion.families import ExpertFamily, PipelineFamily, decode_job
 from workers.diffusion.lora import apply_adapters, loaded_adapters
 from workers.diffusion.pipelines import ADAPTERS, FAMILIES
 from workers.diffusion.recipes import DiffusionRecipe, diffusion_recipe
@@ -122,10 +123,15 @@ class DiffusionRunner:
         device with its first chunk)."""
         return stage_components(self.recipe(params), self.device)
 
-    def transformer(self, params: Mapping[str, Any]) -> Any:
+    def transformer(self, params: Mapping[str, Any], expert: str = "transformer") -> Any:
         """The resident transformer with the job's adapters, at its scales, the only ones
-        active (loaded on first use; the base is never rebuilt for them)."""
+        active (loaded on first use; the base is never rebuilt for them); ``expert``: the
+        component of a two-expert recipe's step (its ``transformer_2`` takes no adapters)."""
         c = self.components(params)
+        if expert != "transformer":
+            if adapter_set(params):
+                raise ParamsError(f"model {c.recipe.name!r} applies no adapters to {expert}")
+            return getattr(c, expert)
         chosen = [(self._adapter(name, params), scale) for name, scale in adapter_set(params)]
         if not chosen:
             return apply_adapters(c.recipe.family, c.transformer, chosen)
@@ -194,7 +200,27 @@ class DiffusionRunner:
         key = f"{self.recipe(params).name}{adapter_set_key(adapter_set(params))}:{shape}"
         if index == 0:
             return f"{key}:encode"
-        return f"{key}:decode" if index == evaluations + 1 else key
+        if index == evaluations + 1:
+            return f"{key}:decode"
+        expert = self._planned_expert(params, index)
+        return key if expert == "transformer" else f"{key}:{expert}"
+
+    def _planned_expert(self, params: Mapping[str, Any], index: int) -> str:
+        """The transformer denoise chunk ``index`` runs on, from the job's timesteps alone (no
+        model is loaded: the API asks this too)."""
+        family, recipe = self._family(params), self.recipe(params)
+        if not isinstance(family, ExpertFamily):
+            return "transformer"
+        scheduler = timed_scheduler(recipe, str(params["scheduler"]),
+                                    int(params["num_inference_steps"]))
+        return family.expert(recipe, scheduler, scheduler.timesteps[index - 1])
+
+    def _expert(self, params: Mapping[str, Any], job: JobState, step: int) -> str:
+        """The transformer that runs ``step`` of ``job``, by its own scheduler's timestep."""
+        family = self._family(params)
+        if not isinstance(family, ExpertFamily):
+            return "transformer"
+        return family.expert(self.recipe(params), job.scheduler, job.scheduler.timesteps[step])
 
     def run_batch(self, items: Sequence[BatchItem]) -> list[ChunkResult]:
         """Each item's chunk; chunks of equal :meth:`batch_key` (at most ``max_batch`` at a time,
@@ -282,10 +308,10 @@ class DiffusionRunner:
             self.components(params), params, job.scheduler, job.latents, t, job.cond)
         return StepProgress(step=step, inputs=inputs, sample=sample)
 
-    def _run_passes(self, params: Mapping[str, Any], p: StepProgress,
+    def _run_passes(self, params: Mapping[str, Any], job: JobState, p: StepProgress,
                     should_yield: ShouldYield) -> bool:
         """Advance ``p`` to the end of the step; False when it stopped at a group boundary."""
-        model = self.transformer(params)
+        model = self.transformer(params, self._expert(params, job, p.step))
         adapter = ADAPTERS[self.recipe(params).family]
         groups = group_bounds(adapter.num_blocks(model), self.block_groups)
         while p.pass_index < len(p.inputs):
@@ -306,7 +332,7 @@ class DiffusionRunner:
     def _denoise(self, params: Mapping[str, Any], job: JobState,
                  should_yield: ShouldYield) -> ChunkResult:
         progress = job.progress or self._start_step(params, job)
-        if not self._run_passes(params, progress, should_yield):
+        if not self._run_passes(params, job, progress, should_yield):
             job.progress = progress
             log.debug("model %s yielded in step %d at pass %d group %d", job.model,
                       progress.step, progress.pass_index, progress.group)
@@ -319,8 +345,10 @@ class DiffusionRunner:
                      progress: StepProgress) -> ChunkResult:
         """Guidance and the scheduler step on the finished passes; the state of the next chunk."""
         c, family = self.components(params), self._family(params)
-        output = family.combine(c, params, progress.outputs)
         t = job.scheduler.timesteps[progress.step]
+        if isinstance(family, ExpertFamily):
+            params = family.step_params(c.recipe, params, job.scheduler, t)
+        output = family.combine(c, params, progress.outputs)
         job.latents = family.step(job.scheduler, output, t, progress.sample, job.generator)
         job.progress, job.next_chunk = None, job.next_chunk + 1
         return ChunkResult(state=self._save(params, job))
@@ -399,9 +427,13 @@ class DiffusionRunner:
     def _denoise_together(self, members: Sequence[RestoredChunk]) -> list[ChunkResult]:
         """One step of each job, every pass as one forward over all jobs that have it; then each
         job's own guidance, scheduler step and generator, as :meth:`_denoise` does alone."""
+        experts = {self._expert(m.item.params, m.job, m.job.next_chunk - 1) for m in members}
+        if len(experts) > 1:  # planned alike from timesteps, but each job steps its own
+            return [self._restored_alone(m) for m in members]
         started_s = time.perf_counter()
         params = members[0].item.params
-        model, adapter = self.transformer(params), ADAPTERS[self.recipe(params).family]
+        model = self.transformer(params, experts.pop())
+        adapter = ADAPTERS[self.recipe(params).family]
         with torch.no_grad():
             steps = [self._start_step(m.item.params, m.job) for m in members]
             outputs, shared_with = run_passes_together(adapter, model, [s.inputs for s in steps])
