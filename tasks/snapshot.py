@@ -229,29 +229,26 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def stored_cost_model(store: JobStore, policy: PolicyConfig) -> CostModel:
-    """The cost model the last tick stored (the policy's priors before the first), read
-    without folding in newer timings: what the submit path prices a job with."""
+def _stored_cost(store: JobStore, policy: PolicyConfig) -> tuple[CostModel, str]:
+    """The cost model the last tick stored under the policy's priors (the priors alone before
+    the first), and the id of the last timing folded into it."""
     raw = store.redis.get(keys.COST)
     stored = json.loads(raw) if raw is not None else {}
-    if "model" not in stored:
-        return policy.new_cost_model()
-    return CostModel.from_json(stored["model"]).with_priors(
-        policy.cost_priors_s_per_unit, policy.default_s_per_unit, policy.cost_ewma_alpha,
-        policy.cost_prior_samples)
+    model = policy.new_cost_model() if "model" not in stored else CostModel.from_json(
+        stored["model"]).with_priors(policy.cost_priors_s_per_unit, policy.default_s_per_unit,
+                                     policy.cost_ewma_alpha, policy.cost_prior_samples)
+    return model, stored.get("last_id", "0-0")
+
+
+def stored_cost_model(store: JobStore, policy: PolicyConfig) -> CostModel:
+    """The cost model the last tick stored, read without folding in newer timings: what the
+    submit path prices a job with."""
+    return _stored_cost(store, policy)[0]
 
 
 def learned_cost_model(store: JobStore, policy: PolicyConfig) -> CostModel:
     """The stored cost model, updated with every chunk timing recorded since the last tick."""
-    raw = store.redis.get(keys.COST)
-    model, last_id = policy.new_cost_model(), "0-0"
-    if raw is not None:
-        stored = json.loads(raw)
-        model = CostModel.from_json(stored["model"]).with_priors(
-            policy.cost_priors_s_per_unit, policy.default_s_per_unit, policy.cost_ewma_alpha,
-            policy.cost_prior_samples,
-        ) if "model" in stored else model
-        last_id = stored.get("last_id", "0-0")
+    model, last_id = _stored_cost(store, policy)
     entries = store.read_stream(keys.TIMINGS, after_id=last_id, count=5000)
     for entry_id, fields in entries:
         model = model.observe(fields["cost_key"], fields["device"], 1.0,

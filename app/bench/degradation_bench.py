@@ -15,14 +15,12 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import Any
 
-from app.bench.models_sim import models_config, residency_for, sim_trace
-from app.bench.models_workload import generate_jobs, model_catalog
 from app.bench.overload_bench import NOTE, calibrate, overload_workload
+from app.bench.overload_bench import run_arm as overload_run_arm
 from app.bench.report import wilson_interval
-from app.bench.simulate import ClusterSim, SimArrival, SimResult, sim_policy
+from app.bench.simulate import SimArrival, SimResult
 from scheduler.lifecycle import SloClass
 from scheduler.policy import OverloadMeasure
 
@@ -47,19 +45,12 @@ def floors(trace_jobs: Sequence[Any], seed: int, share: float = ALLOW_SHARE,
 
 def run_arm(compute_load: float, seed: int, jobs: int, workers: int, degrade: bool
             ) -> tuple[list[SimArrival], SimResult]:
-    """One seeded trace at ``compute_load``, its floors given (``degrade``) or not."""
-    workload = overload_workload(compute_load, seed, jobs, workers)
-    catalog = model_catalog(workload)
-    generated = generate_jobs(workload, catalog)
-    median = sorted(m.bytes for m in catalog.models)[len(catalog.models) // 2]
-    device = max(int(3.0 * median), max(m.bytes for m in catalog.models))
-    residency = residency_for("stepline", catalog, device, int(8.0 * median),
-                              20.0 * workload.time_scale)
-    config = models_config(workload, residency, generated, 0.5 * workload.time_scale)
-    allowed = floors(generated, seed)
-    trace = sim_trace(generated, seed, floors=allowed if degrade else None)
-    policy = replace(sim_policy(config, "stepline"), overload_measure=OverloadMeasure.EFFECTIVE)
-    return trace, ClusterSim(config, trace, policy).run()
+    """One seeded trace at ``compute_load`` (the overload bench's arm), its floors given
+    (``degrade``) or not."""
+    trace, result, _ = overload_run_arm(
+        overload_workload(compute_load, seed, jobs, workers), OverloadMeasure.EFFECTIVE,
+        floors=(lambda generated: floors(generated, seed)) if degrade else None)
+    return trace, result
 
 
 def run_figures(trace: Sequence[SimArrival], result: SimResult, allowed: set[int]

@@ -16,12 +16,12 @@ measures the run's load seconds per execution second r, and the point runs at E 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from app.bench.models_sim import models_config, residency_for, sim_trace
-from app.bench.models_workload import ModelsWorkload, generate_jobs, model_catalog
+from app.bench.models_workload import ModelJob, ModelsWorkload, generate_jobs, model_catalog
 from app.bench.report import wilson_interval
 from app.bench.simulate import ClusterSim, SimArrival, SimResult, sim_policy
 from scheduler.lifecycle import SloClass
@@ -45,9 +45,11 @@ def overload_workload(load: float, seed: int, jobs: int, workers: int) -> Models
                           realtime_share=0.1, interactive_share=0.4)
 
 
-def run_arm(workload: ModelsWorkload, measure: OverloadMeasure,
-            placement: str = "stepline") -> tuple[list[SimArrival], SimResult, float]:
-    """One seeded trace under ``measure``: its arrivals, the result and the arrival span."""
+def run_arm(workload: ModelsWorkload, measure: OverloadMeasure, placement: str = "stepline",
+            floors: Callable[[Sequence[ModelJob]], Mapping[int, int]] | None = None,
+            ) -> tuple[list[SimArrival], SimResult, float]:
+    """One seeded trace under ``measure``: its arrivals, the result and the arrival span.
+    ``floors``: the quality floors the trace's jobs give, from its jobs (None: none)."""
     catalog = model_catalog(workload)
     jobs = generate_jobs(workload, catalog)
     median = sorted(m.bytes for m in catalog.models)[len(catalog.models) // 2]
@@ -55,7 +57,7 @@ def run_arm(workload: ModelsWorkload, measure: OverloadMeasure,
     residency = residency_for(placement, catalog, device, int(8.0 * median),
                               20.0 * workload.time_scale)
     config = models_config(workload, residency, jobs, 0.5 * workload.time_scale)
-    trace = sim_trace(jobs, workload.seed)
+    trace = sim_trace(jobs, workload.seed, floors=None if floors is None else floors(jobs))
     policy = replace(sim_policy(config, "stepline"), overload_measure=measure)
     result = ClusterSim(config, trace, policy).run()
     return trace, result, max((a.arrival_s for a in trace), default=0.0)
