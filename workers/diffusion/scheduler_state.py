@@ -52,7 +52,7 @@ def _decode_item(value: Any, tensors: dict[str, torch.Tensor], device: torch.dev
     if not isinstance(value, dict):
         return value
     if "t" in value:
-        return tensors[value["t"]].to(device)
+        return tensors[value["t"]].to(device, copy=True)  # own storage, as state._own
     if "nd" in value:
         return tensors[value["nd"]].numpy()
     items = [_decode_item(v, tensors, device) for v in value["list"]]

@@ -59,8 +59,15 @@ def _put_group(tensors: Tensors, prefix: str, group: Tensors) -> list[str]:
     return sorted(group)
 
 
+def _own(tensor: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    """``tensor`` on ``dev`` in storage of its own: a decoded tensor views the checkpoint's bytes,
+    whose alignment differs from a fresh allocation's, and CPU kernels pick their vectorised
+    paths by alignment, so a view could round differently from the uninterrupted run."""
+    return tensor.to(dev, copy=True)
+
+
 def _take_group(tensors: Tensors, prefix: str, keys: list[str], dev: torch.device) -> Tensors:
-    return {key: tensors[f"{prefix}{key}"].to(dev) for key in keys}
+    return {key: _own(tensors[f"{prefix}{key}"], dev) for key in keys}
 
 
 def _progress_to(p: StepProgress, tensors: Tensors) -> dict[str, Any]:
@@ -78,11 +85,11 @@ def _progress_to(p: StepProgress, tensors: Tensors) -> dict[str, Any]:
 def _progress_from(m: dict[str, Any], tensors: Tensors, dev: torch.device) -> StepProgress:
     return StepProgress(
         step=int(m["step"]), pass_index=int(m["pass"]), group=int(m["group"]),
-        sample=tensors["partial.sample"].to(dev),
+        sample=_own(tensors["partial.sample"], dev),
         inputs=[_take_group(tensors, f"partial.in.{i}.", keys, dev)
                 for i, keys in enumerate(m["in_keys"])],
-        outputs=[tensors[f"partial.out.{i}"].to(dev) for i in range(int(m["outputs"]))],
-        hidden=tensors["partial.hidden"].to(dev) if m["hidden"] else None,
+        outputs=[_own(tensors[f"partial.out.{i}"], dev) for i in range(int(m["outputs"]))],
+        hidden=_own(tensors["partial.hidden"], dev) if m["hidden"] else None,
         ctx=_take_group(tensors, "partial.ctx.", m["ctx_keys"], dev) if m["hidden"] else None,
     )
 
@@ -116,7 +123,7 @@ def state_from_checkpoint(ck: Checkpoint, fresh_scheduler: Any, dev: torch.devic
         scheduler = restore_scheduler_state(fresh_scheduler, t, m["scheduler_state"], dev)
         return JobState(
             model=m["model"], scheduler_name=m["scheduler"], next_chunk=int(m["next_chunk"]),
-            latents=t["latents"].to(dev), cond=_take_group(t, "cond.", m["cond_keys"], dev),
+            latents=_own(t["latents"], dev), cond=_take_group(t, "cond.", m["cond_keys"], dev),
             scheduler=scheduler, generator=generator,
             progress=None if m["partial"] is None else _progress_from(m["partial"], t, dev),
             adapters=[(str(name), float(scale)) for name, scale in m.get("adapters", [])],
