@@ -4,7 +4,9 @@ A job may give a quality floor (``min_steps``). When the governing load is past
 ``degrade_load`` and the job is predicted to miss its deadline at full quality, admission picks
 the most steps, not below the floor, with which it is predicted to make it (the floor when no
 level makes it: the cheapest the job allows, which also takes the least from the fleet). A job
-without a floor is never degraded; shedding with a reason stays the last resort.
+without a floor is never degraded. A job degraded to a level predicted to make its deadline is
+admitted where admission would have shed it at full quality (``scheduler.submission``):
+shedding with a reason stays the last resort, for the jobs no allowed level saves.
 
 The prediction is deliberately simple, and the same in the live submit path and the simulator:
 the fleet shares its capacity between the jobs it holds, so at utilisation ρ a job of ``w``
@@ -47,9 +49,13 @@ class Degradation:
     steps: int
     full_steps: int
     reason: str
+    meets: bool = True
+    """Predicted to make its deadline at ``steps`` (False: the floor, predicted late even so).
+    A job that meets it is admitted where it would have been shed at full quality."""
 
     def as_json(self) -> dict[str, object]:
-        return {"steps": self.steps, "full_steps": self.full_steps, "reason": self.reason}
+        return {"steps": self.steps, "full_steps": self.full_steps, "reason": self.reason,
+                "meets": self.meets}
 
 
 MAX_UTILISATION = 0.95
@@ -75,10 +81,10 @@ def choose_steps(ladder: QualityLadder, deadline_in_s: float, load: float,
     room_s = deadline_in_s / factor - ladder.fixed_s
     fits = math.floor(room_s / ladder.step_s) if ladder.step_s > 0 else ladder.full_steps
     steps = min(max(fits, ladder.min_steps), ladder.full_steps - 1)
-    verdict = ("predicted to make it" if fits >= ladder.min_steps
-               else "its floor, predicted late even so")
+    meets = fits >= ladder.min_steps
+    verdict = "predicted to make it" if meets else "its floor, predicted late even so"
     work_s = ladder.work_s(ladder.full_steps)
     reason = (f"degraded to {steps} of {ladder.full_steps} steps at load {load:.2f}: predicted "
               f"{full_s:.3g}s at full quality ({factor:.3g} x {work_s:.3g}s of work) against a "
               f"deadline in {deadline_in_s:.3g}s; {steps} steps is {verdict}")
-    return Degradation(steps, ladder.full_steps, reason)
+    return Degradation(steps, ladder.full_steps, reason, meets)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from scheduler.admission import Admission, AdmissionDecision, admit
+from scheduler.degradation import Degradation
 from scheduler.model import JobView
 from scheduler.plan import AdmissionStatus
 from scheduler.policy import PolicyConfig, PolicyKind
@@ -46,16 +47,21 @@ path never does (it cannot tell which jobs are in the top without the whole snap
 
 
 def decide_submit(job: JobView, policy: PolicyConfig, status: AdmissionStatus | None,
-                  now_s: float) -> SubmitDecision:
+                  now_s: float, degraded: Degradation | None = None) -> SubmitDecision:
     """The decision for ``job`` (PENDING, submitted at ``now_s``) given the last tick's
-    admission ``status`` (None before the first tick: admitted). Refused only by admission;
-    otherwise released at once unless the tick must place it: it waits for dependencies, its
-    policy releases only from the tick, or it may batch while a tick runs (the tick packs it
-    with compatible jobs, at most one tick away)."""
+    admission ``status`` (None before the first tick: admitted). Refused only by admission,
+    and not when admission ``degraded`` it to a level predicted to make its deadline (``job``
+    is then its degraded view); otherwise released at once unless the tick must place it: it
+    waits for dependencies, its policy releases only from the tick, or it may batch while a
+    tick runs (the tick packs it with compatible jobs, at most one tick away)."""
     fifo = policy.policy is PolicyKind.FIFO
     queue = FIFO_QUEUE if fifo else CLASS_QUEUE[job.slo_class]
     admission = AdmissionDecision(Admission.ADMIT, 0.0, "no scheduler status yet") \
         if status is None else admit(job, status, policy, now_s)
+    if admission.verdict is Admission.SHED_OVERLOAD and degraded is not None \
+            and degraded.meets:
+        admission = AdmissionDecision(Admission.ADMIT, 0.0,
+                                      f"degraded instead of shed: {admission.reason}")
     if admission.verdict is Admission.SHED_OVERLOAD:
         return SubmitDecision(SubmitAction.SHED, queue, fifo, admission.reason,
                               admission.retry_after_s)

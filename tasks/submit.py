@@ -329,4 +329,4 @@ class JobService:
             next_chunk=0, remaining_cost_units=float(sum(plan.cost_units)),
             depends_on=tuple(spec.depends_on), batch_group=p.group,
         )
-        return decide_submit(view, policy, admission, now_s)
+        return decide_submit(view, policy, admission, now_s, p.degradation)

@@ -47,7 +47,7 @@ from scheduler import (
     check_plan_invariants,
     decide_submit,
 )
-from scheduler.degradation import QualityLadder, choose_steps
+from scheduler.degradation import Degradation, QualityLadder, choose_steps
 from scheduler.fairness import ServiceLedger
 from scheduler.placement import (
     Holding,
@@ -545,8 +545,8 @@ class ClusterSim:
         """The job is submitted now: the live submit path's own decision
         (:func:`scheduler.decide_submit`), applied to the simulated store."""
         self.live[job.id] = job
-        self._degrade(job)
-        decision = decide_submit(job.job_view(), self.policy, self.admission, self.now)
+        degraded = self._degrade(job)
+        decision = decide_submit(job.job_view(), self.policy, self.admission, self.now, degraded)
         job.atomic = decision.atomic
         if decision.action is SubmitAction.SHED:
             self.result.reasons[job.arrival.index] = decision.reason
@@ -558,27 +558,28 @@ class ClusterSim:
             self._place(job, decision.queue)
         return decision
 
-    def _degrade(self, job: _Job) -> None:
+    def _degrade(self, job: _Job) -> Degradation | None:
         """The live submit path's degradation (:func:`scheduler.degradation.choose_steps` on a
         fresh admission status, the job priced by the cost model): its arrival cut to the
         chosen steps, its reason kept as its first event's."""
         a, status = job.arrival, self.admission
         if a.min_steps is None or status is None \
                 or self.now - status.measured_at_s > self.policy.admission_status_ttl_s:
-            return
+            return None
         shape = a.shape
         step_s = shape.units_per_chunk * self.cost.seconds_per_unit(shape.cost_key, "cuda")
         ladder = QualityLadder(full_steps=shape.chunks, min_steps=min(a.min_steps, shape.chunks),
                                step_s=step_s)
         chosen = choose_steps(ladder, a.deadline_s - self.now, status.load, self.policy)
         if chosen is None:
-            return
+            return None
         job.arrival = replace(a, shape=replace(shape, chunks=chosen.steps),
                               chunk_s=a.chunk_s[:chosen.steps])
         job.units_left = chosen.steps * shape.units_per_chunk
         job.view = None
         self.result.degraded[a.index] = chosen.steps
         self.result.reasons[a.index] = chosen.reason
+        return chosen
 
     # -- queues and workers -----------------------------------------------------------------
 

@@ -15,7 +15,7 @@ import redis
 from app.schemas import JobSpec
 from scheduler import AdmissionState, AdmissionStatus, ClusterSnapshot, PolicyState, plan_tick
 from tasks.adapter import LiveTarget, policy_config
-from tasks.errors import InvalidJob
+from tasks.errors import InvalidJob, Overloaded
 from tasks.runtime import current_settings
 from tasks.store import JobStore
 from tasks.submit import JobService, prepare_submits, validate_params
@@ -61,6 +61,22 @@ def test_under_overload_a_job_with_a_floor_runs_fewer_steps_and_says_why(
     plain = service.store.record(plain_id)
     assert plain.degraded is None and plain.num_chunks == 40
     assert service.store.events(plain_id)[0]["reason"] == "accepted"
+
+
+def test_past_the_shed_load_a_job_a_lower_level_saves_is_admitted_and_the_rest_are_shed(
+        stack_env: dict[str, str], redis_client: redis.Redis) -> None:
+    # given a published load of 1.6, past interactive work's shed load (1.5)
+    service = _service_under_load(redis_client, 1.6)
+    # when a 40 s job due in 30 s is submitted with a floor of 1 step (the prediction, 20 x its
+    # work at this load, fits one step in 30 s), of 30 steps (it fits none), and without one
+    saved_id, _ = service.submit(_simulated(1))
+    # then the first runs degraded, saying why, where it would have been shed
+    record = service.store.record(saved_id)
+    assert json.loads(record.degraded or "{}")["meets"] is True and record.num_chunks == 1
+    # and the others are refused with the overload's reason: shedding stays the last resort
+    for floor in (30, None):
+        with pytest.raises(Overloaded, match="overloaded"):
+            service.submit(_simulated(floor))
 
 
 def test_below_the_degrade_load_a_job_with_a_floor_runs_as_asked(

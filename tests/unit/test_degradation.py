@@ -72,6 +72,11 @@ def test_the_level_chosen_is_the_most_steps_predicted_on_time_or_the_floor(
     # floor
     assert predicted(chosen.steps + 1) > deadline_s * (1 - 1e-9)
     assert chosen.steps == ladder.min_steps or predicted(chosen.steps) <= deadline_s * (1 + 1e-9)
+    # and it says it meets the deadline exactly when its level is predicted on time (a job
+    # that meets it is admitted where it would have been shed)
+    on_time = predicted(chosen.steps) <= deadline_s * (1 + 1e-9)
+    late = predicted(chosen.steps) > deadline_s * (1 - 1e-9)
+    assert (chosen.meets or late) and (not chosen.meets or on_time)
 
 
 @given(ladders, deadlines, loads, loads)

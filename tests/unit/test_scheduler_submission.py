@@ -17,6 +17,7 @@ from scheduler import (
     Tier,
     decide_submit,
 )
+from scheduler.degradation import Degradation
 from tests.unit.test_scheduler_support import NOW_S, make_job
 
 pytestmark = pytest.mark.timeout(60)
@@ -63,6 +64,20 @@ def test_overload_suspends_batch_work_and_sheds_standard_work_past_the_shed_load
     assert _decide(status=SHEDDING, slo_class=SloClass.INTERACTIVE)[0] is SubmitAction.SHED
     assert _decide(status=SHEDDING, slo_class=SloClass.INTERACTIVE,
                    tier=Tier.GOLD)[0] is SubmitAction.RELEASE
+
+
+@pytest.mark.parametrize("slo_class", [SloClass.INTERACTIVE, SloClass.BATCH])
+def test_a_job_degraded_to_a_level_that_makes_its_deadline_is_admitted_not_shed(
+        slo_class: SloClass) -> None:
+    # given work admission sheds at this load at full quality
+    job, policy = make_job("new", slo_class=slo_class), PolicyConfig()
+    assert decide_submit(job, policy, SHEDDING, NOW_S).action is SubmitAction.SHED
+    # when admission degraded it to a level predicted on time, it runs, saying why
+    saved = decide_submit(job, policy, SHEDDING, NOW_S, Degradation(4, 8, "to 4 of 8", True))
+    assert saved.action is SubmitAction.RELEASE and "admitted" in saved.reason
+    # and when even its floor is predicted late, shedding stays the last resort
+    late = decide_submit(job, policy, SHEDDING, NOW_S, Degradation(4, 8, "to 4 of 8", False))
+    assert late.action is SubmitAction.SHED and "overloaded" in late.reason
 
 
 def test_a_top_cap_baseline_in_the_simulator_waits_for_the_tick_on_an_idle_cluster() -> None:
