@@ -3,6 +3,9 @@
 trace run twice — admission degrading the jobs that allow it (``scheduler.degradation``), and
 not degrading at all — on the same arrivals.
 
+A third arm degrades at each of ``gates`` (a lower ``degrade_load`` than the default 1.0):
+how much of the gap the gate leaves.
+
 Per point and arm: the share of all jobs done within their deadline (95 % Wilson interval,
 pooled over the seeds) and per class; how many jobs ran degraded, the mean share of their
 steps they kept, and how many were degraded without allowing it (must be 0); shed and expired
@@ -26,6 +29,8 @@ from scheduler.policy import OverloadMeasure
 
 TARGETS = (0.8, 1.0, 1.3, 1.6)
 ARMS = ("none", "degrade")
+GATES = (0.8,)
+"""The extra ``degrade_load`` gates measured beside the default one (arm ``degrade_at_<g>``)."""
 ALLOW_SHARE = 0.5
 """Share of jobs that give a quality floor."""
 FLOOR = 0.5
@@ -43,13 +48,14 @@ def floors(trace_jobs: Sequence[Any], seed: int, share: float = ALLOW_SHARE,
             if rng.random() < share}
 
 
-def run_arm(compute_load: float, seed: int, jobs: int, workers: int, degrade: bool
-            ) -> tuple[list[SimArrival], SimResult]:
+def run_arm(compute_load: float, seed: int, jobs: int, workers: int, degrade: bool,
+            gate: float | None = None) -> tuple[list[SimArrival], SimResult]:
     """One seeded trace at ``compute_load`` (the overload bench's arm), its floors given
-    (``degrade``) or not."""
+    (``degrade``) or not; degraded past ``gate`` (None: the policy's ``degrade_load``)."""
     trace, result, _ = overload_run_arm(
         overload_workload(compute_load, seed, jobs, workers), OverloadMeasure.EFFECTIVE,
-        floors=(lambda generated: floors(generated, seed)) if degrade else None)
+        floors=(lambda generated: floors(generated, seed)) if degrade else None,
+        degrade_load=gate)
     return trace, result
 
 
@@ -93,44 +99,57 @@ def pooled(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run_degradation_bench(targets: Sequence[float] = TARGETS, seeds: int = 3, jobs: int = 600,
-                          workers: int = 8,
+                          workers: int = 8, gates: Sequence[float] = GATES,
                           progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """The sweep (module docstring): per target effective load, both arms on the same
-    ``seeds`` traces; the ratio of deadlines met, degrade ÷ none."""
+    """The sweep (module docstring): per target effective load, every arm on the same
+    ``seeds`` traces; the ratio of deadlines met, degrade ÷ none (and per extra gate)."""
     started = time.perf_counter()
     points = []
     for target in targets:
         compute = calibrate(target, 1000, jobs, workers)
-        arms: dict[str, Any] = {}
-        for arm in ARMS:
-            runs = []
-            for seed in range(1, seeds + 1):
-                trace, result = run_arm(compute, seed, jobs, workers, arm == "degrade")
-                allowed = {a.index for a in trace if a.min_steps is not None}
-                runs.append(run_figures(trace, result, allowed))
-            arms[arm] = pooled(runs)
-        none, degrade = arms["none"]["met"], arms["degrade"]["met"]
+        arms = {arm: arm_figures(compute, seeds, jobs, workers, arm == "degrade", None)
+                for arm in ARMS}
+        for gate in gates:
+            arms[f"degrade_at_{gate:g}"] = arm_figures(compute, seeds, jobs, workers, True, gate)
+        none = arms["none"]["met"]
         point = {"target_effective_load": target, "compute_load": compute, "arms": arms,
-                 "met_ratio": degrade / none if none else None}
+                 "met_ratio": arms["degrade"]["met"] / none if none else None,
+                 "met_ratio_by_gate": {f"{gate:g}": arms[f"degrade_at_{gate:g}"]["met"] / none
+                                       if none else None for gate in gates}}
         points.append(point)
         if progress is not None:
             progress(line(point))
     goal_point = next((p for p in points if p["target_effective_load"] == GOAL[0]), None)
     return {"simulated": True, "note": NOTE, "workers": workers, "jobs_per_trace": jobs,
-            "seeds": seeds, "allow_share": ALLOW_SHARE, "floor": FLOOR, "points": points,
+            "seeds": seeds, "gates": list(gates), "allow_share": ALLOW_SHARE, "floor": FLOOR,
+            "points": points,
             "goal": {"effective_load": GOAL[0], "met_ratio_at_least": GOAL[1],
                      "met_ratio": None if goal_point is None else goal_point["met_ratio"]},
             "wall_s": time.perf_counter() - started}
 
 
+def arm_figures(compute: float, seeds: int, jobs: int, workers: int, degrade: bool,
+                gate: float | None) -> dict[str, Any]:
+    """One arm over the ``seeds`` traces, pooled."""
+    runs = []
+    for seed in range(1, seeds + 1):
+        trace, result = run_arm(compute, seed, jobs, workers, degrade, gate)
+        allowed = {a.index for a in trace if a.min_steps is not None}
+        runs.append(run_figures(trace, result, allowed))
+    return pooled(runs)
+
+
 def line(point: dict[str, Any]) -> str:
-    """One printed row: both arms' within-deadline shares and the degraded counts."""
-    arms = point["arms"]
-    ratio = point["met_ratio"]
+    """One printed row: the arms' within-deadline shares and the degraded counts."""
+    arms, ratio = point["arms"], point["met_ratio"]
+    if ratio is None:
+        return f"E={point['target_effective_load']:.1f}: no deadline met without degradation"
+    gated = "".join(
+        f"; degrading past {gate}: {100 * arms[f'degrade_at_{gate}']['within_slo']:.1f}%"
+        f" (x{r:.2f})" for gate, r in point["met_ratio_by_gate"].items() if r is not None)
     return (f"E={point['target_effective_load']:.1f}: met {100 * arms['none']['within_slo']:.1f}%"
             f" without, {100 * arms['degrade']['within_slo']:.1f}% with degradation "
             f"(x{ratio:.2f}); degraded {arms['degrade']['degraded']} "
             f"(without a floor: {arms['degrade']['degraded_without_floor']}), "
             f"shed/expired {arms['none']['shed_or_expired']} -> "
-            f"{arms['degrade']['shed_or_expired']}" if ratio is not None else
-            f"E={point['target_effective_load']:.1f}: no deadline met without degradation")
+            f"{arms['degrade']['shed_or_expired']}{gated}")

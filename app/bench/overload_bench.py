@@ -47,9 +47,11 @@ def overload_workload(load: float, seed: int, jobs: int, workers: int) -> Models
 
 def run_arm(workload: ModelsWorkload, measure: OverloadMeasure, placement: str = "stepline",
             floors: Callable[[Sequence[ModelJob]], Mapping[int, int]] | None = None,
+            degrade_load: float | None = None,
             ) -> tuple[list[SimArrival], SimResult, float]:
     """One seeded trace under ``measure``: its arrivals, the result and the arrival span.
-    ``floors``: the quality floors the trace's jobs give, from its jobs (None: none)."""
+    ``floors``: the quality floors the trace's jobs give, from its jobs (None: none);
+    ``degrade_load``: the policy's gate for degrading them (None: the default)."""
     catalog = model_catalog(workload)
     jobs = generate_jobs(workload, catalog)
     median = sorted(m.bytes for m in catalog.models)[len(catalog.models) // 2]
@@ -59,6 +61,8 @@ def run_arm(workload: ModelsWorkload, measure: OverloadMeasure, placement: str =
     config = models_config(workload, residency, jobs, 0.5 * workload.time_scale)
     trace = sim_trace(jobs, workload.seed, floors=None if floors is None else floors(jobs))
     policy = replace(sim_policy(config, "stepline"), overload_measure=measure)
+    if degrade_load is not None:
+        policy = replace(policy, degrade_load=degrade_load)
     result = ClusterSim(config, trace, policy).run()
     return trace, result, max((a.arrival_s for a in trace), default=0.0)
 
