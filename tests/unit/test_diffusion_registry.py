@@ -151,3 +151,44 @@ def test_a_saved_sd35_pipeline_loaded_through_weights_gives_all_three_encoders_a
         assert getattr(loaded, part)("a lighthouse!").input_ids == \
             getattr(c, part)("a lighthouse!").input_ids, part
     assert torch.equal(ours, ref) and ours.std() > 0
+
+
+@pytest.mark.parametrize(("drop", "message"), [
+    ("tokenizer_3", "text_encoder_3 and tokenizer_3 go together"),
+    ("text_encoder_2", "text_encoder_2 and tokenizer_2 go together"),
+])
+def test_a_text_encoder_without_its_tokenizer_is_refused_at_load(
+    tmp_path: Path, drop: str, message: str,
+) -> None:
+    # given the SD 3.5 recipe with one half of an encoder-tokenizer pair left out
+    spec = yaml.safe_load((DEFAULT_MODELS_DIR / "sd35-tiny.yaml").read_text())
+    del spec[drop]
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump({**spec, "name": "bad", "default": False}))
+    # when it loads, then it is refused, naming the pair
+    with pytest.raises(ModelConfigError, match=message):
+        diffusion_recipe("bad", ModelRegistry(tmp_path))
+
+
+def test_an_sd3_recipe_without_its_t5_runs_as_the_pipeline_without_one(tmp_path: Path) -> None:
+    # given the SD 3.5 recipe with its T5 left out (the pipeline conditions on zeros instead)
+    spec = yaml.safe_load((DEFAULT_MODELS_DIR / "sd35-tiny.yaml").read_text())
+    del spec["text_encoder_3"], spec["tokenizer_3"]
+    (tmp_path / "no-t5.yaml").write_text(yaml.safe_dump({**spec, "name": "no-t5",
+                                                         "default": False}))
+    local = ModelRegistry(tmp_path)
+    params = validate_params("image", {"model": "no-t5", "prompt": "a lighthouse", "seed": 3,
+                                       "num_inference_steps": 3}, local)
+    # when a job runs on it, and the library's pipeline runs on the same modules
+    ours = _run_job(params, local)
+    c = load_components(diffusion_recipe("no-t5", local))
+    assert c.text_encoder_3 is None and c.tokenizer_3 is None
+    ref = StableDiffusion3Pipeline(
+        transformer=c.transformer, scheduler=c.scheduler("flow_match_euler"), vae=c.vae,
+        text_encoder=c.text_encoder, tokenizer=c.tokenizer, text_encoder_2=c.text_encoder_2,
+        tokenizer_2=c.tokenizer_2, text_encoder_3=None, tokenizer_3=None,
+    )(prompt=params["prompt"], height=params["height"], width=params["width"],
+      num_inference_steps=3, guidance_scale=params["guidance_scale"], output_type="pt",
+      generator=torch.Generator().manual_seed(3),
+      max_sequence_length=c.recipe.text_max_length).images
+    # then the image is bit-identical
+    assert torch.equal(ours, ref) and ours.std() > 0

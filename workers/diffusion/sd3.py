@@ -1,8 +1,5 @@
-"""Stable Diffusion 3 / 3.5: ``StableDiffusion3Pipeline`` and its MMDiT's joint blocks.
-
-Prompts are encoded by the pipeline's own ``encode_prompt`` (two CLIPs and a T5); CFG is one
-pass over [negative, positive] as in PixArt, the step and decode those of the pipeline.
-"""
+"""Stable Diffusion 3 / 3.5: ``StableDiffusion3Pipeline``'s arithmetic (prompts through its own
+``encode_prompt``: two CLIPs and a T5) and its MMDiT's joint blocks, replayed blockwise."""
 
 from __future__ import annotations
 
@@ -56,9 +53,8 @@ class SD3Family(PixArtFamily):
     ) -> torch.Tensor:
         assert c.text_encoder is not None  # the recipe check: sd3 has both CLIPs
         shape = (1, c.transformer.config.in_channels, *_latent_hw(c, p))
-        noise: torch.Tensor = randn_tensor(shape, generator=gen, device=c.device,
-                                           dtype=c.text_encoder.dtype)
-        return noise
+        return randn_tensor(shape, generator=gen, device=c.device,  # type: ignore[no-any-return]
+                            dtype=c.text_encoder.dtype)
 
     def passes(
         self, c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any, latents: torch.Tensor,
