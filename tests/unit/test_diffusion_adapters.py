@@ -1,6 +1,7 @@
 """LoRA adapters on the diffusion recipes: a job with adapters, preempted and migrated, equals the
-diffusers pipeline with the same adapters applied (Wan through its pipeline's LoRA loader, DiT and
-PixArt through PEFT on the transformer); adapters switch on a resident base without a rebuild.
+diffusers pipeline with the same adapters applied (Wan and SD 3.5 through their pipelines' LoRA
+loaders, DiT and PixArt through PEFT on the transformer); adapters switch on a resident base
+without a rebuild.
 
 Adapters are made locally with PEFT (random weights); nothing is downloaded.
 """
@@ -14,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from diffusers import WanPipeline
+from diffusers import StableDiffusion3Pipeline, WanPipeline
 from peft import LoraConfig, inject_adapter_in_model
 from peft.tuners.lora import LoraLayer
 from peft.utils import set_peft_model_state_dict
@@ -42,9 +43,11 @@ JOBS: dict[str, tuple[str, dict[str, Any]]] = {
     "pixart-tiny": ("image", {"prompt": "A red fox in snow", "negative_prompt": "blurry",
                               "height": 32, "width": 48, "scheduler": "dpmpp_2m"}),
     "wan-tiny": ("video", {"prompt": "waves at dusk", "num_frames": 9, "scheduler": "unipc"}),
+    "sd35-tiny": ("image", {"prompt": "a lighthouse", "negative_prompt": "fog",
+                            "scheduler": "flow_match_euler"}),
 }
 ADAPTERS = {"dit-tiny": ["dit-a"], "pixart-tiny": ["pixart-a", "pixart-b"],
-            "wan-tiny": ["wan-a", "wan-b"]}
+            "wan-tiny": ["wan-a", "wan-b"], "sd35-tiny": ["sd35-a", "sd35-b"]}
 STEPS = 4
 
 
@@ -131,9 +134,16 @@ def reference(params: Mapping[str, Any], registry: AdapterRegistry) -> torch.Ten
     c = build_components(diffusion_recipe(str(params["model"])))
     chosen = [(registry.get(a["name"]), float(a["scale"])) for a in params.get("adapters", [])]
     specs = [(spec, scale) for spec, scale in chosen if spec is not None]
+    pipe: Any = None
     if c.recipe.family == "wan":
         pipe = WanPipeline(tokenizer=c.tokenizer, text_encoder=c.text_encoder, vae=c.vae,
                            transformer=c.transformer, scheduler=c.scheduler("unipc"))
+    elif c.recipe.family == "sd3":
+        pipe = StableDiffusion3Pipeline(
+            transformer=c.transformer, scheduler=None, vae=c.vae, text_encoder=c.text_encoder,
+            tokenizer=c.tokenizer, text_encoder_2=c.text_encoder_2, tokenizer_2=c.tokenizer_2,
+            text_encoder_3=c.text_encoder_3, tokenizer_3=c.tokenizer_3)
+    if pipe is not None:  # the pipeline's own LoRA loader, on the transformer it shares with c
         for spec, _ in specs:
             pipe.load_lora_weights(spec.source_dir, weight_name=spec.weights,
                                    adapter_name=spec.name)
@@ -154,7 +164,8 @@ def _ours(runner: DiffusionRunner, params: Mapping[str, Any], state: Checkpoint)
 CASES = [("dit-tiny", [("dit-a", 1.0)]),
          ("pixart-tiny", [("pixart-a", 0.7), ("pixart-b", -0.4)]),
          ("wan-tiny", [("wan-b", 0.8)]),
-         ("wan-tiny", [("wan-a", 1.0), ("wan-b", 0.5)])]
+         ("wan-tiny", [("wan-a", 1.0), ("wan-b", 0.5)]),
+         ("sd35-tiny", [("sd35-a", 0.9), ("sd35-b", -0.5)])]
 
 
 @pytest.mark.parametrize(("model", "adapters"), CASES)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from diffusers import DiTPipeline, PixArtSigmaPipeline, WanPipeline
+from diffusers import DiTPipeline, PixArtSigmaPipeline, StableDiffusion3Pipeline, WanPipeline
 
 from workers.checkpoint import Checkpoint
 from workers.diffusion import get_runner, validate_params
@@ -32,12 +32,15 @@ JOBS: dict[str, tuple[str, dict[str, Any]]] = {
                            "num_frames": 9}),
     "wan22-tiny": ("video", {"prompt": "a kite over dunes", "negative_prompt": "static",
                              "num_frames": 9, "guidance_scale": 5.0, "guidance_scale_2": 3.0}),
+    "sd35-tiny": ("image", {"prompt": "A lighthouse at dawn", "negative_prompt": "blurry",
+                            "height": 64, "width": 96}),
 }
 CASES = [
     ("dit-tiny", "ddim"), ("dit-tiny", "dpmpp_2m"),
     ("pixart-tiny", "dpmpp_2m"), ("pixart-tiny", "unipc"),
     ("wan-tiny", "unipc"), ("wan-tiny", "flow_match_euler"),
     ("wan22-tiny", "unipc"), ("wan22-tiny", "flow_match_heun"),
+    ("sd35-tiny", "flow_match_euler"), ("sd35-tiny", "flow_match_heun"),
 ]
 STEPS = 5
 
@@ -94,6 +97,8 @@ def _pipeline_latents_and_pixels(c: DiffusionComponents, params: Mapping[str, An
     scheduler = c.scheduler(str(params["scheduler"]))
     common = {"num_inference_steps": STEPS, "guidance_scale": params["guidance_scale"],
               "generator": gen}
+    if c.recipe.family == "sd3":
+        return _sd3_latents_and_pixels(c, params, scheduler, common)
     if c.recipe.family == "dit":
         pipe = DiTPipeline(transformer=c.transformer, vae=c.vae, scheduler=scheduler)
         return None, pipe(class_labels=[params["class_label"]], output_type="pt", **common).images
@@ -129,6 +134,27 @@ def _pipeline_latents_and_pixels(c: DiffusionComponents, params: Mapping[str, An
     return captured["latents"], frames
 
 
+def _sd3_latents_and_pixels(c: DiffusionComponents, params: Mapping[str, Any], scheduler: Any,
+                            common: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """StableDiffusion3Pipeline run in one go: its last latents and its pixels."""
+    captured: dict[str, torch.Tensor] = {}
+
+    def keep(_p: Any, _i: int, _t: Any, kw: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        captured["latents"] = kw["latents"].clone()
+        return {}
+
+    pipe = StableDiffusion3Pipeline(
+        transformer=c.transformer, scheduler=scheduler, vae=c.vae,
+        text_encoder=c.text_encoder, tokenizer=c.tokenizer, text_encoder_2=c.text_encoder_2,
+        tokenizer_2=c.tokenizer_2, text_encoder_3=c.text_encoder_3, tokenizer_3=c.tokenizer_3)
+    pixels = pipe(
+        prompt=params["prompt"], negative_prompt=params["negative_prompt"],
+        height=params["height"], width=params["width"], output_type="pt",
+        max_sequence_length=c.recipe.text_max_length, callback_on_step_end=keep, **common,
+    ).images
+    return captured["latents"], pixels
+
+
 def _boundary_chunks(params: Mapping[str, Any]) -> tuple[int | None, int | None]:
     """A two-expert job's first chunk on ``transformer_2`` and its last on ``transformer``
     (both inside the run), else (None, None)."""
@@ -147,9 +173,11 @@ def test_preempted_migrated_job_equals_uninterrupted_pipeline(model: str, schedu
     params = _params(model, scheduler)
     rng = random.Random(f"{model}/{scheduler}")
     # when the job runs chunk by chunk, preempted inside a step and moved between workers
-    # (a two-expert job: preempted inside the first low-noise step, its first high-noise step
-    # lost to a crash and rerun)
+    # and one chunk lost to a crash and rerun (a two-expert job: preempted inside the first
+    # low-noise step, its last high-noise step crashed)
     yield_chunk, crash_chunk = _boundary_chunks(params)
+    if crash_chunk is None:  # one transformer: a random denoise chunk lost to a crash, rerun
+        crash_chunk = rng.randrange(1, STEPS)
     final_state, runner = run_preempted_job(params, rng, yield_chunk, crash_chunk)
     pixels = runner.decode_pixels(params, final_state)
     # then latents and decoded pixels are bit-identical to the uninterrupted pipeline

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 import yaml
-from diffusers import PixArtSigmaPipeline, WanPipeline
+from diffusers import PixArtSigmaPipeline, StableDiffusion3Pipeline, WanPipeline
 
 from workers.checkpoint import Checkpoint
 from workers.diffusion import get_runner, validate_params
@@ -38,7 +38,7 @@ def _digest(name: str) -> str:
 def test_every_diffusion_recipe_parses_with_image_and_video_kinds() -> None:
     names = {r.name: r.kind for r in diffusion_recipes("image") + diffusion_recipes("video")}
     assert names == {"dit-tiny": "image", "pixart-tiny": "image", "wan-tiny": "video",
-                     "wan22-tiny": "video"}
+                     "wan22-tiny": "video", "sd35-tiny": "image"}
 
 
 def test_given_two_processes_when_they_build_a_recipe_then_the_weights_are_identical() -> None:
@@ -119,4 +119,76 @@ def test_a_saved_wan22_pipeline_loaded_through_weights_gives_both_experts_and_th
                          (loaded.transformer_2, c.transformer_2)):
         a, b = mine.state_dict(), theirs.state_dict()
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert torch.equal(ours, ref) and ours.std() > 0
+
+
+def test_a_saved_sd35_pipeline_loaded_through_weights_gives_all_three_encoders_and_the_same_image(
+    tmp_path: Path,
+) -> None:
+    # given the seeded SD 3.5 recipe saved by the library as a pipeline folder
+    c = load_components(diffusion_recipe("sd35-tiny"))
+    StableDiffusion3Pipeline(
+        transformer=c.transformer, scheduler=c.scheduler("flow_match_euler"), vae=c.vae,
+        text_encoder=c.text_encoder, tokenizer=c.tokenizer, text_encoder_2=c.text_encoder_2,
+        tokenizer_2=c.tokenizer_2, text_encoder_3=c.text_encoder_3, tokenizer_3=c.tokenizer_3,
+    ).save_pretrained(tmp_path / "pipe")
+    spec = yaml.safe_load((DEFAULT_MODELS_DIR / "sd35-tiny.yaml").read_text())
+    # a different seed: equal outputs prove every part came from the folder
+    spec.update(name="sd35-local", seed=999, weights="pipe", default=False)
+    (tmp_path / "sd35-local.yaml").write_text(yaml.safe_dump(spec))
+    local = ModelRegistry(tmp_path)
+    # when Stepline loads it back and the same job runs on both recipes
+    loaded = build_components(diffusion_recipe("sd35-local", local))
+    raw = {"prompt": "a lighthouse", "negative_prompt": "fog", "num_inference_steps": 3,
+           "seed": 3}
+    ours = _run_job(validate_params("image", {**raw, "model": "sd35-local"}, local), local)
+    ref = _run_job(validate_params("image", {**raw, "model": "sd35-tiny"}), None)
+    # then every module's weights, every tokenizer's ids and the image are bit-identical
+    for part in ("transformer", "vae", "text_encoder", "text_encoder_2", "text_encoder_3"):
+        a, b = getattr(loaded, part).state_dict(), getattr(c, part).state_dict()
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), part
+    for part in ("tokenizer", "tokenizer_2", "tokenizer_3"):
+        assert getattr(loaded, part)("a lighthouse!").input_ids == \
+            getattr(c, part)("a lighthouse!").input_ids, part
+    assert torch.equal(ours, ref) and ours.std() > 0
+
+
+@pytest.mark.parametrize(("drop", "message"), [
+    ("tokenizer_3", "text_encoder_3 and tokenizer_3 go together"),
+    ("text_encoder_2", "text_encoder_2 and tokenizer_2 go together"),
+])
+def test_a_text_encoder_without_its_tokenizer_is_refused_at_load(
+    tmp_path: Path, drop: str, message: str,
+) -> None:
+    # given the SD 3.5 recipe with one half of an encoder-tokenizer pair left out
+    spec = yaml.safe_load((DEFAULT_MODELS_DIR / "sd35-tiny.yaml").read_text())
+    del spec[drop]
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump({**spec, "name": "bad", "default": False}))
+    # when it loads, then it is refused, naming the pair
+    with pytest.raises(ModelConfigError, match=message):
+        diffusion_recipe("bad", ModelRegistry(tmp_path))
+
+
+def test_an_sd3_recipe_without_its_t5_runs_as_the_pipeline_without_one(tmp_path: Path) -> None:
+    # given the SD 3.5 recipe with its T5 left out (the pipeline conditions on zeros instead)
+    spec = yaml.safe_load((DEFAULT_MODELS_DIR / "sd35-tiny.yaml").read_text())
+    del spec["text_encoder_3"], spec["tokenizer_3"]
+    (tmp_path / "no-t5.yaml").write_text(yaml.safe_dump({**spec, "name": "no-t5",
+                                                         "default": False}))
+    local = ModelRegistry(tmp_path)
+    params = validate_params("image", {"model": "no-t5", "prompt": "a lighthouse", "seed": 3,
+                                       "num_inference_steps": 3}, local)
+    # when a job runs on it, and the library's pipeline runs on the same modules
+    ours = _run_job(params, local)
+    c = load_components(diffusion_recipe("no-t5", local))
+    assert c.text_encoder_3 is None and c.tokenizer_3 is None
+    ref = StableDiffusion3Pipeline(
+        transformer=c.transformer, scheduler=c.scheduler("flow_match_euler"), vae=c.vae,
+        text_encoder=c.text_encoder, tokenizer=c.tokenizer, text_encoder_2=c.text_encoder_2,
+        tokenizer_2=c.tokenizer_2, text_encoder_3=None, tokenizer_3=None,
+    )(prompt=params["prompt"], height=params["height"], width=params["width"],
+      num_inference_steps=3, guidance_scale=params["guidance_scale"], output_type="pt",
+      generator=torch.Generator().manual_seed(3),
+      max_sequence_length=c.recipe.text_max_length).images
+    # then the image is bit-identical
     assert torch.equal(ours, ref) and ours.std() > 0

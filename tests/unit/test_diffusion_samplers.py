@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from diffusers import DiTPipeline, PixArtSigmaPipeline, WanPipeline
+from diffusers import DiTPipeline, PixArtSigmaPipeline, StableDiffusion3Pipeline, WanPipeline
 from diffusers.schedulers import KarrasDiffusionSchedulers
 
 from workers.checkpoint import Checkpoint
@@ -54,6 +54,8 @@ JOBS: dict[str, tuple[str, dict[str, Any]]] = {
                            "num_frames": 5, "height": 16, "width": 32}),
     "wan22-tiny": ("video", {"prompt": "a kite over dunes", "negative_prompt": "static",
                              "num_frames": 5, "height": 16, "width": 32, "guidance_scale_2": 2.0}),
+    "sd35-tiny": ("image", {"prompt": "A lighthouse at dawn", "negative_prompt": "blurry",
+                            "height": 32, "width": 64}),
 }
 
 
@@ -139,6 +141,14 @@ def pipeline_output(c: DiffusionComponents, params: Mapping[str, Any]) -> torch.
                                    transformer=c.transformer, scheduler=scheduler)
         pipe.set_progress_bar_config(disable=True)
         out = pipe(use_resolution_binning=False, clean_caption=False, **text).images
+        return out
+    if c.recipe.family == "sd3":
+        pipe = StableDiffusion3Pipeline(
+            transformer=c.transformer, scheduler=scheduler, vae=c.vae, text_encoder=c.text_encoder,
+            tokenizer=c.tokenizer, text_encoder_2=c.text_encoder_2, tokenizer_2=c.tokenizer_2,
+            text_encoder_3=c.text_encoder_3, tokenizer_3=c.tokenizer_3)
+        pipe.set_progress_bar_config(disable=True)
+        out = pipe(**text).images
         return out
     experts: dict[str, Any] = {}
     if c.transformer_2 is not None:  # Wan 2.2: the low-noise expert, its boundary and guidance

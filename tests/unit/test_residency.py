@@ -414,3 +414,21 @@ def test_both_wan22_experts_are_counted_in_the_models_bytes_and_move_with_it() -
     assert expert_bytes > 0 and device_bytes == rest + expert_bytes
     assert r.tier_of(key) == "host" and r.tier_bytes("host") == device_bytes
     assert r.summary()["host"] == {key: rest + expert_bytes}
+
+
+def test_each_of_sd35s_three_text_encoders_is_counted_in_the_models_bytes() -> None:
+    # given a residency and the SD 3.5 recipe (two CLIPs and a T5 beside the MMDiT and the VAE)
+    r = ModelResidency(host_budget_bytes=None)
+    recipe = diffusion_recipe("sd35-tiny")
+    key = component_key(recipe)
+    # when the model is acquired, then evicted to host memory by a budget too small for it
+    c = r.acquire(key, lambda: build_components(recipe), DIFFUSION_RESIDENT)
+    encoders = [c.text_encoder, c.text_encoder_2, c.text_encoder_3]
+    each = [tensor_bytes(module_tensors([encoder])) for encoder in encoders]
+    device_bytes = r.tier_bytes("device")
+    r.budget_bytes = 1
+    r.remeasure()
+    # then its bytes are all five modules', each encoder's among them, moved to host together
+    assert all(b > 0 for b in each)
+    assert device_bytes == tensor_bytes(module_tensors([c.transformer, c.vae])) + sum(each)
+    assert r.tier_of(key) == "host" and r.summary()["host"] == {key: device_bytes}

@@ -25,6 +25,13 @@ from workers.errors import ModelConfigError
 from workers.residency import Resident, module_tensors, process_residency
 
 _SPECIAL_TOKENS = ("<pad>", "</s>", "<unk>")
+_TEXT_PARTS = (("text_encoder", "tokenizer"), ("text_encoder_2", "tokenizer_2"),
+               ("text_encoder_3", "tokenizer_3"))
+"""Each text encoder with its tokenizer, by their diffusers component names (Stable Diffusion 3
+has all three); text encoder ``i`` is built from ``seed + 2 + i``."""
+_MODULES = ("transformer", "vae", "transformer_2", *(encoder for encoder, _ in _TEXT_PARTS))
+"""The parts that are torch modules: moved, measured and put in eval mode together."""
+_NO_TEXT: dict[str, Any] = {name: None for pair in _TEXT_PARTS for name in pair}
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +50,12 @@ class DiffusionComponents:
     overhead if read per step)."""
     transformer_2: Any | None = None
     """Wan 2.2's low-noise expert transformer (None: a one-transformer recipe)."""
+    text_encoder_2: Any | None = None
+    """A second text encoder (Stable Diffusion 3's second CLIP), with ``tokenizer_2``."""
+    tokenizer_2: PreTrainedTokenizerFast | None = None
+    text_encoder_3: Any | None = None
+    """A third text encoder (Stable Diffusion 3's T5), with ``tokenizer_3``."""
+    tokenizer_3: PreTrainedTokenizerFast | None = None
 
     def scheduler(self, name: str, seed: int = 0) -> Any:
         """A fresh scheduler of this recipe for a job of ``seed`` (state is per job)."""
@@ -119,13 +132,14 @@ def _build_random(recipe: DiffusionRecipe) -> dict[str, Any]:
     parts: dict[str, Any] = {
         "transformer": _seeded(recipe.seed, recipe.transformer, ModelMixin),
         "vae": _seeded(recipe.seed + 1, recipe.vae, ModelMixin),
-        "text_encoder": None,
-        "tokenizer": None,
+        **_NO_TEXT,
     }
-    if recipe.text_encoder is not None:
-        parts["text_encoder"] = _seeded(recipe.seed + 2, recipe.text_encoder, PreTrainedModel)
-    if recipe.tokenizer is not None:
-        parts["tokenizer"] = build_tokenizer(recipe.tokenizer, recipe.text_max_length)
+    for offset, (encoder, tokenizer) in enumerate(_TEXT_PARTS):
+        spec, words = getattr(recipe, encoder), getattr(recipe, tokenizer)
+        if spec is not None:
+            parts[encoder] = _seeded(recipe.seed + 2 + offset, spec, PreTrainedModel)
+        if words is not None:
+            parts[tokenizer] = build_tokenizer(words, recipe.text_max_length)
     if recipe.transformer_2 is not None:
         parts["transformer_2"] = _seeded(recipe.seed + 5, recipe.transformer_2, ModelMixin)
     return parts
@@ -157,19 +171,20 @@ def _load_local(recipe: DiffusionRecipe) -> dict[str, Any]:
             folder, subfolder="transformer"),
         "vae": resolve_class(recipe.vae.class_name, ModelMixin).from_pretrained(
             folder, subfolder="vae"),
-        "text_encoder": None,
-        "tokenizer": None,
+        **_NO_TEXT,
     }
-    if recipe.text_encoder is not None:
-        cls = resolve_class(recipe.text_encoder.class_name, PreTrainedModel)
-        parts["text_encoder"] = cls.from_pretrained(folder / "text_encoder")
-    if recipe.tokenizer is not None:
-        parts["tokenizer"] = PreTrainedTokenizerFast.from_pretrained(folder / "tokenizer")
+    for encoder, tokenizer in _TEXT_PARTS:  # each in its subfolder, as save_pretrained writes
+        spec = getattr(recipe, encoder)
+        if spec is not None:
+            cls = resolve_class(spec.class_name, PreTrainedModel)
+            parts[encoder] = cls.from_pretrained(folder / encoder)
+        if getattr(recipe, tokenizer) is not None:
+            parts[tokenizer] = PreTrainedTokenizerFast.from_pretrained(folder / tokenizer)
     if recipe.transformer_2 is not None:
         parts["transformer_2"] = resolve_class(
             recipe.transformer_2.class_name, ModelMixin).from_pretrained(
                 folder, subfolder="transformer_2")
-    for key in ("transformer", "vae", "text_encoder", "transformer_2"):
+    for key in _MODULES:
         if parts.get(key) is not None:
             _own_storage(parts[key])
     return parts
@@ -179,7 +194,7 @@ def build_components(recipe: DiffusionRecipe, device: str = "cpu") -> DiffusionC
     """Build (never cached) the recipe's modules on ``device``."""
     parts = _build_random(recipe) if recipe.weights is None else _load_local(recipe)
     dev = torch.device(device)
-    for key in ("transformer", "vae", "text_encoder", "transformer_2"):
+    for key in _MODULES:
         if parts.get(key) is not None:
             parts[key] = parts[key].to(dev).eval().requires_grad_(False)
     return DiffusionComponents(recipe=recipe, device=dev, **parts,
@@ -211,7 +226,7 @@ def scheduler_baseline(c: DiffusionComponents, name: str, seed: int, steps: int,
 
 
 def _modules(c: DiffusionComponents) -> tuple[Any, ...]:
-    return (c.transformer, c.vae, c.text_encoder, c.transformer_2)
+    return tuple(getattr(c, key) for key in _MODULES)
 
 
 def _move(c: DiffusionComponents, device: torch.device) -> None:

@@ -57,9 +57,9 @@ class DiffusionRecipe(BaseModel):
 
     name: str
     kind: Literal["image", "video"]
-    family: Literal["dit", "pixart", "wan", "wan22"]
+    family: Literal["dit", "pixart", "wan", "wan22", "sd3"]
     """Which pipeline's arithmetic the runner reproduces (DiTPipeline, PixArt, WanPipeline;
-    ``wan22``: WanPipeline with two expert transformers)."""
+    ``wan22``: WanPipeline with two expert transformers; ``sd3``: StableDiffusion3Pipeline)."""
     description: str = ""
     default: bool = False
     """The default recipe of its kind for its conditioning (class label or prompt)."""
@@ -99,6 +99,12 @@ class DiffusionRecipe(BaseModel):
     vae: ComponentSpec
     text_encoder: ComponentSpec | None = None
     tokenizer: TokenizerSpec | None = None
+    text_encoder_2: ComponentSpec | None = None
+    """A second text encoder (Stable Diffusion 3's second CLIP), with ``tokenizer_2``."""
+    tokenizer_2: TokenizerSpec | None = None
+    text_encoder_3: ComponentSpec | None = None
+    """A third text encoder (Stable Diffusion 3's T5), with ``tokenizer_3``."""
+    tokenizer_3: TokenizerSpec | None = None
     class_names: Literal["imagenet"] | None = None
     """The names of a class-conditioned recipe's labels, so a prompt may name its class:
     ``imagenet`` (the 1000 ImageNet classes, workers/diffusion/labels.py); none: ids only."""
@@ -155,6 +161,7 @@ def parse_recipe(recipe: RecipeFile) -> DiffusionRecipe:
                                    f"{reason}")
     _check_dit_sizes(parsed, recipe.path)
     _check_experts(parsed, recipe.path)
+    _check_text_parts(parsed, recipe.path)
     return _without_unbuildable(parsed, recipe.path)
 
 
@@ -187,6 +194,20 @@ def _check_experts(r: DiffusionRecipe, path: Path) -> None:
             f"model recipe {path}: family {r.family!r} with transformer_2 "
             f"{'set' if r.transformer_2 else 'unset'} and boundary_ratio {r.boundary_ratio}; "
             "family wan22 takes both, every other family neither")
+
+
+def _check_text_parts(r: DiffusionRecipe, path: Path) -> None:
+    """Each text encoder comes with its tokenizer; ``sd3`` needs both CLIPs (its T5 may be
+    left out: the pipeline then conditions on zeros in its place)."""
+    for suffix in ("", "_2", "_3"):
+        encoder, tokenizer = getattr(r, f"text_encoder{suffix}"), getattr(r, f"tokenizer{suffix}")
+        if (encoder is None) != (tokenizer is None):
+            raise ModelConfigError(f"model recipe {path}: text_encoder{suffix} and "
+                                   f"tokenizer{suffix} go together; give both or neither")
+    if r.family == "sd3" and (r.text_encoder is None or r.text_encoder_2 is None):
+        raise ModelConfigError(f"model recipe {path}: family sd3 needs text_encoder and "
+                               "text_encoder_2 (its two CLIP encoders)")
+
 
 _PARSED: dict[tuple[int, str], DiffusionRecipe] = {}
 

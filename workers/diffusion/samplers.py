@@ -201,6 +201,7 @@ FAMILY_RULES: dict[str, FamilyRule] = {
     "pixart": FamilyRule(Space.DDPM, unit_init_noise=False),
     "wan": FamilyRule(Space.FLOW, unit_init_noise=False),
     "wan22": FamilyRule(Space.FLOW, unit_init_noise=False),
+    "sd3": FamilyRule(Space.FLOW, unit_init_noise=False),
 }
 
 FLOW_CONFIG: dict[str, Any] = {"use_flow_sigmas": True, "prediction_type": "flow_prediction"}
