@@ -18,6 +18,7 @@ from workers.diffusion.adapters import (
     adapter_registry,
     check_adapters,
 )
+from workers.diffusion.cache_params import StepCacheParams
 from workers.diffusion.labels import closest_names, imagenet_labels, resolve_class
 from workers.diffusion.recipes import (
     DIFFUSION_KINDS,
@@ -63,6 +64,9 @@ class DiffusionParams(BaseModel):
     adapters: list[AdapterChoice] = Field(default_factory=list, max_length=MAX_ADAPTERS_PER_JOB)
     """LoRA adapters of the model (``GET /v1/adapters``) applied in this order, each at its
     scale; none: the base model."""
+    step_cache: StepCacheParams | None = None
+    """A step cache (``{"kind": "first_block", "threshold": 0.05}``): faster steps whose output
+    differs from the uncached run's; none: every block of every step runs."""
 
 
 def _describe(exc: ValidationError) -> str:
@@ -207,7 +211,8 @@ def validate_params(
 ) -> dict[str, Any]:
     """Normalise ``params`` for ``kind``: every default filled; raises :class:`ParamsError`.
     ``adapters`` is the registry the job's adapters must be in (default: ``configs/adapters``);
-    a job without adapters carries no ``adapters`` key, as before adapters existed."""
+    a job without adapters carries no ``adapters`` key, as before adapters existed (nor one
+    without a step cache a ``step_cache`` key)."""
     try:
         p = DiffusionParams.model_validate(dict(params))
     except ValidationError as exc:
@@ -232,7 +237,8 @@ def validate_params(
         "model": r.name, "height": height, "width": width, "num_frames": frames,
         "num_inference_steps": steps, "scheduler": scheduler, "output_format": fmt,
         "guidance_scale": float(guidance), **_second_guidance(p, r, float(guidance)),
-    }).model_dump(exclude={"adapters"} | (set() if r.two_experts else {"guidance_scale_2"}))
+    }).model_dump(exclude={"adapters"} | (set() if r.two_experts else {"guidance_scale_2"})
+                  | (set() if p.step_cache else {"step_cache"}))
     return {**normal, "adapters": chosen} if chosen else normal
 
 

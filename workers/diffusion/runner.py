@@ -32,7 +32,8 @@ from workers.diffusion.adapters import (
 )
 from workers.diffusion.artifacts import VIDEO_FPS, image_artifact, video_artifact
 from workers.diffusion.batching import batch_groups, decode_together, run_passes_together
-from workers.diffusion.blockwise import group_bounds, run_blocks
+from workers.diffusion.blockwise import BlockwiseForward, group_bounds, run_blocks
+from workers.diffusion.cache_params import step_cache_key, step_cache_of
 from workers.diffusion.components import (
     DiffusionComponents,
     component_key,
@@ -53,6 +54,12 @@ from workers.diffusion.state import (
     Tensors,
     state_from_checkpoint,
     state_to_checkpoint,
+)
+from workers.diffusion.step_cache import (
+    cache_settings,
+    new_step_cache,
+    run_blocks_cached,
+    slot_name,
 )
 from workers.errors import CheckpointError, ParamsError
 from workers.registry import ModelRegistry
@@ -167,7 +174,9 @@ class DiffusionRunner:
         evals = self.evaluations(params)
         costs = (r.cost_units.encode, *([r.cost_units.denoise] * evals), r.cost_units.decode)
         shape = f"{params['height']}x{params['width']}x{params['num_frames']}"
-        return ChunkPlan(names=chunk_names(evals), cost_units=costs, cost_key=f"{r.name}:{shape}")
+        cache = step_cache_key(step_cache_of(params))  # cached steps cost less: learned apart
+        return ChunkPlan(names=chunk_names(evals), cost_units=costs,
+                         cost_key=f"{r.name}:{shape}{cache}")
 
     def run_chunk(self, params: Mapping[str, Any], index: int, state: Checkpoint | None,
                   should_yield: ShouldYield) -> ChunkResult:
@@ -192,9 +201,12 @@ class DiffusionRunner:
         """Model, adapter set (names and scales) and shape for a denoise chunk: jobs that agree on
         them share a forward whatever their prompt, seed, guidance, scheduler or step. An encode
         or decode chunk adds its name, so it batches only with its own kind. None for an index
-        out of range."""
+        out of range, and for a denoise chunk of a job with a step cache (whether a forward skips
+        blocks is each job's own decision, on its own rows)."""
         evaluations = self.evaluations(params)
         if not 0 <= index <= evaluations + 1:
+            return None
+        if 1 <= index <= evaluations and step_cache_of(params) is not None:
             return None
         shape = f"{params['height']}x{params['width']}x{params['num_frames']}"
         key = f"{self.recipe(params).name}{adapter_set_key(adapter_set(params))}:{shape}"
@@ -261,8 +273,10 @@ class DiffusionRunner:
             raise CheckpointError(f"chunk {index} needs the state the previous chunk wrote")
         live, state.live = state.live, None  # taken once: a second resume rebuilds
         adapters = adapter_set(params)
+        cache = step_cache_of(params)
         if isinstance(live, JobState) and live.next_chunk == index \
-                and live.model == params["model"] and live.adapters == adapters:
+                and live.model == params["model"] and live.adapters == adapters \
+                and cache_settings(live.step_cache) == cache:
             return live  # the state this runner saved it from: equal to a rebuild, and cheaper
         job = state_from_checkpoint(state, copy_scheduler(self._baseline(params)),
                                     self.components(params).device)
@@ -273,6 +287,9 @@ class DiffusionRunner:
             )
         if job.adapters != adapters:
             raise CheckpointError(f"checkpoint is for adapters {job.adapters}, not {adapters}")
+        if cache_settings(job.step_cache) != cache:
+            raise CheckpointError(f"checkpoint is for step cache {cache_settings(job.step_cache)}, "
+                                  f"not {cache}")
         return job
 
     def _save(self, params: Mapping[str, Any], job: JobState) -> Checkpoint:
@@ -298,7 +315,8 @@ class DiffusionRunner:
         latents = family.init_latents(c, params, scheduler, generator)
         job = JobState(model=str(params["model"]), scheduler_name=str(params["scheduler"]),
                        next_chunk=1, latents=latents, cond=cond, scheduler=scheduler,
-                       generator=generator, adapters=adapter_set(params))
+                       generator=generator, adapters=adapter_set(params),
+                       step_cache=new_step_cache(params))
         return ChunkResult(state=self._save(params, job))
 
     def _start_step(self, params: Mapping[str, Any], job: JobState) -> StepProgress:
@@ -311,7 +329,8 @@ class DiffusionRunner:
     def _run_passes(self, params: Mapping[str, Any], job: JobState, p: StepProgress,
                     should_yield: ShouldYield) -> bool:
         """Advance ``p`` to the end of the step; False when it stopped at a group boundary."""
-        model = self.transformer(params, self._expert(params, job, p.step))
+        expert = self._expert(params, job, p.step)
+        model = self.transformer(params, expert)
         adapter = ADAPTERS[self.recipe(params).family]
         groups = group_bounds(adapter.num_blocks(model), self.block_groups)
         while p.pass_index < len(p.inputs):
@@ -319,15 +338,28 @@ class DiffusionRunner:
                 p.hidden, p.ctx = adapter.prologue(model, p.inputs[p.pass_index])
             assert p.ctx is not None
             while p.group < len(groups):
-                start, stop = groups[p.group]
-                p.hidden = run_blocks(adapter, model, start, stop, p.hidden, p.ctx)
-                p.group += 1
+                p.group = self._run_group_of(job, expert, p, adapter, model, groups)
                 last = p.group == len(groups) and p.pass_index == len(p.inputs) - 1
                 if not last and should_yield():
                     return False
             p.outputs.append(adapter.epilogue(model, p.hidden, p.ctx))
             p.pass_index, p.group, p.hidden, p.ctx = p.pass_index + 1, 0, None, None
         return True
+
+    @staticmethod
+    def _run_group_of(job: JobState, expert: str, p: StepProgress, adapter: BlockwiseForward,
+                      model: Any, groups: Sequence[tuple[int, int]]) -> int:
+        """Run block group ``p.group`` of the pass in progress; the next group to run (past the
+        last when the job's step cache reused the rest of the forward)."""
+        start, stop = groups[p.group]
+        assert p.hidden is not None and p.ctx is not None
+        if job.step_cache is None:
+            p.hidden = run_blocks(adapter, model, start, stop, p.hidden, p.ctx)
+            return p.group + 1
+        name = slot_name(expert, p.pass_index)
+        p.hidden, reused = run_blocks_cached(job.step_cache, name, adapter, model, start, stop,
+                                             p.hidden, p.ctx)
+        return len(groups) if reused else p.group + 1
 
     def _denoise(self, params: Mapping[str, Any], job: JobState,
                  should_yield: ShouldYield) -> ChunkResult:

@@ -14,12 +14,17 @@ import torch
 
 from workers.checkpoint import Checkpoint
 from workers.diffusion.scheduler_state import restore_scheduler_state, save_scheduler_state
+from workers.diffusion.step_cache import StepCache, cache_from_checkpoint, cache_to_checkpoint
 from workers.errors import CheckpointError
 
 Tensors = dict[str, torch.Tensor]
 STATE_VERSION = 2
 """2: the scheduler's state is its difference from the job's set-up scheduler (timesteps set),
 not from an unset one, so version-1 checkpoints are refused rather than resumed wrongly."""
+STEP_CACHE_STATE_VERSION = 3
+"""3: version 2 plus the job's step cache (settings and tensors), written only for a job with one:
+a worker that predates step caches refuses it rather than resume the job uncached, and every
+uncached checkpoint stays version 2 (read as a job without a step cache)."""
 
 
 @dataclass(slots=True)
@@ -51,6 +56,8 @@ class JobState:
     adapters: list[tuple[str, float]] = field(default_factory=list)
     """The LoRA adapters (name, scale) the job's forwards apply: part of its state, so a resume
     under another adapter set is refused rather than blended."""
+    step_cache: StepCache | None = None
+    """The job's step cache and what it keeps between steps (None: every block runs)."""
 
 
 def _put_group(tensors: Tensors, prefix: str, group: Tensors) -> list[str]:
@@ -107,6 +114,9 @@ def state_to_checkpoint(s: JobState, baseline: Any) -> Checkpoint:
     }
     if s.adapters:
         meta["adapters"] = [[name, scale] for name, scale in s.adapters]
+    if s.step_cache is not None:
+        meta["version"] = STEP_CACHE_STATE_VERSION
+        meta["step_cache"] = cache_to_checkpoint(s.step_cache, tensors)
     return Checkpoint(tensors=tensors, meta=meta)
 
 
@@ -114,9 +124,10 @@ def state_from_checkpoint(ck: Checkpoint, fresh_scheduler: Any, dev: torch.devic
     """Decode a checkpoint written by :func:`state_to_checkpoint` onto ``dev``;
     ``fresh_scheduler`` is a copy of the same baseline, the saved state is set on it."""
     m, t = ck.meta, ck.tensors
-    if m.get("version") != STATE_VERSION:
-        raise CheckpointError(
-            f"diffusion state version {m.get('version')!r} is not {STATE_VERSION}")
+    if m.get("version") not in (STATE_VERSION, STEP_CACHE_STATE_VERSION):
+        raise CheckpointError(f"diffusion state version {m.get('version')!r} is not "
+                              f"{STATE_VERSION} or {STEP_CACHE_STATE_VERSION}")
+    cached = m["version"] == STEP_CACHE_STATE_VERSION
     try:
         generator = torch.Generator(device="cpu")
         generator.set_state(t["rng"])
@@ -127,6 +138,7 @@ def state_from_checkpoint(ck: Checkpoint, fresh_scheduler: Any, dev: torch.devic
             scheduler=scheduler, generator=generator,
             progress=None if m["partial"] is None else _progress_from(m["partial"], t, dev),
             adapters=[(str(name), float(scale)) for name, scale in m.get("adapters", [])],
+            step_cache=cache_from_checkpoint(m["step_cache"], t, dev) if cached else None,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"diffusion checkpoint is incomplete: {exc!r}") from exc
