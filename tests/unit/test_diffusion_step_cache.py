@@ -145,6 +145,20 @@ def test_an_uninterrupted_cached_job_equals_the_library_pipeline_with_first_bloc
     assert not torch.equal(pixels, uncached_pixels), "a cache that reused must change the output"
 
 
+def test_a_family_the_librarys_cache_cannot_run_refuses_a_step_cache_saying_why() -> None:
+    # given SD 3.5, where diffusers' own First Block Cache hook fails
+    params = {"model": "sd35-tiny", "prompt": "a cat", "num_inference_steps": STEPS,
+              "step_cache": {"kind": "first_block", "threshold": 0.1}}
+    # when a job asks for a cache on it, then it is refused with the reason
+    with pytest.raises(ParamsError, match=r"sd35-tiny.*takes no step_cache.*SD3Transformer2DModel"):
+        validate_params("image", params)
+    # and the refusal stands on the library's failure: its pipeline with its cache still fails
+    plain = validate_params("image", {k: v for k, v in params.items() if k != "step_cache"})
+    c = get_runner("image").components(plain)
+    with pytest.raises(TypeError):
+        _library_with_cache(c, plain, 0.1)
+
+
 @pytest.mark.parametrize("scale", [0.5, 1.0, 2.0])
 def test_the_skip_decision_is_the_librarys_including_a_change_equal_to_the_threshold(
         scale: float) -> None:

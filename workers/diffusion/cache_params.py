@@ -15,6 +15,14 @@ MAX_THRESHOLD = 1.0
 """Above 1 a step would be skipped while its first block changed by more than its own size."""
 
 
+REFUSED_FAMILIES = {
+    "sd3": "diffusers' First Block Cache hook fails on SD3Transformer2DModel's joint blocks "
+           "(it finds no encoder output to compare), so a cached job would have no library "
+           "output to equal",
+}
+"""Families whose jobs may not ask for a step cache, and why."""
+
+
 class StepCacheParams(BaseModel):
     """``params.step_cache``: reuse the transformer's work of an earlier step when this step
     barely differs from it (a speed tier; the output differs from the uncached run's)."""

@@ -18,7 +18,7 @@ from workers.diffusion.adapters import (
     adapter_registry,
     check_adapters,
 )
-from workers.diffusion.cache_params import StepCacheParams
+from workers.diffusion.cache_params import REFUSED_FAMILIES, StepCacheParams
 from workers.diffusion.labels import closest_names, imagenet_labels, resolve_class
 from workers.diffusion.recipes import (
     DIFFUSION_KINDS,
@@ -231,6 +231,8 @@ def validate_params(
     _check_steps_and_scheduler(steps, scheduler, r)
     fmt = p.output_format or ("png" if r.kind == "image" else "mp4")
     _check_format(fmt, r)
+    if p.step_cache is not None and r.family in REFUSED_FAMILIES:
+        raise ParamsError(f"model {r.name!r} takes no step_cache: {REFUSED_FAMILIES[r.family]}")
     guidance = r.default_guidance_scale if p.guidance_scale is None else p.guidance_scale
     chosen = check_adapters(p.adapters, r.name, adapters or adapter_registry())
     normal = p.model_copy(update={
