@@ -25,6 +25,11 @@ from workers.errors import ModelConfigError
 from workers.residency import Resident, module_tensors, process_residency
 
 _SPECIAL_TOKENS = ("<pad>", "</s>", "<unk>")
+_TEXT_PARTS = (("text_encoder", "tokenizer"), ("text_encoder_2", "tokenizer_2"),
+               ("text_encoder_3", "tokenizer_3"))
+"""Each text encoder of a recipe with its tokenizer, by their diffusers component names; the
+``n``-th encoder's seeded weights come from ``recipe.seed + 2 + n``."""
+_MODULES = ("transformer", "vae", "transformer_2", *(encoder for encoder, _ in _TEXT_PARTS))
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +48,12 @@ class DiffusionComponents:
     overhead if read per step)."""
     transformer_2: Any | None = None
     """Wan 2.2's low-noise expert transformer (None: a one-transformer recipe)."""
+    text_encoder_2: Any | None = None
+    """A second text encoder (Flux's T5 beside its CLIP), None if the recipe has none."""
+    tokenizer_2: PreTrainedTokenizerFast | None = None
+    text_encoder_3: Any | None = None
+    """A third text encoder (Stable Diffusion 3's T5), None if the recipe has none."""
+    tokenizer_3: PreTrainedTokenizerFast | None = None
 
     def scheduler(self, name: str, seed: int = 0) -> Any:
         """A fresh scheduler of this recipe for a job of ``seed`` (state is per job)."""
@@ -70,7 +81,9 @@ def timed_scheduler(recipe: DiffusionRecipe, name: str, steps: int) -> Any:
     key = (recipe.name, str(recipe.source_dir), name, steps)
     if key not in _TIMED:
         scheduler = build_scheduler(recipe, name)
-        scheduler.set_timesteps(steps)
+        # a dynamic shift (Flux's mu, from the image size) moves the timesteps, not their count
+        shift = {"mu": 0.0} if scheduler.config.get("use_dynamic_shifting") else {}
+        scheduler.set_timesteps(steps, **shift)
         _TIMED[key] = scheduler
     return _TIMED[key]
 
@@ -119,13 +132,13 @@ def _build_random(recipe: DiffusionRecipe) -> dict[str, Any]:
     parts: dict[str, Any] = {
         "transformer": _seeded(recipe.seed, recipe.transformer, ModelMixin),
         "vae": _seeded(recipe.seed + 1, recipe.vae, ModelMixin),
-        "text_encoder": None,
-        "tokenizer": None,
     }
-    if recipe.text_encoder is not None:
-        parts["text_encoder"] = _seeded(recipe.seed + 2, recipe.text_encoder, PreTrainedModel)
-    if recipe.tokenizer is not None:
-        parts["tokenizer"] = build_tokenizer(recipe.tokenizer, recipe.text_max_length)
+    for n, (encoder, tokenizer) in enumerate(_TEXT_PARTS):
+        spec, tokens = getattr(recipe, encoder), getattr(recipe, tokenizer)
+        parts[encoder] = None if spec is None else _seeded(recipe.seed + 2 + n, spec,
+                                                           PreTrainedModel)
+        parts[tokenizer] = None if tokens is None else build_tokenizer(tokens,
+                                                                       recipe.text_max_length)
     if recipe.transformer_2 is not None:
         parts["transformer_2"] = _seeded(recipe.seed + 5, recipe.transformer_2, ModelMixin)
     return parts
@@ -157,19 +170,18 @@ def _load_local(recipe: DiffusionRecipe) -> dict[str, Any]:
             folder, subfolder="transformer"),
         "vae": resolve_class(recipe.vae.class_name, ModelMixin).from_pretrained(
             folder, subfolder="vae"),
-        "text_encoder": None,
-        "tokenizer": None,
     }
-    if recipe.text_encoder is not None:
-        cls = resolve_class(recipe.text_encoder.class_name, PreTrainedModel)
-        parts["text_encoder"] = cls.from_pretrained(folder / "text_encoder")
-    if recipe.tokenizer is not None:
-        parts["tokenizer"] = PreTrainedTokenizerFast.from_pretrained(folder / "tokenizer")
+    for encoder, tokenizer in _TEXT_PARTS:
+        spec = getattr(recipe, encoder)
+        parts[encoder] = None if spec is None else resolve_class(
+            spec.class_name, PreTrainedModel).from_pretrained(folder / encoder)
+        parts[tokenizer] = None if getattr(recipe, tokenizer) is None else \
+            PreTrainedTokenizerFast.from_pretrained(folder / tokenizer)
     if recipe.transformer_2 is not None:
         parts["transformer_2"] = resolve_class(
             recipe.transformer_2.class_name, ModelMixin).from_pretrained(
                 folder, subfolder="transformer_2")
-    for key in ("transformer", "vae", "text_encoder", "transformer_2"):
+    for key in _MODULES:
         if parts.get(key) is not None:
             _own_storage(parts[key])
     return parts
@@ -179,7 +191,7 @@ def build_components(recipe: DiffusionRecipe, device: str = "cpu") -> DiffusionC
     """Build (never cached) the recipe's modules on ``device``."""
     parts = _build_random(recipe) if recipe.weights is None else _load_local(recipe)
     dev = torch.device(device)
-    for key in ("transformer", "vae", "text_encoder", "transformer_2"):
+    for key in _MODULES:
         if parts.get(key) is not None:
             parts[key] = parts[key].to(dev).eval().requires_grad_(False)
     return DiffusionComponents(recipe=recipe, device=dev, **parts,
@@ -187,18 +199,19 @@ def build_components(recipe: DiffusionRecipe, device: str = "cpu") -> DiffusionC
 
 
 _CACHE_LOCK = threading.Lock()
-_BASELINES: dict[tuple[str, str, str, str, int, int], Any] = {}
+_BASELINES: dict[tuple[str, str, str, str, int, int, str], Any] = {}
 _BASELINES_MAX = 64
 
 
 def scheduler_baseline(c: DiffusionComponents, name: str, seed: int, steps: int,
-                       set_up: Callable[[Any], None]) -> Any:
+                       set_up: Callable[[Any], None], size: str = "") -> Any:
     """Sampler ``name`` built for a job of ``seed`` and set up by ``set_up`` for ``steps`` steps
     (its timesteps set), once per process: shared, so never to be mutated (copy it). Building a
-    scheduler costs more than a step of these tiny models, so a chunk copies this instead."""
+    scheduler costs more than a step of these tiny models, so a chunk copies this instead.
+    ``size``: the job's image size, where its timesteps depend on it (Flux's shift)."""
     seeded = seeded_key(c.recipe.schedulers[name].class_name) is not None
     key = (c.recipe.name, str(c.recipe.source_dir), str(c.device), name, seed if seeded else 0,
-           steps)
+           steps, size)
     with _CACHE_LOCK:
         scheduler = _BASELINES.pop(key, None)
         if scheduler is None:
@@ -211,7 +224,7 @@ def scheduler_baseline(c: DiffusionComponents, name: str, seed: int, steps: int,
 
 
 def _modules(c: DiffusionComponents) -> tuple[Any, ...]:
-    return (c.transformer, c.vae, c.text_encoder, c.transformer_2)
+    return tuple(getattr(c, key) for key in _MODULES)
 
 
 def _move(c: DiffusionComponents, device: torch.device) -> None:

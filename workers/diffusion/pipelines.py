@@ -14,6 +14,7 @@ from workers.diffusion.blockwise import (
     WanBlockwise,
 )
 from workers.diffusion.families import DiTFamily, PipelineFamily, PixArtFamily, WanFamily
+from workers.diffusion.flux import FluxBlockwise, FluxFamily
 from workers.diffusion.wan22 import Wan22Family
 
 FAMILIES: dict[str, PipelineFamily] = {
@@ -21,6 +22,7 @@ FAMILIES: dict[str, PipelineFamily] = {
     "pixart": PixArtFamily(),
     "wan": WanFamily(),
     "wan22": Wan22Family(),
+    "flux": FluxFamily(),
 }
 """The step arithmetic of each family (``DiffusionRecipe.family``)."""
 
@@ -29,5 +31,6 @@ ADAPTERS: dict[str, BlockwiseForward] = {
     "pixart": PixArtBlockwise(),
     "wan": WanBlockwise(),
     "wan22": WanBlockwise(),  # both experts are WanTransformer3DModel
+    "flux": FluxBlockwise(),
 }
 """The transformer forward of each family, replayed as prologue, blocks and epilogue."""

@@ -57,9 +57,9 @@ class DiffusionRecipe(BaseModel):
 
     name: str
     kind: Literal["image", "video"]
-    family: Literal["dit", "pixart", "wan", "wan22"]
+    family: Literal["dit", "pixart", "wan", "wan22", "flux"]
     """Which pipeline's arithmetic the runner reproduces (DiTPipeline, PixArt, WanPipeline;
-    ``wan22``: WanPipeline with two expert transformers)."""
+    ``wan22``: WanPipeline with two expert transformers; ``flux``: FluxPipeline)."""
     description: str = ""
     default: bool = False
     """The default recipe of its kind for its conditioning (class label or prompt)."""
@@ -99,6 +99,12 @@ class DiffusionRecipe(BaseModel):
     vae: ComponentSpec
     text_encoder: ComponentSpec | None = None
     tokenizer: TokenizerSpec | None = None
+    text_encoder_2: ComponentSpec | None = None
+    """A second text encoder (Flux's T5 beside its CLIP ``text_encoder``)."""
+    tokenizer_2: TokenizerSpec | None = None
+    text_encoder_3: ComponentSpec | None = None
+    """A third text encoder (Stable Diffusion 3's T5 beside its two CLIPs)."""
+    tokenizer_3: TokenizerSpec | None = None
     class_names: Literal["imagenet"] | None = None
     """The names of a class-conditioned recipe's labels, so a prompt may name its class:
     ``imagenet`` (the 1000 ImageNet classes, workers/diffusion/labels.py); none: ids only."""
