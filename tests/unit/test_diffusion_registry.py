@@ -105,6 +105,7 @@ def _weights(c: DiffusionComponents) -> dict[str, torch.Tensor]:
             for key, value in getattr(c, name).state_dict().items()}
 
 
+@pytest.mark.timeout(180)  # a save, two loads and two runs: 28 s seen on a busy 2-core CPU
 @pytest.mark.parametrize("model", RECIPES)
 def test_every_recipe_saved_with_save_pretrained_loads_back_and_gives_the_same_output(
     model: str, tmp_path: Path,
