@@ -1,8 +1,10 @@
 """A chunked, preempted, migrated diffusion job equals the diffusers pipeline run in one go.
 
-Every chunk's state goes through Checkpoint bytes; the job stops once inside a step at a block
-boundary and moves to a "fresh worker" (new runner, models rebuilt from the recipe) at random
-step boundaries. Outputs are compared with torch.equal: bit-exact, no tolerance.
+One test over every family and sampler in JOBS: the job runs uninterrupted, or with every
+chunk's state through Checkpoint bytes, stopped once inside a step at a block boundary, moved
+to a "fresh worker" (new runner, models rebuilt from the recipe) at random step boundaries and
+one chunk lost to a crash and rerun. The reference is the family's pipeline ``__call__``
+(``tests/unit/diffusion_reference.py``); outputs are compared with torch.equal: bit-exact.
 """
 
 from __future__ import annotations
@@ -13,40 +15,42 @@ from typing import Any
 
 import pytest
 import torch
-from diffusers import DiTPipeline, PixArtSigmaPipeline, StableDiffusion3Pipeline, WanPipeline
 
+from tests.unit.diffusion_reference import CALLS, reference_run
 from workers.checkpoint import Checkpoint
 from workers.diffusion import get_runner, validate_params
 from workers.diffusion.blockwise import full_forward
 from workers.diffusion.components import DiffusionComponents, clear_component_cache
-from workers.diffusion.pipelines import ADAPTERS
+from workers.diffusion.pipelines import ADAPTERS, FAMILIES
+from workers.diffusion.recipes import diffusion_recipe
 from workers.diffusion.runner import DiffusionRunner
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(180)
 
-JOBS: dict[str, tuple[str, dict[str, Any]]] = {
-    "dit-tiny": ("image", {"class_label": 207, "guidance_scale": 4.0}),
+JOBS: dict[str, tuple[str, dict[str, Any], tuple[str, ...]]] = {
+    "dit-tiny": ("image", {"class_label": 207, "guidance_scale": 4.0}, ("ddim", "dpmpp_2m")),
     "pixart-tiny": ("image", {"prompt": "A red fox in snow", "negative_prompt": "blurry",
-                              "height": 32, "width": 48}),
+                              "height": 32, "width": 48}, ("dpmpp_2m", "unipc")),
     "wan-tiny": ("video", {"prompt": "waves at dusk", "negative_prompt": "static",
-                           "num_frames": 9}),
+                           "num_frames": 9}, ("unipc", "flow_match_euler")),
     "wan22-tiny": ("video", {"prompt": "a kite over dunes", "negative_prompt": "static",
-                             "num_frames": 9, "guidance_scale": 5.0, "guidance_scale_2": 3.0}),
+                             "num_frames": 9, "guidance_scale": 5.0, "guidance_scale_2": 3.0},
+                   ("unipc", "flow_match_heun")),
+    "flux-tiny": ("image", {"prompt": "a lighthouse at dawn", "negative_prompt": "fog",
+                            "height": 32, "width": 48, "guidance_scale": 3.5,
+                            "true_cfg_scale": 2.0}, ("flow_match_euler", "unipc")),
     "sd35-tiny": ("image", {"prompt": "A lighthouse at dawn", "negative_prompt": "blurry",
-                            "height": 64, "width": 96}),
+                            "height": 64, "width": 96}, ("flow_match_euler", "flow_match_heun")),
 }
-CASES = [
-    ("dit-tiny", "ddim"), ("dit-tiny", "dpmpp_2m"),
-    ("pixart-tiny", "dpmpp_2m"), ("pixart-tiny", "unipc"),
-    ("wan-tiny", "unipc"), ("wan-tiny", "flow_match_euler"),
-    ("wan22-tiny", "unipc"), ("wan22-tiny", "flow_match_heun"),
-    ("sd35-tiny", "flow_match_euler"), ("sd35-tiny", "flow_match_heun"),
-]
+"""Per recipe: its kind, the job, and the samplers it is checked with; a new family is one
+entry here and one in ``diffusion_reference.CALLS``."""
+CASES = [(model, scheduler) for model, (_, _, samplers) in JOBS.items() for scheduler in samplers]
+WAYS = ("uninterrupted", "preempted, migrated and crash-resumed")
 STEPS = 5
 
 
 def _params(model: str, scheduler: str, seed: int = 7) -> dict[str, Any]:
-    kind, extra = JOBS[model]
+    kind, extra, _ = JOBS[model]
     raw = {"model": model, "scheduler": scheduler, "seed": seed, "num_inference_steps": STEPS}
     return validate_params(kind, {**raw, **extra})
 
@@ -54,6 +58,16 @@ def _params(model: str, scheduler: str, seed: int = 7) -> dict[str, Any]:
 def _yield_once_at(call: int) -> Callable[[], bool]:
     calls = iter(range(10_000))
     return lambda: next(calls) == call
+
+
+def run_uninterrupted_job(params: Mapping[str, Any]) -> tuple[Checkpoint, DiffusionRunner]:
+    """Every chunk on one runner, never told to yield, each state handed on as it is."""
+    runner = get_runner("video" if params["num_frames"] > 1 else "image", block_groups=3)
+    state: Checkpoint | None = None
+    for index in range(runner.evaluations(params) + 1):
+        state = runner.run_chunk(params, index, state, lambda: False).state
+    assert state is not None
+    return state, runner
 
 
 def run_preempted_job(params: Mapping[str, Any], rng: random.Random,
@@ -93,66 +107,9 @@ def run_preempted_job(params: Mapping[str, Any], rng: random.Random,
 
 def _pipeline_latents_and_pixels(c: DiffusionComponents, params: Mapping[str, Any]
                                  ) -> tuple[torch.Tensor | None, torch.Tensor]:
-    gen = torch.Generator().manual_seed(int(params["seed"]))
-    scheduler = c.scheduler(str(params["scheduler"]))
-    common = {"num_inference_steps": STEPS, "guidance_scale": params["guidance_scale"],
-              "generator": gen}
-    if c.recipe.family == "sd3":
-        return _sd3_latents_and_pixels(c, params, scheduler, common)
-    if c.recipe.family == "dit":
-        pipe = DiTPipeline(transformer=c.transformer, vae=c.vae, scheduler=scheduler)
-        return None, pipe(class_labels=[params["class_label"]], output_type="pt", **common).images
-    captured: dict[str, torch.Tensor] = {}
-    if c.recipe.family == "pixart":
-        pipe = PixArtSigmaPipeline(tokenizer=c.tokenizer, text_encoder=c.text_encoder, vae=c.vae,
-                                   transformer=c.transformer, scheduler=scheduler)
-        pixels = pipe(
-            prompt=params["prompt"], negative_prompt=params["negative_prompt"],
-            height=params["height"], width=params["width"], output_type="pt",
-            use_resolution_binning=False, clean_caption=False,
-            max_sequence_length=c.recipe.text_max_length,
-            callback=lambda i, t, lat: captured.update(latents=lat.clone()), **common,
-        ).images
-        return captured["latents"], pixels
-
-    def keep(_p: Any, _i: int, _t: Any, kw: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        captured["latents"] = kw["latents"].clone()
-        return {}
-
-    experts: dict[str, Any] = {}
-    if c.transformer_2 is not None:  # Wan 2.2: the low-noise expert, its boundary and guidance
-        experts = {"transformer_2": c.transformer_2, "boundary_ratio": c.recipe.boundary_ratio}
-        common["guidance_scale_2"] = params["guidance_scale_2"]
-    pipe = WanPipeline(tokenizer=c.tokenizer, text_encoder=c.text_encoder, vae=c.vae,
-                       transformer=c.transformer, scheduler=scheduler, **experts)
-    frames = pipe(
-        prompt=params["prompt"], negative_prompt=params["negative_prompt"],
-        height=params["height"], width=params["width"], num_frames=params["num_frames"],
-        output_type="pt", max_sequence_length=c.recipe.text_max_length,
-        callback_on_step_end=keep, **common,
-    ).frames
-    return captured["latents"], frames
-
-
-def _sd3_latents_and_pixels(c: DiffusionComponents, params: Mapping[str, Any], scheduler: Any,
-                            common: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    """StableDiffusion3Pipeline run in one go: its last latents and its pixels."""
-    captured: dict[str, torch.Tensor] = {}
-
-    def keep(_p: Any, _i: int, _t: Any, kw: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        captured["latents"] = kw["latents"].clone()
-        return {}
-
-    pipe = StableDiffusion3Pipeline(
-        transformer=c.transformer, scheduler=scheduler, vae=c.vae,
-        text_encoder=c.text_encoder, tokenizer=c.tokenizer, text_encoder_2=c.text_encoder_2,
-        tokenizer_2=c.tokenizer_2, text_encoder_3=c.text_encoder_3, tokenizer_3=c.tokenizer_3)
-    pixels = pipe(
-        prompt=params["prompt"], negative_prompt=params["negative_prompt"],
-        height=params["height"], width=params["width"], output_type="pt",
-        max_sequence_length=c.recipe.text_max_length, callback_on_step_end=keep, **common,
-    ).images
-    return captured["latents"], pixels
+    """The library pipeline in one go (``diffusion_reference``): its latents and pixels."""
+    ref = reference_run(c, params)
+    return ref.latents, ref.pixels
 
 
 def _boundary_chunks(params: Mapping[str, Any]) -> tuple[int | None, int | None]:
@@ -167,32 +124,53 @@ def _boundary_chunks(params: Mapping[str, Any]) -> tuple[int | None, int | None]
     return first_low, first_low - 1
 
 
+def _crash_chunk(params: Mapping[str, Any], rng: random.Random) -> tuple[int | None, int]:
+    """The chunk to yield in (None: a random one) and the chunk lost to a crash: for a
+    two-expert job the first low-noise step and the last high-noise one, else a random one."""
+    yield_chunk, crash_chunk = _boundary_chunks(params)
+    if crash_chunk is None:
+        kind = "video" if params["num_frames"] > 1 else "image"
+        crash_chunk = rng.randrange(1, get_runner(kind).evaluations(params) + 1)
+    return yield_chunk, crash_chunk
+
+
+@pytest.mark.parametrize("way", WAYS)
 @pytest.mark.parametrize(("model", "scheduler"), CASES)
-def test_preempted_migrated_job_equals_uninterrupted_pipeline(model: str, scheduler: str) -> None:
+def test_a_job_run_any_way_equals_the_uninterrupted_library_pipeline(
+    model: str, scheduler: str, way: str
+) -> None:
     # given a job and the library's own pipeline built from the same recipe
     params = _params(model, scheduler)
     rng = random.Random(f"{model}/{scheduler}")
-    # when the job runs chunk by chunk, preempted inside a step and moved between workers
-    # and one chunk lost to a crash and rerun (a two-expert job: preempted inside the first
-    # low-noise step, its last high-noise step crashed)
-    yield_chunk, crash_chunk = _boundary_chunks(params)
-    if crash_chunk is None:  # one transformer: a random denoise chunk lost to a crash, rerun
-        crash_chunk = rng.randrange(1, STEPS)
-    final_state, runner = run_preempted_job(params, rng, yield_chunk, crash_chunk)
+    # when the job runs chunk by chunk: in one go, or preempted inside a step (a two-expert
+    # job: inside its first low-noise step), moved between workers and a chunk lost to a crash
+    if way == WAYS[0]:
+        final_state, runner = run_uninterrupted_job(params)
+    else:
+        final_state, runner = run_preempted_job(params, rng, *_crash_chunk(params, rng))
     pixels = runner.decode_pixels(params, final_state)
     # then latents and decoded pixels are bit-identical to the uninterrupted pipeline
-    ref_latents, ref_pixels = _pipeline_latents_and_pixels(runner.components(params), params)
-    if ref_latents is not None:
-        assert torch.equal(final_state.tensors["latents"], ref_latents)
-    assert pixels.shape == ref_pixels.shape
-    assert torch.equal(pixels, ref_pixels)
+    ref = reference_run(runner.components(params), params)
+    if ref.latents is not None:
+        assert torch.equal(final_state.tensors["latents"], ref.latents)
+    assert pixels.shape == ref.pixels.shape
+    assert torch.equal(pixels, ref.pixels)
     assert pixels.std() > 0, "a constant output would make the comparison vacuous"
+
+
+def test_every_family_has_a_job_here_and_a_pipeline_call_to_compare_with() -> None:
+    # given every family the runner knows
+    families = set(FAMILIES)
+    # when the exactness cases and the reference calls are listed
+    checked = {diffusion_recipe(model).family for model in JOBS}
+    # then none is left out of either
+    assert families == checked == set(CALLS) == set(ADAPTERS)
 
 
 @pytest.mark.parametrize("model", sorted(JOBS))
 def test_blockwise_forward_equals_the_models_own_forward(model: str) -> None:
     # given the transformer inputs of the first step of a job
-    kind, extra = JOBS[model]
+    kind, extra, _ = JOBS[model]
     params = validate_params(kind, {"model": model, **extra})
     runner = get_runner(kind)
     state = Checkpoint.decode(runner.run_chunk(params, 0, None, lambda: False).state.encode())

@@ -99,3 +99,22 @@ def test_guidance_scale_2_defaults_to_guidance_scale_on_wan22_and_is_refused_els
         validate_params("video", {**one, "guidance_scale_2": 2.5})
     with pytest.raises(ParamsError, match="guidance_scale_2"):
         validate_params("video", {**two, "guidance_scale_2": 51})
+
+
+def test_true_cfg_scale_defaults_to_off_on_flux_and_is_refused_where_guidance_is_cfg() -> None:
+    # given a guidance-distilled model (Flux) and a classifier-free guided one (PixArt)
+    flux = {"model": "flux-tiny", "prompt": "a lighthouse"}
+    pixart = {"model": "pixart-tiny", "prompt": "a lighthouse"}
+    # when each is validated with and without true_cfg_scale
+    defaulted = validate_params("image", flux)
+    chosen = validate_params("image", {**flux, "true_cfg_scale": 2.0})
+    plain = validate_params("image", pixart)
+    # then Flux takes it (default 1: off, as FluxPipeline sets it), its guidance the distilled one
+    assert defaulted["true_cfg_scale"] == 1.0 and chosen["true_cfg_scale"] == 2.0
+    assert defaulted["guidance_scale"] == 3.5
+    # ... another model's job carries no such key, and asking for it there is refused
+    assert "true_cfg_scale" not in plain
+    with pytest.raises(ParamsError, match="true_cfg_scale is for guidance-distilled models"):
+        validate_params("image", {**pixart, "true_cfg_scale": 2.0})
+    with pytest.raises(ParamsError, match="true_cfg_scale"):
+        validate_params("image", {**flux, "true_cfg_scale": 51})

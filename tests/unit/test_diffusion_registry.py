@@ -4,19 +4,27 @@ recipe with ``weights:`` loads a local save_pretrained folder instead."""
 from __future__ import annotations
 
 import hashlib
+import inspect
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import diffusers
 import pytest
 import torch
 import yaml
-from diffusers import PixArtSigmaPipeline, StableDiffusion3Pipeline, WanPipeline
+from diffusers import StableDiffusion3Pipeline
 
 from workers.checkpoint import Checkpoint
 from workers.diffusion import get_runner, validate_params
-from workers.diffusion.components import build_components, load_components
+from workers.diffusion.components import (
+    _MODULES,
+    DiffusionComponents,
+    build_components,
+    load_components,
+)
+from workers.diffusion.lora import PIPELINES
 from workers.diffusion.recipes import diffusion_recipe, diffusion_recipes
 from workers.errors import ModelConfigError
 from workers.registry import DEFAULT_MODELS_DIR, ModelRegistry
@@ -38,7 +46,7 @@ def _digest(name: str) -> str:
 def test_every_diffusion_recipe_parses_with_image_and_video_kinds() -> None:
     names = {r.name: r.kind for r in diffusion_recipes("image") + diffusion_recipes("video")}
     assert names == {"dit-tiny": "image", "pixart-tiny": "image", "wan-tiny": "video",
-                     "wan22-tiny": "video", "sd35-tiny": "image"}
+                     "wan22-tiny": "video", "sd35-tiny": "image", "flux-tiny": "image"}
 
 
 def test_given_two_processes_when_they_build_a_recipe_then_the_weights_are_identical() -> None:
@@ -73,52 +81,53 @@ def _run_job(params: dict[str, Any], registry: ModelRegistry | None, kind: str =
     return runner.decode_pixels(params, state)
 
 
-def test_given_a_weights_folder_when_the_recipe_loads_it_then_outputs_are_equal(
-    tmp_path: Path,
+RECIPES = [r.name for kind in ("image", "video") for r in diffusion_recipes(kind)]
+JOBS: dict[str, dict[str, Any]] = {
+    "dit-tiny": {"class_label": 207},
+    "wan22-tiny": {"prompt": "a kite", "num_inference_steps": 4, "guidance_scale_2": 2.0},
+    "flux-tiny": {"prompt": "a lighthouse", "negative_prompt": "fog", "true_cfg_scale": 2.0},
+}
+"""A job per recipe (default: a prompt, two steps); Wan 2.2's four steps cross its boundary."""
+
+
+def save_pipeline(c: DiffusionComponents, folder: Path) -> None:
+    """The recipe's modules as its family's diffusers pipeline, written by save_pretrained."""
+    cls = getattr(diffusers, PIPELINES[c.recipe.family])
+    wanted = inspect.signature(cls.__init__).parameters
+    parts = {name: getattr(c, name) for name in wanted
+             if name != "scheduler" and getattr(c, name, None) is not None}
+    if "boundary_ratio" in wanted and c.recipe.boundary_ratio is not None:
+        parts["boundary_ratio"] = c.recipe.boundary_ratio
+    cls(**parts, scheduler=c.scheduler(c.recipe.default_scheduler)).save_pretrained(folder)
+
+
+def _weights(c: DiffusionComponents) -> dict[str, torch.Tensor]:
+    return {f"{name}.{key}": value for name in _MODULES if getattr(c, name) is not None
+            for key, value in getattr(c, name).state_dict().items()}
+
+
+@pytest.mark.timeout(180)  # a save, two loads and two runs: 28 s seen on a busy 2-core CPU
+@pytest.mark.parametrize("model", RECIPES)
+def test_every_recipe_saved_with_save_pretrained_loads_back_and_gives_the_same_output(
+    model: str, tmp_path: Path,
 ) -> None:
-    # given the seeded pixart recipe saved as a pipeline folder
-    c = load_components(diffusion_recipe("pixart-tiny"))
-    PixArtSigmaPipeline(tokenizer=c.tokenizer, text_encoder=c.text_encoder, vae=c.vae,
-                        transformer=c.transformer, scheduler=c.scheduler("dpmpp_2m"),
-                        ).save_pretrained(tmp_path / "pipe")
-    spec = yaml.safe_load((DEFAULT_MODELS_DIR / "pixart-tiny.yaml").read_text())
+    # given the seeded recipe saved as its family's pipeline folder
+    c = load_components(diffusion_recipe(model))
+    save_pipeline(c, tmp_path / "pipe")
+    spec = yaml.safe_load((DEFAULT_MODELS_DIR / f"{model}.yaml").read_text())
     # a different seed: equal outputs prove the weights came from the folder
-    spec.update(name="pixart-local", seed=999, weights="pipe", default=False)
-    (tmp_path / "pixart-local.yaml").write_text(yaml.safe_dump(spec))
+    spec.update(name="local", seed=999, weights="pipe", default=False)
+    (tmp_path / "local.yaml").write_text(yaml.safe_dump(spec))
     local = ModelRegistry(tmp_path)
-    raw = {"prompt": "a lighthouse", "num_inference_steps": 2, "seed": 3}
+    kind = c.recipe.kind
+    raw = {"num_inference_steps": 2, "seed": 3, **JOBS.get(model, {"prompt": "a lighthouse"})}
     # when the same job runs on both recipes
-    ours = _run_job(validate_params("image", {**raw, "model": "pixart-local"}, local), local)
-    ref = _run_job(validate_params("image", {**raw, "model": "pixart-tiny"}), None)
-    # then the outputs are bit-identical
-    assert torch.equal(ours, ref)
-
-
-def test_a_saved_wan22_pipeline_loaded_through_weights_gives_both_experts_and_the_same_video(
-    tmp_path: Path,
-) -> None:
-    # given the seeded Wan 2.2 recipe saved as a pipeline folder, both experts and the boundary
-    c = load_components(diffusion_recipe("wan22-tiny"))
-    WanPipeline(tokenizer=c.tokenizer, text_encoder=c.text_encoder, vae=c.vae,
-                transformer=c.transformer, transformer_2=c.transformer_2,
-                boundary_ratio=c.recipe.boundary_ratio, scheduler=c.scheduler("unipc"),
-                ).save_pretrained(tmp_path / "pipe")
-    spec = yaml.safe_load((DEFAULT_MODELS_DIR / "wan22-tiny.yaml").read_text())
-    # a different seed: equal outputs prove both experts came from the folder
-    spec.update(name="wan22-local", seed=999, weights="pipe", default=False)
-    (tmp_path / "wan22-local.yaml").write_text(yaml.safe_dump(spec))
-    local = ModelRegistry(tmp_path)
-    loaded = build_components(diffusion_recipe("wan22-local", local))
-    raw = {"prompt": "a kite", "num_inference_steps": 4, "seed": 3, "guidance_scale_2": 2.0}
-    # when the same job, whose steps cross the boundary, runs on both recipes
-    ours = _run_job(validate_params("video", {**raw, "model": "wan22-local"}, local), local,
-                    "video")
-    ref = _run_job(validate_params("video", {**raw, "model": "wan22-tiny"}), None, "video")
-    # then each expert's weights and the video are bit-identical
-    for mine, theirs in ((loaded.transformer, c.transformer),
-                         (loaded.transformer_2, c.transformer_2)):
-        a, b = mine.state_dict(), theirs.state_dict()
-        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    loaded = build_components(diffusion_recipe("local", local))
+    ours = _run_job(validate_params(kind, {**raw, "model": "local"}, local), local, kind)
+    ref = _run_job(validate_params(kind, {**raw, "model": model}), None, kind)
+    # then every module's weights (each text encoder, both experts) and the output are equal
+    mine, theirs = _weights(loaded), _weights(c)
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
     assert torch.equal(ours, ref) and ours.std() > 0
 
 

@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from diffusers import DiTPipeline, PixArtSigmaPipeline, StableDiffusion3Pipeline, WanPipeline
 from diffusers.schedulers import KarrasDiffusionSchedulers
 
+from tests.unit.diffusion_reference import reference_run
 from workers.checkpoint import Checkpoint
 from workers.diffusion import get_runner, samplers, validate_params
 from workers.diffusion.components import DiffusionComponents, clear_component_cache
@@ -56,6 +56,8 @@ JOBS: dict[str, tuple[str, dict[str, Any]]] = {
                              "num_frames": 5, "height": 16, "width": 32, "guidance_scale_2": 2.0}),
     "sd35-tiny": ("image", {"prompt": "A lighthouse at dawn", "negative_prompt": "blurry",
                             "height": 32, "width": 64}),
+    "flux-tiny": ("image", {"prompt": "a lighthouse at dawn", "negative_prompt": "fog",
+                            "true_cfg_scale": 1.5}),
 }
 
 
@@ -122,43 +124,10 @@ def _passing_generator(scheduler: Any, gen: torch.Generator) -> Any:
 
 
 def pipeline_output(c: DiffusionComponents, params: Mapping[str, Any]) -> torch.Tensor:
-    """The library pipeline, uninterrupted: final latents (PixArt, Wan) or pixels (DiT)."""
-    gen = torch.Generator().manual_seed(int(params["seed"]))
-    scheduler = _passing_generator(c.scheduler(str(params["scheduler"]), int(params["seed"])), gen)
-    common = {"num_inference_steps": params["num_inference_steps"], "generator": gen,
-              "guidance_scale": params["guidance_scale"]}
-    if c.recipe.family == "dit":
-        pipe: Any = DiTPipeline(transformer=c.transformer, vae=c.vae, scheduler=scheduler)
-        pipe.set_progress_bar_config(disable=True)
-        out: torch.Tensor = pipe(class_labels=[params["class_label"]], output_type="pt",
-                                 **common).images
-        return out
-    text = {"prompt": params["prompt"], "negative_prompt": params["negative_prompt"],
-            "height": params["height"], "width": params["width"], "output_type": "latent",
-            "max_sequence_length": c.recipe.text_max_length, **common}
-    if c.recipe.family == "pixart":
-        pipe = PixArtSigmaPipeline(tokenizer=c.tokenizer, text_encoder=c.text_encoder, vae=c.vae,
-                                   transformer=c.transformer, scheduler=scheduler)
-        pipe.set_progress_bar_config(disable=True)
-        out = pipe(use_resolution_binning=False, clean_caption=False, **text).images
-        return out
-    if c.recipe.family == "sd3":
-        pipe = StableDiffusion3Pipeline(
-            transformer=c.transformer, scheduler=scheduler, vae=c.vae, text_encoder=c.text_encoder,
-            tokenizer=c.tokenizer, text_encoder_2=c.text_encoder_2, tokenizer_2=c.tokenizer_2,
-            text_encoder_3=c.text_encoder_3, tokenizer_3=c.tokenizer_3)
-        pipe.set_progress_bar_config(disable=True)
-        out = pipe(**text).images
-        return out
-    experts: dict[str, Any] = {}
-    if c.transformer_2 is not None:  # Wan 2.2: the low-noise expert, its boundary and guidance
-        experts = {"transformer_2": c.transformer_2, "boundary_ratio": c.recipe.boundary_ratio}
-        text["guidance_scale_2"] = params["guidance_scale_2"]
-    pipe = WanPipeline(tokenizer=c.tokenizer, text_encoder=c.text_encoder, vae=c.vae,
-                       transformer=c.transformer, scheduler=scheduler, **experts)
-    pipe.set_progress_bar_config(disable=True)
-    out = pipe(num_frames=params["num_frames"], **text).frames
-    return out
+    """The library pipeline, uninterrupted: final latents, or pixels where it hands out no
+    latents (DiT)."""
+    ref = reference_run(c, params, _passing_generator)
+    return ref.pixels if ref.latents is None else ref.latents
 
 
 def assert_equals_pipeline(params: Mapping[str, Any], seed: str) -> None:
@@ -302,6 +271,7 @@ def test_lcm_refuses_more_steps_than_its_original_schedule_has() -> None:
     ("pixart-tiny", "kdpm2_a", 64, 16),
     ("pixart-tiny", "dpmpp_sde", 56, 48),
     ("wan-tiny", "flow_match_heun", 48, 32),
+    ("flux-tiny", "dpmpp_2m", 64, 16),  # a shift mu of another size than the default's
 ])
 def test_non_square_and_non_native_sizes_resume_exactly(
     model: str, scheduler: str, height: int, width: int

@@ -43,7 +43,7 @@ CASES = [("wan-tiny", "unipc", 0.1), ("pixart-tiny", "dpmpp_2m", 0.1),
 
 
 def _params(model: str, scheduler: str, threshold: float | None) -> dict[str, Any]:
-    kind, extra = JOBS[model]
+    kind, extra, _ = JOBS[model]
     cache = {} if threshold is None else {"step_cache": {"kind": "first_block",
                                                          "threshold": threshold}}
     return validate_params(kind, {"model": model, "scheduler": scheduler, "seed": 7,

@@ -83,7 +83,9 @@ def timed_scheduler(recipe: DiffusionRecipe, name: str, steps: int) -> Any:
     key = (recipe.name, str(recipe.source_dir), name, steps)
     if key not in _TIMED:
         scheduler = build_scheduler(recipe, name)
-        scheduler.set_timesteps(steps)
+        # a dynamic shift (Flux's mu, from the image size) moves the timesteps, not their count
+        shift = {"mu": 0.0} if scheduler.config.get("use_dynamic_shifting") else {}
+        scheduler.set_timesteps(steps, **shift)
         _TIMED[key] = scheduler
     return _TIMED[key]
 
@@ -202,18 +204,19 @@ def build_components(recipe: DiffusionRecipe, device: str = "cpu") -> DiffusionC
 
 
 _CACHE_LOCK = threading.Lock()
-_BASELINES: dict[tuple[str, str, str, str, int, int], Any] = {}
+_BASELINES: dict[tuple[str, str, str, str, int, int, str], Any] = {}
 _BASELINES_MAX = 64
 
 
 def scheduler_baseline(c: DiffusionComponents, name: str, seed: int, steps: int,
-                       set_up: Callable[[Any], None]) -> Any:
+                       set_up: Callable[[Any], None], size: str = "") -> Any:
     """Sampler ``name`` built for a job of ``seed`` and set up by ``set_up`` for ``steps`` steps
     (its timesteps set), once per process: shared, so never to be mutated (copy it). Building a
-    scheduler costs more than a step of these tiny models, so a chunk copies this instead."""
+    scheduler costs more than a step of these tiny models, so a chunk copies this instead.
+    ``size``: the job's image size, where its timesteps depend on it (Flux's shift)."""
     seeded = seeded_key(c.recipe.schedulers[name].class_name) is not None
     key = (c.recipe.name, str(c.recipe.source_dir), str(c.device), name, seed if seeded else 0,
-           steps)
+           steps, size)
     with _CACHE_LOCK:
         scheduler = _BASELINES.pop(key, None)
         if scheduler is None:

@@ -94,6 +94,17 @@ class ExpertFamily(Protocol):
         ...
 
 
+@runtime_checkable
+class SizedScheduleFamily(Protocol):
+    """A family whose timesteps depend on the job's image size (Flux's dynamic shift ``mu``,
+    from its latent tokens): the runner sets them per job size, not once per recipe."""
+
+    def set_job_timesteps(self, c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
+                          steps: int) -> None:
+        """:meth:`PipelineFamily.set_timesteps` for a job of ``p``'s height and width."""
+        ...
+
+
 def decode_job(family: PipelineFamily, c: DiffusionComponents, p: Mapping[str, Any],
                latents: torch.Tensor) -> torch.Tensor:
     """One job's pixels from its final latents, as the pipeline decodes them."""

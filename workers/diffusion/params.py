@@ -33,6 +33,8 @@ from workers.registry import ModelRegistry
 IMAGE_FORMATS = ("png", "webp")
 VIDEO_FORMATS = ("mp4", "gif", "webp")
 _CLASS_NAME_SETS = {"imagenet": "ImageNet"}
+_TRUE_CFG_FAMILIES = ("flux",)
+"""Guidance-distilled families: ``guidance_scale`` is embedded, ``true_cfg_scale`` is CFG."""
 
 
 class DiffusionParams(BaseModel):
@@ -57,6 +59,10 @@ class DiffusionParams(BaseModel):
     guidance_scale_2: float | None = Field(default=None, ge=0, le=50)
     """CFG scale of the low-noise expert's steps (two-expert models such as Wan 2.2 only);
     default: ``guidance_scale``. Whether CFG runs is ``guidance_scale``'s alone."""
+    true_cfg_scale: float | None = Field(default=None, ge=0, le=50)
+    """True classifier-free guidance of a guidance-distilled model (Flux): above 1 each step
+    also runs the negative prompt; default 1 (off). ``guidance_scale`` there is the distilled
+    guidance the transformer embeds."""
     seed: int = Field(default=0, ge=0, lt=2**63)
     scheduler: str | None = None
     output_format: str | None = None
@@ -239,8 +245,10 @@ def validate_params(
         "model": r.name, "height": height, "width": width, "num_frames": frames,
         "num_inference_steps": steps, "scheduler": scheduler, "output_format": fmt,
         "guidance_scale": float(guidance), **_second_guidance(p, r, float(guidance)),
+        **_true_cfg(p, r),
     }).model_dump(exclude={"adapters"} | (set() if r.two_experts else {"guidance_scale_2"})
-                  | (set() if p.step_cache else {"step_cache"}))
+                  | (set() if p.step_cache else {"step_cache"})
+                  | (set() if r.family in _TRUE_CFG_FAMILIES else {"true_cfg_scale"}))
     return {**normal, "adapters": chosen} if chosen else normal
 
 
@@ -254,3 +262,14 @@ def _second_guidance(p: DiffusionParams, r: DiffusionRecipe, guidance: float) ->
         return {}
     return {"guidance_scale_2": guidance if p.guidance_scale_2 is None
             else float(p.guidance_scale_2)}
+
+
+def _true_cfg(p: DiffusionParams, r: DiffusionRecipe) -> dict[str, float]:
+    """``true_cfg_scale`` of a guidance-distilled model (default 1.0, FluxPipeline's: off);
+    refused on any other model, whose ``guidance_scale`` is already classifier-free."""
+    if r.family not in _TRUE_CFG_FAMILIES:
+        if p.true_cfg_scale is not None:
+            raise ParamsError(f"true_cfg_scale is for guidance-distilled models (Flux); model "
+                              f"{r.name!r} runs classifier-free guidance: use guidance_scale")
+        return {}
+    return {"true_cfg_scale": 1.0 if p.true_cfg_scale is None else float(p.true_cfg_scale)}

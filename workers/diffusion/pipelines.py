@@ -14,6 +14,7 @@ from workers.diffusion.blockwise import (
     WanBlockwise,
 )
 from workers.diffusion.families import DiTFamily, PipelineFamily, PixArtFamily, WanFamily
+from workers.diffusion.flux import FluxBlockwise, FluxFamily
 from workers.diffusion.sd3 import SD3Blockwise, SD3Family
 from workers.diffusion.wan22 import Wan22Family
 
@@ -23,6 +24,7 @@ FAMILIES: dict[str, PipelineFamily] = {
     "wan": WanFamily(),
     "wan22": Wan22Family(),
     "sd3": SD3Family(),
+    "flux": FluxFamily(),
 }
 """The step arithmetic of each family (``DiffusionRecipe.family``)."""
 
@@ -32,5 +34,6 @@ ADAPTERS: dict[str, BlockwiseForward] = {
     "wan": WanBlockwise(),
     "wan22": WanBlockwise(),  # both experts are WanTransformer3DModel
     "sd3": SD3Blockwise(),
+    "flux": FluxBlockwise(),
 }
 """The transformer forward of each family, replayed as prologue, blocks and epilogue."""

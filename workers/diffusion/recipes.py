@@ -57,9 +57,10 @@ class DiffusionRecipe(BaseModel):
 
     name: str
     kind: Literal["image", "video"]
-    family: Literal["dit", "pixart", "wan", "wan22", "sd3"]
+    family: Literal["dit", "pixart", "wan", "wan22", "sd3", "flux"]
     """Which pipeline's arithmetic the runner reproduces (DiTPipeline, PixArt, WanPipeline;
-    ``wan22``: WanPipeline with two expert transformers; ``sd3``: StableDiffusion3Pipeline)."""
+    ``wan22``: WanPipeline with two expert transformers; ``sd3``: StableDiffusion3Pipeline;
+    ``flux``: FluxPipeline)."""
     description: str = ""
     default: bool = False
     """The default recipe of its kind for its conditioning (class label or prompt)."""
@@ -100,7 +101,8 @@ class DiffusionRecipe(BaseModel):
     text_encoder: ComponentSpec | None = None
     tokenizer: TokenizerSpec | None = None
     text_encoder_2: ComponentSpec | None = None
-    """A second text encoder (Stable Diffusion 3's second CLIP), with ``tokenizer_2``."""
+    """A second text encoder (Stable Diffusion 3's second CLIP; Flux's T5 beside its CLIP),
+    with ``tokenizer_2``."""
     tokenizer_2: TokenizerSpec | None = None
     text_encoder_3: ComponentSpec | None = None
     """A third text encoder (Stable Diffusion 3's T5), with ``tokenizer_3``."""

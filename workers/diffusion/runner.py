@@ -43,7 +43,12 @@ from workers.diffusion.components import (
     stage_components,
     timed_scheduler,
 )
-from workers.diffusion.families import ExpertFamily, PipelineFamily, decode_job
+from workers.diffusion.families import (
+    ExpertFamily,
+    PipelineFamily,
+    SizedScheduleFamily,
+    decode_job,
+)
 from workers.diffusion.lora import apply_adapters, loaded_adapters
 from workers.diffusion.pipelines import ADAPTERS, FAMILIES
 from workers.diffusion.recipes import DiffusionRecipe, diffusion_recipe
@@ -265,6 +270,12 @@ class DiffusionRunner:
         A checkpoint holds what differs from it, and a chunk resumes on a copy of it."""
         c, family = self.components(params), self._family(params)
         steps = int(params["num_inference_steps"])
+        if isinstance(family, SizedScheduleFamily):
+            sized = family
+            return scheduler_baseline(
+                c, str(params["scheduler"]), int(params["seed"]), steps,
+                lambda scheduler: sized.set_job_timesteps(c, params, scheduler, steps),
+                size=f"{params['height']}x{params['width']}")
         return scheduler_baseline(c, str(params["scheduler"]), int(params["seed"]), steps,
                                   lambda scheduler: family.set_timesteps(c, scheduler, steps))
 

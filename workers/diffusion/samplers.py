@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -194,6 +194,8 @@ class FamilyRule:
     space: Space
     unit_init_noise: bool
     """DiTPipeline never scales its initial noise by ``init_noise_sigma``."""
+    refused: Mapping[str, str] = field(default_factory=dict)
+    """Classes this family's pipeline cannot drive, each with the reason."""
 
 
 FAMILY_RULES: dict[str, FamilyRule] = {
@@ -202,6 +204,12 @@ FAMILY_RULES: dict[str, FamilyRule] = {
     "wan": FamilyRule(Space.FLOW, unit_init_noise=False),
     "wan22": FamilyRule(Space.FLOW, unit_init_noise=False),
     "sd3": FamilyRule(Space.FLOW, unit_init_noise=False),
+    "flux": FamilyRule(Space.FLOW, unit_init_noise=False, refused={
+        **{name: (f"FluxPipeline sets the timesteps from sigmas and a shift mu, and {name}'s "
+                  "set_timesteps takes neither") for name in ("FlowMatchHeunDiscreteScheduler",
+                                                              "SASolverScheduler")},
+        "LTXEulerAncestralRFScheduler": ("FluxPipeline hands set_timesteps its sigmas as a "
+                                         "numpy array, which this class refuses (TypeError)")}),
 }
 
 FLOW_CONFIG: dict[str, Any] = {"use_flow_sigmas": True, "prediction_type": "flow_prediction"}
@@ -239,6 +247,8 @@ def refusal(family: str, class_name: str, config: Mapping[str, Any]) -> str | No
     if isinstance(support, Refused):
         return f"{class_name}: {support.reason}"
     rule = FAMILY_RULES[family]
+    if class_name in rule.refused:
+        return rule.refused[class_name]
     space = space_of(class_name, config)
     if space is not rule.space or space not in support.spaces:
         return (f"{class_name} is for {_SPACE_WORDS[space]}; this one is "

@@ -1,0 +1,136 @@
+"""How to call each family's own diffusers pipeline, uninterrupted: the reference every
+exactness test compares Stepline's chunked runs against. A new family is one entry in CALLS."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from diffusers import (
+    DiTPipeline,
+    FluxPipeline,
+    PixArtSigmaPipeline,
+    StableDiffusion3Pipeline,
+    WanPipeline,
+)
+
+from workers.diffusion.components import DiffusionComponents
+
+
+@dataclass(frozen=True, slots=True)
+class Reference:
+    """The pipeline's final latents (None where it hands out none: DiT) and its pixels."""
+
+    latents: torch.Tensor | None
+    pixels: torch.Tensor
+
+
+Call = Callable[[DiffusionComponents, Mapping[str, Any], Any, dict[str, Any]], Reference]
+
+
+class _Keep:
+    """A ``callback_on_step_end`` that keeps the latents of the last step."""
+
+    def __init__(self) -> None:
+        self.latents: torch.Tensor | None = None
+
+    def __call__(self, _pipe: Any, _i: int, _t: Any, kw: dict[str, torch.Tensor]
+                 ) -> dict[str, torch.Tensor]:
+        self.latents = kw["latents"].clone()
+        return {}
+
+
+def _quiet(pipe: Any) -> Any:
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def _text(c: DiffusionComponents, p: Mapping[str, Any]) -> dict[str, Any]:
+    return {"prompt": p["prompt"], "negative_prompt": p["negative_prompt"],
+            "height": p["height"], "width": p["width"], "output_type": "pt",
+            "max_sequence_length": c.recipe.text_max_length}
+
+
+def _dit(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
+         common: dict[str, Any]) -> Reference:
+    pipe = _quiet(DiTPipeline(transformer=c.transformer, vae=c.vae, scheduler=scheduler))
+    return Reference(None, pipe(class_labels=[p["class_label"]], output_type="pt",
+                                **common).images)
+
+
+def _pixart(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
+            common: dict[str, Any]) -> Reference:
+    pipe = _quiet(PixArtSigmaPipeline(tokenizer=c.tokenizer, text_encoder=c.text_encoder,
+                                      vae=c.vae, transformer=c.transformer, scheduler=scheduler))
+    kept: dict[str, torch.Tensor] = {}
+    pixels = pipe(use_resolution_binning=False, clean_caption=False, **_text(c, p), **common,
+                  callback=lambda i, t, lat: kept.update(latents=lat.clone())).images
+    return Reference(kept["latents"], pixels)
+
+
+def _wan(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
+         common: dict[str, Any]) -> Reference:
+    experts: dict[str, Any] = {}
+    if c.transformer_2 is not None:  # Wan 2.2: the low-noise expert, its boundary and guidance
+        experts = {"transformer_2": c.transformer_2, "boundary_ratio": c.recipe.boundary_ratio}
+        common = {**common, "guidance_scale_2": p["guidance_scale_2"]}
+    pipe = _quiet(WanPipeline(tokenizer=c.tokenizer, text_encoder=c.text_encoder, vae=c.vae,
+                              transformer=c.transformer, scheduler=scheduler, **experts))
+    keep = _Keep()
+    frames = pipe(num_frames=p["num_frames"], callback_on_step_end=keep, **_text(c, p),
+                  **common).frames
+    assert keep.latents is not None
+    return Reference(keep.latents, frames)
+
+
+def _flux(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
+          common: dict[str, Any]) -> Reference:
+    pipe = _quiet(FluxPipeline(scheduler=scheduler, vae=c.vae, text_encoder=c.text_encoder,
+                               tokenizer=c.tokenizer, text_encoder_2=c.text_encoder_2,
+                               tokenizer_2=c.tokenizer_2, transformer=c.transformer))
+    keep = _Keep()
+    images = pipe(true_cfg_scale=p["true_cfg_scale"], callback_on_step_end=keep, **_text(c, p),
+                  **common).images
+    assert keep.latents is not None
+    return Reference(keep.latents, images)
+
+
+def _sd3(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
+         common: dict[str, Any]) -> Reference:
+    pipe = _quiet(StableDiffusion3Pipeline(
+        transformer=c.transformer, scheduler=scheduler, vae=c.vae, text_encoder=c.text_encoder,
+        tokenizer=c.tokenizer, text_encoder_2=c.text_encoder_2, tokenizer_2=c.tokenizer_2,
+        text_encoder_3=c.text_encoder_3, tokenizer_3=c.tokenizer_3))
+    keep = _Keep()
+    images = pipe(callback_on_step_end=keep, **_text(c, p), **common).images
+    assert keep.latents is not None
+    return Reference(keep.latents, images)
+
+
+CALLS: dict[str, Call] = {
+    "dit": _dit,
+    "pixart": _pixart,
+    "wan": _wan,
+    "wan22": _wan,  # WanPipeline with transformer_2 and boundary_ratio
+    "flux": _flux,
+    "sd3": _sd3,
+}
+"""Each family's pipeline ``__call__`` on the recipe's own modules."""
+
+
+def _as_built(scheduler: Any, _gen: torch.Generator) -> Any:
+    return scheduler
+
+
+def reference_run(c: DiffusionComponents, p: Mapping[str, Any],
+                  prepare: Callable[[Any, torch.Generator], Any] = _as_built) -> Reference:
+    """The library pipeline run in one go on job ``p``, its generator seeded with the job's
+    seed, on a fresh scheduler of the job's sampler (``prepare``: what the caller does to it
+    first, given the generator)."""
+    gen = torch.Generator().manual_seed(int(p["seed"]))
+    scheduler = prepare(c.scheduler(str(p["scheduler"]), int(p["seed"])), gen)
+    common = {"num_inference_steps": p["num_inference_steps"],
+              "guidance_scale": p["guidance_scale"], "generator": gen}
+    return CALLS[c.recipe.family](c, p, scheduler, common)
