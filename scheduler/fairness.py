@@ -131,7 +131,8 @@ class Joined:
 
 
 def join(ledger: ServiceLedger, active: Iterable[TenantKey], config: FairShareConfig,
-         in_flight: Mapping[TenantKey, float] | None = None) -> Joined:
+         in_flight: Mapping[TenantKey, float] | None = None,
+         virtual: Mapping[TenantKey, float] | None = None) -> Joined:
     """The join rule: each (band, tenant) in ``active`` that was not active at the last tick is
     lifted to the least standing of the band's tenants active then and now (none: the band's
     floor), if below it. The active set and the floors become this tick's.
@@ -141,9 +142,11 @@ def join(ledger: ServiceLedger, active: Iterable[TenantKey], config: FairShareCo
     them), placed but not committed, so not in the counter yet. The least counter alone would
     let a joiner's first start tag sit below every in-flight-charged tag of those who stayed:
     it would go ahead of them by up to their whole in-flight work (credit banked out of the
-    others' placements), however many workers that takes."""
+    others' placements), however many workers that takes. ``virtual``: the ledger's
+    :meth:`ServiceLedger.virtual`, where the caller kept it from the last tick."""
     now = frozenset(active)
-    virtual = ledger.virtual(config)
+    if virtual is None:
+        virtual = ledger.virtual(config)
     charged = in_flight or {}
     by_band: dict[str, list[str]] = {}
     for band, tenant in sorted(now):

@@ -51,6 +51,8 @@ from scheduler.fairness import (
     PAST_SAVING,
     URGENT,
     FairKey,
+    FairShareConfig,
+    ServiceKey,
     ServiceLedger,
     TenantKey,
     join,
@@ -127,6 +129,19 @@ class _Columns:
         """The last tick's views and their rows."""
         self.estimates: tuple[Ints, Floats, dict[str, float]] | None = None
         """The last tick's first estimates: the rows and values they were built of."""
+        self.fair_walk: tuple[Ints, Ints] | None = None
+        """Under fair share, the last tick's rows and its walk (``fairness.fair_keys``'s
+        order, positions in those rows)."""
+        self.fair_tags: tuple[Ints, Floats, Ints, Floats, Floats] | None = None
+        """Under fair share, what the last tick's start tags were built of (along its walk
+        the rows, charges and (band, tenant) codes; the counters by code) and the tags."""
+        self.contending: tuple[int, Ints, frozenset[TenantKey]] | None = None
+        """The last tick's tenant count, contending (band, tenant) codes and their names."""
+        self.bases: tuple[dict[TenantKey, float], Floats] | None = None
+        """The last counters and their array by (band, tenant) code."""
+        self.virtual: tuple[dict[ServiceKey, float], dict[TenantKey, float],
+                            FairShareConfig, dict[TenantKey, float]] | None = None
+        """The last ledger's measured seconds, lifts and config, and its counters."""
 
     def rows(self, jobs: Sequence[JobView]) -> Ints:
         """Each job's row, reading the views not seen before: the identities found by a
@@ -696,25 +711,68 @@ class _Planning:
         in_flight = (tick.state == _QUEUED) | (tick.state == _RUNNING)
         charge = chunk / c.f["fair_weight"][rows]
         band, tenant = c.i["cls_rank"][rows], c.i["tenant"][rows]
-        joined = join(self.snapshot.service or ServiceLedger(),
-                      self._contending(tick, band, tenant), config,
-                      self._in_flight(band, tenant, charge, in_flight))
+        ledger = self.snapshot.service or ServiceLedger()
+        virtual = self._virtual(ledger, config)
+        joined = join(ledger, self._contending(tick, band, tenant), config,
+                      self._in_flight(band, tenant, charge, in_flight), virtual)
         # one small integer for (band, tenant, urgency, in flight first): the sort is stable,
         # so the index needs no key of its own
         within = ((band * len(c.tenant_names) + tenant) * 3 + urgency) * 2 + ~in_flight
-        walk = _lexsort3(tick.k2, tick.k1, within)
-        start = self._start_tags(walk, band, tenant, charge, joined.ledger.virtual(config))
+        walk = self._walk(within, tick.k1, tick.k2, rows)
+        # no lift: the joined ledger's counters are the ledger's
+        counters = virtual if not joined.lifts else joined.ledger.virtual(config)
+        start = self._start_tags(walk, band * len(c.tenant_names) + tenant, charge, counters,
+                                 rows)
         self.fair = (band.astype(np.float64), urgency.astype(np.float64), start,
                      np.where(c.f["load"][rows] <= 0.0, 0.0, 1.0))
         return replace(ranking, fair=_FairKeys(self.fair), joined=joined)
 
-    def _contending(self, tick: _Tick, band: Ints, tenant: Ints) -> set[TenantKey]:
+    def _virtual(self, ledger: ServiceLedger, config: FairShareConfig) -> dict[TenantKey, float]:
+        """``ledger.virtual(config)``: the last tick's counters again when the measured
+        seconds, the lifts and the weights are those of then (no chunk committed, none
+        joined), as they are at most ticks."""
+        last = self.c.virtual
+        if (last is not None and last[2] == config and last[0] == ledger.service_s
+                and last[1] == ledger.lift):
+            return last[3]
+        virtual = ledger.virtual(config)
+        self.c.virtual = (dict(ledger.service_s), dict(ledger.lift), config, virtual)
+        return virtual
+
+    def _walk(self, code: Ints, k1: Floats, k2: Floats, rows: Ints) -> Ints:
+        """``np.lexsort((k2, k1, code))``: the last tick's walk again where it still holds,
+        the rows it no longer orders (new, changed, moved past a neighbour) sorted apart
+        and merged in by a binary search; the full sort when no walk is kept, a key is NaN
+        or many rows moved."""
+        c = self.c
+        last, c.fair_walk = c.fair_walk, None
+        if np.isnan(k1).any() or np.isnan(k2).any():  # no order a search can keep
+            return _lexsort3(k2, k1, code)
+        if last is None:
+            walk = _lexsort3(k2, k1, code)
+        elif _same_bits(last[0], rows):  # the same rows at the same places
+            walk = _repaired_walk(code, k1, k2, last[1])
+        else:
+            position = np.full(len(c.views), -1, np.int64)
+            position[rows] = np.arange(len(rows))
+            kept = position[last[0][last[1]]]
+            walk = _repaired_walk(code, k1, k2, kept[kept >= 0])
+        c.fair_walk = (rows, walk)
+        return walk
+
+    def _contending(self, tick: _Tick, band: Ints, tenant: Ints) -> frozenset[TenantKey]:
         """``ordering.active_tenants``: the (band, tenant) of every row not suspended."""
         names = self.c.tenant_names
         count = np.bincount((band * len(names) + tenant)[tick.state != _SUSPENDED],
                             minlength=len(BAND_NAMES) * len(names))
-        return {(BAND_NAMES[code // len(names)], names[code % len(names)])
-                for code in np.flatnonzero(count).tolist()}
+        codes = np.flatnonzero(count)
+        last = self.c.contending
+        if last is not None and last[0] == len(names) and _same_bits(last[1], codes):
+            return last[2]
+        out = frozenset((BAND_NAMES[code // len(names)], names[code % len(names)])
+                        for code in codes.tolist())
+        self.c.contending = (len(names), codes, out)
+        return out
 
     def _in_flight(self, band: Ints, tenant: Ints, charge: Floats,
                    in_flight: Bools) -> dict[TenantKey, float]:
@@ -728,38 +786,46 @@ class _Planning:
             out[key] = out.get(key, 0.0) + value
         return out
 
-    def _start_tags(self, walk: Ints, band: Ints, tenant: Ints, charge: Floats,
-                    counters: dict[TenantKey, float]) -> Floats:
-        """Each row's start tag: its (band, tenant)'s counter plus the charges of the rows
-        before it in ``walk`` of the same (band, tenant), summed from zero in that order (a
-        cumulative sum along each row of a padded table: sequential, so the readable loop's
-        floats)."""
-        names = self.c.tenant_names
-        n = len(walk)
-        if not n:
-            return np.zeros(0)
-        code = (band * len(names) + tenant)[walk]
-        cut = np.concatenate(([True], code[1:] != code[:-1]))
-        group = np.cumsum(cut) - 1
-        begins = np.flatnonzero(cut)
-        place = np.arange(n) - begins[group]
-        sizes = np.diff(np.concatenate((begins, [n])))
-        base = np.array([counters.get((BAND_NAMES[k // len(names)], names[k % len(names)]), 0.0)
-                         for k in code[begins].tolist()])
-        walked = charge[walk]
-        before = np.zeros(n)
-        if int(sizes.max()) * len(begins) <= 4 * n + 4096:
-            table = np.zeros((len(begins), int(sizes.max())))
-            table[group, place] = walked
-            summed = np.cumsum(table, axis=1)
-            later = place > 0
-            before[later] = summed[group[later], place[later] - 1]
-        else:  # a few tenants hold most rows: one cumulative sum per tenant
-            for lo, size in zip(begins.tolist(), sizes.tolist(), strict=True):
-                before[lo + 1:lo + size] = np.cumsum(walked[lo:lo + size - 1])
-        out = np.empty(n)
-        out[walk] = base[group] + before
+    def _start_tags(self, walk: Ints, code: Ints, charge: Floats,
+                    counters: dict[TenantKey, float], rows: Ints) -> Floats:
+        """:func:`_walked_tags` in the rows' order, again only for the (band, tenant)s whose
+        rows along the walk, charges or counter are not those of the last tick (when each
+        holds the same places of the walk as then)."""
+        walk_rows, walked, codes = rows[walk], charge[walk], code[walk]
+        base = self._bases(counters)
+        last = self.c.fair_tags
+        if last is None or not (_same_bits(last[2], codes) and last[3].shape == base.shape):
+            tags = _walked_tags(codes, walked, base)
+        else:
+            moved = last[3].view(np.int64) != base.view(np.int64)
+            dirty = ((last[0] != walk_rows) | (last[1].view(np.int64) != walked.view(np.int64))
+                     | moved[codes])
+            tags = last[4]
+            if dirty.any():
+                group = np.cumsum(np.concatenate(([True], codes[1:] != codes[:-1]))) - 1
+                again = np.zeros(int(group[-1]) + 1, np.bool_)
+                again[group[dirty]] = True
+                redo = again[group]
+                tags = tags.copy()
+                tags[redo] = _walked_tags(codes[redo], walked[redo], base)
+        self.c.fair_tags = (walk_rows, walked, codes, base, tags)
+        out = np.empty(len(walk))
+        out[walk] = tags
         return out
+
+    def _bases(self, counters: dict[TenantKey, float]) -> Floats:
+        """Each (band, tenant) code's counter (0: none), kept while ``counters`` is the same
+        mapping (:meth:`_virtual` hands the last one back while nothing changed)."""
+        names, tenant_of = self.c.tenant_names, self.c.tenant_of
+        last, size = self.c.bases, len(BAND_NAMES) * len(names)
+        if last is not None and last[0] is counters and len(last[1]) == size:
+            return last[1]
+        base = np.zeros(size)
+        for (band, tenant), value in counters.items():
+            if band in BAND_NAMES and tenant in tenant_of:
+                base[BAND_NAMES.index(band) * len(names) + tenant_of[tenant]] = value
+        self.c.bases = (counters, base)
+        return base
 
     # -- flight (scheduler.allocation.plan_flight) ------------------------------------------
 
@@ -911,6 +977,8 @@ class _Planning:
         """The ``take`` best of the pool (positions in it) by (fair key, key, index): whole
         (band, urgency) classes while they fit, then the least start tags of the class that
         does not (ties at the bar kept), and only those sorted."""
+        if take <= 0:  # no slot (no alive worker): no class to fill, none to cut
+            return np.zeros(0, np.int64)
         band, urgency, start, warm = (a[pool] for a in self.fair)
         k1, k2 = tick.k1[pool], tick.k2[pool]
         chosen = np.arange(len(pool))
@@ -984,6 +1052,84 @@ def _lexsort3(k2: Floats, k1: Floats, code: Ints) -> Ints:
     if top * m1 * m2 * n >= 1 << 63:
         return np.lexsort((k2, k1, code))
     return np.argsort(((code * m1 + r1) * m2 + r2) * n + np.arange(n))
+
+
+_WALK_KEY = np.dtype([("code", np.int64), ("k1", np.float64), ("k2", np.float64),
+                      ("at", np.int64)])
+"""One row of the fair walk's key: a structured value compares field by field, as
+``np.lexsort`` orders (the index last)."""
+
+
+def _walked_tags(codes: Ints, walked: Floats, base: Floats) -> Floats:
+    """Each start tag along a walk: its (band, tenant)'s counter (``base[code]``) plus the
+    charges before it along the walk of the same (band, tenant), summed from zero in that
+    order (a cumulative sum along each row of a padded table: sequential, so the readable
+    loop's floats)."""
+    n = len(codes)
+    if not n:
+        return np.zeros(0)
+    cut = np.concatenate(([True], codes[1:] != codes[:-1]))
+    group = np.cumsum(cut) - 1
+    begins = np.flatnonzero(cut)
+    place = np.arange(n) - begins[group]
+    sizes = np.diff(np.concatenate((begins, [n])))
+    before = np.zeros(n)
+    if int(sizes.max()) * len(begins) <= 4 * n + 4096:
+        table = np.zeros((len(begins), int(sizes.max())))
+        table[group, place] = walked
+        summed = np.cumsum(table, axis=1)
+        later = place > 0
+        before[later] = summed[group[later], place[later] - 1]
+    else:  # a few tenants hold most rows: one cumulative sum per tenant
+        for lo, size in zip(begins.tolist(), sizes.tolist(), strict=True):
+            before[lo + 1:lo + size] = np.cumsum(walked[lo:lo + size - 1])
+    return base[codes] + before
+
+
+def _walk_keys(code: Ints, k1: Floats, k2: Floats, at: Ints) -> npt.NDArray[np.void]:
+    keys = np.empty(len(at), _WALK_KEY)
+    keys["code"], keys["k1"], keys["k2"], keys["at"] = code[at], k1[at], k2[at], at
+    return keys
+
+
+def _in_order(code: Ints, k1: Floats, k2: Floats, at: Ints) -> Bools:
+    """Whether each position of ``at`` comes before the next by (code, k1, k2, index)."""
+    c, f, g = code[at], k1[at], k2[at]
+    later = (g[:-1] < g[1:]) | ((g[:-1] == g[1:]) & (at[:-1] < at[1:]))
+    later = (f[:-1] < f[1:]) | ((f[:-1] == f[1:]) & later)
+    return (c[:-1] < c[1:]) | ((c[:-1] == c[1:]) & later)  # type: ignore[no-any-return]
+
+
+def _repaired_walk(code: Ints, k1: Floats, k2: Floats, kept: Ints) -> Ints:
+    """The positions in ascending (code, k1, k2, index), from ``kept`` (the last walk's
+    positions still here, in its order): those less both of each pair out of order (again
+    until none is), the rest sorted apart and merged in (``np.searchsorted`` on structured
+    keys, which compare field by field). The full sort when more than an eighth moved."""
+    n = len(code)
+    loose: list[Ints] = []
+    if len(kept) < n:
+        seen = np.zeros(n, np.bool_)
+        seen[kept] = True
+        loose.append(np.flatnonzero(~seen))
+    for _ in range(8):
+        ordered = _in_order(code, k1, k2, kept)
+        if ordered.all():
+            break
+        out = np.zeros(len(kept), np.bool_)
+        out[:-1] |= ~ordered
+        out[1:] |= ~ordered
+        loose.append(kept[out])
+        kept = kept[~out]
+    else:
+        return _lexsort3(k2, k1, code)
+    if not loose:
+        return kept
+    merged = np.concatenate(loose)
+    if len(merged) * 8 > n:
+        return _lexsort3(k2, k1, code)
+    merged = merged[np.lexsort((merged, k2[merged], k1[merged], code[merged]))]
+    where = np.searchsorted(_walk_keys(code, k1, k2, kept), _walk_keys(code, k1, k2, merged))
+    return np.insert(kept, where, merged)
 
 
 def _dense_rank(values: Floats) -> Ints:

@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 
 from app.api.stats import (
     ENDED,
+    OPERATOR,
     Figures,
     WindowStats,
     class_stats,
@@ -25,6 +26,7 @@ from app.api.stats import (
     oldest_waits,
     queue_depths,
     recent_jobs,
+    tenant_service,
     window_stats,
     worker_views,
 )
@@ -248,19 +250,15 @@ def residency_metrics(beats: Mapping[str, Heartbeat]) -> Iterator[Metric]:
 def fair_share_metrics(ledger: ServiceLedger) -> Iterator[Metric]:
     """Each tenant's measured worker-seconds in each band (``scheduler.fairness``; kept by the
     commits whether fair share orders the tick or not) and its share of the band's."""
-    served = ledger.worker_s()
     total = GaugeMetricFamily("stepline_tenant_service_seconds",
                               "Worker-seconds each tenant's chunks ran, by band (SLO class)",
                               labels=["band", "tenant"])
     share = GaugeMetricFamily("stepline_tenant_service_share",
                               "A tenant's share of its band's worker-seconds",
                               labels=["band", "tenant"])
-    bands: dict[str, float] = {}
-    for (band, _), seconds in served.items():
-        bands[band] = bands.get(band, 0.0) + seconds
-    for (band, tenant), seconds in sorted(served.items()):
-        total.add_metric([band, tenant], seconds)
-        if bands[band] > 0:
-            share.add_metric([band, tenant], seconds / bands[band])
+    for row in tenant_service(ledger, OPERATOR):
+        total.add_metric([row.band, row.tenant], row.service_s)
+        if row.share is not None:
+            share.add_metric([row.band, row.tenant], row.share)
     yield total
     yield share

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, Field
 
 from app.schemas import ClassStats, StatsView, WorkerInfo
+from scheduler.fairness import ServiceLedger
 from scheduler.lifecycle import JobState, SloClass
 from tasks.heartbeat import Heartbeat
 from tasks.live_counts import LiveByState
@@ -62,6 +63,29 @@ class WindowStats(BaseModel):
                                         "``api.stats_window_max_jobs``: only the newest count.")
 
 
+class TenantService(BaseModel):
+    """One tenant's measured service in one band (``scheduler.fairness``)."""
+
+    band: str = Field(description="The SLO class whose band the seconds ran in.")
+    tenant: str = Field(description="The tenant.")
+    service_s: float = Field(description="Worker-seconds its chunks ran in the band, as the "
+                                         "commits measured them.")
+    share: float | None = Field(description="Its part of the band's worker-seconds, of all "
+                                            "tenants' (null: the band ran none).")
+
+
+def tenant_service(ledger: ServiceLedger, viewer: Viewer) -> list[TenantService]:
+    """Each tenant's worker-seconds and share of its band, by band then tenant (what /metrics
+    exports as ``stepline_tenant_service_*``); a tenant sees its own rows only."""
+    served = ledger.worker_s()
+    bands: dict[str, float] = {}
+    for (band, _), seconds in served.items():
+        bands[band] = bands.get(band, 0.0) + seconds
+    return [TenantService(band=band, tenant=tenant, service_s=seconds,
+                          share=seconds / bands[band] if bands[band] > 0 else None)
+            for (band, tenant), seconds in sorted(served.items()) if viewer.sees(tenant)]
+
+
 class LiveStatsView(StatsView):
     """GET /v1/stats: what the scheduler is doing now, and how each class fared lately."""
 
@@ -70,6 +94,9 @@ class LiveStatsView(StatsView):
     queue_oldest_age_s: dict[str, float | None] = Field(
         description="Per queue, seconds since the oldest message still waiting in it was queued "
                     "(the job record's queued-at time; see the README); null when none waits.")
+    tenants: list[TenantService] = Field(
+        default_factory=list, description="Per band and tenant, the measured worker-seconds and "
+                                          "share (the viewer's own rows for a tenant).")
 
 
 @dataclass(frozen=True, slots=True)
@@ -423,4 +450,5 @@ def live_stats(reads: ReadModel, settings: Settings, viewer: Viewer,
         cache_hit_rates=counters.rates(), window_jobs=len(jobs), measured_at=now_s,
         window=window_stats(reads, settings, now_s),
         queue_oldest_age_s=oldest_waits(reads, queues, now_s),
+        tenants=tenant_service(reads.fair_ledger(), viewer),
     )

@@ -153,6 +153,18 @@
     }
   }
 
+  function renderTenants(stats) {
+    const body = $("#tenants tbody");
+    body.replaceChildren();
+    for (const row of stats.tenants || []) {
+      const tr = body.insertRow();
+      cell(tr, row.band);
+      cell(tr, row.tenant);
+      cell(tr, fmt.secs(row.service_s), "num");
+      cell(tr, row.share === null ? "—" : fmt.pct(row.share), "num");
+    }
+  }
+
   function rates(map, skip) {
     const parts = Object.entries(map || {}).filter(([name]) => name !== skip)
       .map(([name, rate]) => `${name} ${fmt.pct(rate)}`);
@@ -391,6 +403,7 @@
     renderFixed(stats);
     renderClasses(stats, data.slo_targets_s);
     renderQueues(stats);
+    renderTenants(stats);
     renderWorkers(stats);
     renderCharts(stats);
     renderTimeline(data.timeline);

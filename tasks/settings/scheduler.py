@@ -139,7 +139,7 @@ class FairShareSettings(BaseModel):
     in the band over the tier's weight, plus the join rule's lift (a tenant that becomes active
     joins at the least standing, counter plus in-flight charges, of those who stayed). A job
     whose slack no longer covers its next chunk still goes first. Off: value-weighted
-    remaining work alone. At 10 000 live jobs it costs the held tick 1.4x (1.9x when no view
+    remaining work alone. At 10 000 live jobs it costs the held tick 1.3x (1.4x when no view
     changed; docs/scheduling.md, ``tests/bench/bench_tick.py --fair-share``)."""
     weights: dict[TierName, FairWeight] = Field(default_factory=_default_fair_weights)
     """Each tier's relative share of a band while its tenants are backlogged (gold 2,

@@ -89,6 +89,9 @@ def test_a_job_submitted_over_rest_runs_on_workers_and_serves_its_result(
         assert [w["name"] for w in stats["workers"]] == ["w1@test"]
         assert "ckpt_cache" in stats["workers"][0]["cache_hit_rates"]
         assert set(stats["queues"]) >= {"realtime", "interactive", "batch"}
+        assert [(t["band"], t["tenant"], t["share"]) for t in stats["tenants"]] == [
+            ("batch", "alice", 1.0)]
+        assert stats["tenants"][0]["service_s"] > 0
         metrics = httpx.get(api + "/metrics").text
         assert 'stepline_jobs_finished_total{slo="batch",state="DONE"} 1.0' in metrics
         assert 'stepline_slo_attainment{slo="batch"} 1.0' in metrics

@@ -10,6 +10,7 @@ makes from scratch — every field, floats to the bit, dicts in their order.
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import fields, is_dataclass, replace
 from enum import Enum
 
@@ -30,11 +31,11 @@ from scheduler import (
 )
 from scheduler.batching import BatchingConfig
 from scheduler.fairness import FairShareConfig, ServiceLedger
-from scheduler.incremental import IncrementalPlanner, _lexsort3
+from scheduler.incremental import IncrementalPlanner, _lexsort3, _repaired_walk
 from scheduler.plan import TickPlan
 from scheduler.policy import OverloadMeasure
 from scheduler.queues import NORMAL_WORKER_QUEUES, STANDBY_QUEUE
-from tests.bench.bench_tick import build_snapshot, served_ledger
+from tests.bench.bench_tick import build_snapshot, changed, served_ledger
 from tests.unit.test_scheduler_support import NOW_S, _job, make_job, make_snapshot
 
 _POLICIES = (
@@ -247,6 +248,53 @@ def test_fair_share_plans_at_bench_scale_equal_the_readable_ones_join_included(
         assert exact(planner.plan(snapshot, policy, now_s)) == exact(expected)
         snapshot = replace(snapshot, state=_next_state(expected),
                            service=expected.fair_share.ledger)
+
+
+def test_fair_share_plans_stay_equal_to_the_readable_ones_as_views_change_between_ticks(
+        ) -> None:
+    """The held planner reuses the last walk and start tags where they still hold: views
+    changed, finished and arrived between ticks still give the readable plan."""
+    # given the bench snapshot, fair share on, counters served, a held planner
+    rng = random.Random(4)
+    policy = PolicyConfig(fair_share=FairShareConfig(enabled=True))
+    snapshot = build_snapshot(1500, 16, "steady", seed=5)
+    snapshot = replace(snapshot, service=served_ledger(snapshot, seed=3))
+    planner = IncrementalPlanner()
+    jobs = list(snapshot.jobs)
+    for t, changes in enumerate((0, 0, 30, 0, 200, 5, 0)):
+        now_s = 1000.0 + 0.1 * t
+        # when some views change before the tick
+        for k in rng.sample(range(len(jobs)), changes):
+            jobs[k] = changed(rng, jobs[k], (t + 1) * len(jobs) + k, now_s)
+        snapshot = replace(snapshot, jobs=tuple(jobs))
+        expected = plan_tick(snapshot, policy, now_s)
+        # then each plan equals the readable one, the join too
+        assert expected.fair_share is not None
+        assert exact(planner.plan(snapshot, policy, now_s)) == exact(expected)
+        snapshot = replace(snapshot, state=_next_state(expected),
+                           service=expected.fair_share.ledger)
+
+
+@settings(max_examples=300)
+@given(st.lists(st.tuples(st.sampled_from((0.0, -0.0, 1.0, 2.5, 7.0)),
+                          st.sampled_from((0.0, -0.0, 1.0, 3.0)), st.integers(0, 5)),
+                max_size=60), st.randoms(use_true_random=False), st.integers(0, 20))
+def test_the_repaired_walk_is_the_lexsort_order(rows: list[tuple[float, float, int]],
+                                               rng: random.Random, dropped: int) -> None:
+    # given keys with ties and a last walk that holds some positions in any order
+    k1 = np.array([r[0] for r in rows], np.float64)
+    k2 = np.array([r[1] for r in rows], np.float64)
+    code = np.array([r[2] for r in rows], np.int64)
+    truth = np.lexsort((k2, k1, code))
+    kept = [int(i) for i in truth if rng.random() > dropped / 20]
+    for _ in range(rng.randrange(4)):
+        if len(kept) > 1:
+            a, b = rng.randrange(len(kept)), rng.randrange(len(kept))
+            kept[a], kept[b] = kept[b], kept[a]
+    # when the walk is repaired from it
+    walk = _repaired_walk(code, k1, k2, np.array(kept, np.int64))
+    # then it is np.lexsort's stable order
+    assert walk.tolist() == truth.tolist()
 
 
 @settings(max_examples=300)
