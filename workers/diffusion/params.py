@@ -18,6 +18,13 @@ from workers.diffusion.adapters import (
     adapter_registry,
     check_adapters,
 )
+from workers.diffusion.inputs import (
+    DEFAULT_STRENGTH,
+    DIGEST_PATTERN,
+    IMAGE_FAMILIES,
+    MASK_FAMILIES,
+    check_strength,
+)
 from workers.diffusion.labels import closest_names, imagenet_labels, resolve_class
 from workers.diffusion.recipes import (
     DIFFUSION_KINDS,
@@ -63,6 +70,14 @@ class DiffusionParams(BaseModel):
     adapters: list[AdapterChoice] = Field(default_factory=list, max_length=MAX_ADAPTERS_PER_JOB)
     """LoRA adapters of the model (``GET /v1/adapters``) applied in this order, each at its
     scale; none: the base model."""
+    image: str | None = Field(default=None, pattern=DIGEST_PATTERN)
+    """Input image to start from (image-to-image), by the digest the artifact store keeps it
+    under (``sha256:<hex>``; the API turns an uploaded or base64 image into it)."""
+    mask: str | None = Field(default=None, pattern=DIGEST_PATTERN)
+    """Inpainting mask of ``image`` (same size, one channel), by digest."""
+    strength: float | None = Field(default=None, gt=0, le=1)
+    """How far from the image the job may go: the share of its steps it runs (img2img's
+    rule); default 0.8. Only with ``image``."""
 
 
 def _describe(exc: ValidationError) -> str:
@@ -228,11 +243,13 @@ def validate_params(
     _check_format(fmt, r)
     guidance = r.default_guidance_scale if p.guidance_scale is None else p.guidance_scale
     chosen = check_adapters(p.adapters, r.name, adapters or adapter_registry())
+    inputs = _check_inputs(p, r, steps)
     normal = p.model_copy(update={
         "model": r.name, "height": height, "width": width, "num_frames": frames,
         "num_inference_steps": steps, "scheduler": scheduler, "output_format": fmt,
-        "guidance_scale": float(guidance), **_second_guidance(p, r, float(guidance)),
-    }).model_dump(exclude={"adapters"} | (set() if r.two_experts else {"guidance_scale_2"}))
+        "guidance_scale": float(guidance), **_second_guidance(p, r, float(guidance)), **inputs,
+    }).model_dump(exclude={"adapters"} | (set() if r.two_experts else {"guidance_scale_2"})
+                  | ({"image", "mask", "strength"} - set(inputs)))
     return {**normal, "adapters": chosen} if chosen else normal
 
 
@@ -246,3 +263,22 @@ def _second_guidance(p: DiffusionParams, r: DiffusionRecipe, guidance: float) ->
         return {}
     return {"guidance_scale_2": guidance if p.guidance_scale_2 is None
             else float(p.guidance_scale_2)}
+
+
+def _check_inputs(p: DiffusionParams, r: DiffusionRecipe, steps: int) -> dict[str, Any]:
+    """The job's input image, mask and strength, each refused on a model that takes none; a
+    job without an image carries none of them, as before inputs existed."""
+    if p.image is None:
+        if p.mask is not None or p.strength is not None:
+            raise ParamsError("mask and strength condition an input image; pass image too")
+        return {}
+    if r.family not in IMAGE_FAMILIES:
+        raise ParamsError(f"model {r.name!r} takes no input image (family {r.family}); models "
+                          f"of the families {', '.join(sorted(IMAGE_FAMILIES))} do")
+    if p.mask is not None and r.family not in MASK_FAMILIES:
+        raise ParamsError(f"model {r.name!r} takes no mask (it does image-to-image, not "
+                          "inpainting); leave mask out")
+    strength = DEFAULT_STRENGTH if p.strength is None else float(p.strength)
+    check_strength(steps, strength)
+    kept = {"image": p.image, "strength": strength}
+    return kept if p.mask is None else {**kept, "mask": p.mask}
