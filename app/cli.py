@@ -9,6 +9,7 @@ key in ``STEPLINE_API_KEY`` or ``<run-dir>/api-key``; the API's address is
 
 from __future__ import annotations
 
+import base64
 import functools
 import logging
 import os
@@ -158,6 +159,10 @@ def submit(
         "--adapter", "-a", help="NAME or NAME:SCALE, a LoRA adapter of the model (image, video; "
         "stepline adapter list); repeat to apply several in order.")] = None,
     deadline_s: Annotated[Optional[float], typer.Option(help="Deadline, seconds from now.")] = None,
+    image: Annotated[Optional[Path], typer.Option(help="Input image (PNG, JPEG, WebP): image-to-"
+                                                  "image.", exists=True, dir_okay=False)] = None,
+    mask: Annotated[Optional[Path], typer.Option(help="Inpainting mask of --image.", exists=True,
+                                                 dir_okay=False)] = None,
     shed_if_late: Annotated[bool, typer.Option(
         help="Under overload, end the job once it cannot meet its deadline (default: finish "
              "late, behind work that still can).")] = False,
@@ -189,6 +194,9 @@ def submit(
     params.update(_parse_params(param or []))
     if adapter:
         params["adapters"] = _parse_adapters(adapter)
+    for role, path in (("image", image), ("mask", mask)):
+        if path is not None:  # base64 in the JSON; the API stores it by digest
+            params[role] = base64.b64encode(path.read_bytes()).decode("ascii")
 
     try:
         spec = JobSpec(kind=kind, slo=slo, params=params, deadline_s=deadline_s,  # type: ignore[arg-type]

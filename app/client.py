@@ -8,6 +8,7 @@ key ``stepline up`` wrote to ``<run_dir>/api-key``. The address comes from ``bas
 
 from __future__ import annotations
 
+import base64
 import os
 import time
 from pathlib import Path
@@ -165,11 +166,18 @@ class Client:
         deadline_s: float | None = None,
         idempotency_key: str | None = None,
         adapters: list[tuple[str, float]] | None = None,
+        image: bytes | None = None,
+        mask: bytes | None = None,
     ) -> JobDetail:
         """Submit ``spec`` (or one built from the keywords); returns the job as stored.
-        ``adapters``: (name, scale) LoRA adapters of an image or video job, in order."""
+        ``adapters``: (name, scale) LoRA adapters of an image or video job, in order;
+        ``image``, ``mask``: its input image and inpainting mask (PNG, JPEG or WebP bytes,
+        sent as base64 and stored by the API under their digest)."""
         if spec is None:
             params = dict(params or {})
+            for role, data in (("image", image), ("mask", mask)):
+                if data is not None:
+                    params[role] = base64.b64encode(data).decode("ascii")
             if adapters:
                 params["adapters"] = [{"name": name, "scale": scale} for name, scale in adapters]
             spec = JobSpec.model_validate({
@@ -178,6 +186,11 @@ class Client:
             })
         body = spec.model_dump(mode="json", exclude_none=True)
         return self._model(JobDetail, "POST", "/v1/jobs", json=body)
+
+    def upload_input(self, data: bytes) -> str:
+        """Store an input image or mask (``POST /v1/inputs``); its digest, for ``params``."""
+        response = self._request("POST", "/v1/inputs", files={"file": ("input", data)})
+        return str(response.json()["digest"])
 
     def submit_many(self, specs: list[JobSpec], batch_size: int = MAX_BATCH) -> list[BatchEntry]:
         """Submit ``specs`` through POST /v1/jobs/batch, ``batch_size`` per request (each

@@ -1,6 +1,7 @@
 """What a job kind adds to the chunk protocol (:mod:`tasks.protocol`): the parameters its chunks
 run with on this worker, the outcome each chunk records, and how often its durable checkpoint is
-written. Text jobs choose and load an expert version; the other kinds add nothing."""
+written. Text jobs choose and load an expert version; an image or video job's encode chunk
+reads its input images from the artifact store; the other kinds add nothing."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from scheduler.model import JobKind
 from tasks.context import WorkerContext
+from tasks.inputs import InputStore, read_inputs
 from tasks.record import JobRecord
+from workers.diffusion.inputs import INPUT_BYTES
 
 if TYPE_CHECKING:
     from workers.checkpoint import Checkpoint
@@ -45,6 +48,26 @@ class PlainKind:
     def prepare(self, job: JobRecord, params: dict[str, Any],
                 state: Checkpoint | None) -> dict[str, Any]:
         return params
+
+    def outcome(self, job: JobRecord, chunk: int, params: Mapping[str, Any],
+                result: ChunkResult | None) -> None:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class DiffusionKind:
+    """Image and video: the encode chunk of a job with input images (``image``, ``mask``) runs
+    with their bytes, read from the artifact store by the digests its params name (checked
+    against them): the same bytes on whichever worker runs it, first or after a crash."""
+
+    ctx: WorkerContext
+    checkpoint_every: int = 1
+
+    def prepare(self, job: JobRecord, params: dict[str, Any],
+                state: Checkpoint | None) -> dict[str, Any]:
+        if job.next_chunk != 0 or not any(params.get(role) for role in ("image", "mask")):
+            return params  # later chunks carry the image in their latents
+        return {**params, INPUT_BYTES: read_inputs(InputStore(self.ctx.artifacts), params)}
 
     def outcome(self, job: JobRecord, chunk: int, params: Mapping[str, Any],
                 result: ChunkResult | None) -> None:
@@ -88,5 +111,5 @@ def hooks_of(ctx: WorkerContext, kind: JobKind) -> KindHooks:
     if kind is JobKind.TEXT:
         return TextKind(ctx, ctx.settings.moe.checkpoint_every)
     if kind in (JobKind.IMAGE, JobKind.VIDEO):
-        return PlainKind(ctx.settings.diffusion.checkpoint_every)
+        return DiffusionKind(ctx, ctx.settings.diffusion.checkpoint_every)
     return PlainKind()

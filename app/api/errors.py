@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 
 from tasks.artifacts import UnsafeArtifactPath
 from tasks.errors import InvalidJob, JobNotFound, Overloaded
+from tasks.inputs import InputTooLarge
 from tasks.read_model import STORE_UNAVAILABLE
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,10 @@ def install_error_handlers(app: FastAPI, retry_after_s: int) -> None:
     @app.exception_handler(InvalidJob)
     async def _invalid_job(_: Request, exc: InvalidJob) -> JSONResponse:
         return _body(str(exc), 422)
+
+    @app.exception_handler(InputTooLarge)
+    async def _too_large(_: Request, exc: InputTooLarge) -> JSONResponse:
+        return _body(str(exc), 413)
 
     @app.exception_handler(JobNotFound)
     async def _not_found(_: Request, exc: JobNotFound) -> JSONResponse:

@@ -33,6 +33,7 @@ from app.schemas import (
 from app.tenants import Tenant
 from scheduler.lifecycle import JobState, SloClass
 from tasks.errors import InvalidJob, JobNotFound
+from tasks.inputs import InputStore, store_inputs
 from tasks.record import JobRecord, UnreadableRecord
 from tasks.submit import Submitted
 
@@ -95,6 +96,8 @@ def submit_many_for(ctx: ApiContext, tenant: Tenant, specs: list[JobSpec]) -> li
     """:func:`submit_for` of several jobs as one decision: replays answered first, then one
     take of the rate limit's tokens and one quota check for the rest (all pass, or none is
     stored), their dependencies, and one :meth:`JobService.submit_many`."""
+    inputs = InputStore(ctx.artifacts)
+    specs = [store_inputs(spec, inputs, ctx.settings.artifacts) for spec in specs]
     replays: dict[int, str] = {}
     for index, spec in enumerate(specs):
         if spec.idempotency_key and (

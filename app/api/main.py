@@ -13,7 +13,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
 
-from app.api import adapters, dashboard, jobs, observe, openai
+from app.api import adapters, dashboard, inputs, jobs, observe, openai
 from app.api.context import ApiContext
 from app.api.errors import install_error_handlers
 from app.celery import configure as configure_celery
@@ -44,6 +44,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     api.state.registry = observe.registry_for(api.state.ctx)
     install_error_handlers(api, settings.api.redis_retry_after)
     api.include_router(jobs.router)
+    api.include_router(inputs.router)
     api.include_router(observe.router)
     api.include_router(openai.router)
     api.include_router(adapters.router)

@@ -22,12 +22,14 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Header, Path, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from starlette.types import Receive, Scope, Send
 
 from app.api.context import ApiContext, api_context, current_tenant
 from app.api.follow import Progress, await_end, cancel_unfinished, follow
+from app.api.inputs import form_cap
 from app.api.jobs import submit_for
+from app.api.multipart import FormField, read_form
 from app.api.openai_errors import OpenAIError, OpenAIRoute, as_openai_error, job_ended_error
 from app.api.openai_text import ChatTemplate, TextDeltas, render_chat
 from app.schemas import (
@@ -58,6 +60,7 @@ from app.tenants import Tenant
 from scheduler.lifecycle import JobState, SloClass
 from tasks.record import JobRecord
 from workers.diffusion.adapters import adapter_registry
+from workers.diffusion.inputs import accepted_inputs
 from workers.errors import ModelConfigError
 from workers.limits import MAX_NEW_TOKENS
 from workers.registry import RecipeFile, default_registry
@@ -139,12 +142,16 @@ _IMAGE_FIELDS = {"prompt": "prompt", "model": "model", "height": "size", "width"
 
 # models ---------------------------------------------------------------------------------------
 def _card(ctx: ApiContext, recipe: RecipeFile) -> ModelCard:
-    """The recipe's card; a diffusion recipe's lists the adapters that fit it."""
+    """The recipe's card: what it takes (``inputs``); a diffusion recipe's lists the adapters
+    that fit it."""
     description = recipe.spec.get("description")
     extra: dict[str, Any] = {"description": description} if description else {}
+    extra["inputs"] = ["text"]
     if recipe.kind in ("image", "video"):
         extra["adapters"] = adapter_registry(ctx.settings.diffusion.adapters_dir).for_base(
             recipe.name)
+        family = str(recipe.spec.get("family"))
+        extra["inputs"] = accepted_inputs(family, "class" if family == "dit" else "text")
     return ModelCard(id=recipe.name, created=int(recipe.path.stat().st_mtime),
                      stepline={"kind": recipe.kind, **extra})
 
@@ -607,11 +614,30 @@ async def create_image(
     slo: SloHeader = None, deadline_s: DeadlineHeader = None,
 ) -> Response:
     spec = await run_in_threadpool(_image_spec, ctx, body, _options(body.stepline, slo, deadline_s))
+    return await _serve_image(ctx, tenant, request, spec, body.response_format)
+
+
+@router.post("/images/edits", response_model=ImagesResponse, responses=ERRORS,
+             summary="Image edit (image-to-image) on a recipe that takes an input image "
+                     "(OpenAI-compatible, multipart)")
+async def edit_image(
+    request: Request, ctx: Ctx, tenant: Caller,
+    slo: SloHeader = None, deadline_s: DeadlineHeader = None,
+) -> Response:
+    form = await read_form(request, form_cap(ctx, 2))
+    spec = await run_in_threadpool(_edit_spec, ctx, form, _options(None, slo, deadline_s))
+    fmt = form["response_format"].text if "response_format" in form else None
+    return await _serve_image(ctx, tenant, request, spec, fmt)
+
+
+async def _serve_image(ctx: ApiContext, tenant: Tenant, request: Request, spec: JobSpec,
+                       response_format: str | None) -> Response:
+    """Submit an image job, wait for its end, answer with its image."""
     job_id, _ = await run_in_threadpool(submit_for, ctx, tenant, spec)
     record = await await_end(ctx, job_id, request.is_disconnected)
     if record.state is not JobState.DONE or not record.artifact:
         raise job_ended_error(record)
-    item = await run_in_threadpool(_image_item, ctx, record, body.response_format, request)
+    item = await run_in_threadpool(_image_item, ctx, record, response_format, request)
     p = record.params
     answer = ImagesResponse(created=int(record.submitted_at_s), data=[item],
                             size=f"{p.get('width')}x{p.get('height')}",
@@ -632,6 +658,40 @@ def _image_spec(ctx: ApiContext, body: ImageRequest, options: SteplineOptions) -
         params["seed"] = _seed(None)
     if options.adapters:
         params["adapters"] = [adapter.model_dump() for adapter in options.adapters]
+    return _job_spec(ctx, "image", options, params, _IMAGE_FIELDS)
+
+
+_EDIT_FIELDS = frozenset({"image", "image[]", "mask", "prompt", "model", "n", "size",
+                          "response_format", "output_format", "user"})
+
+
+def _edit_spec(ctx: ApiContext, form: dict[str, FormField], options: SteplineOptions) -> JobSpec:
+    """The edit form as an image job: its image (and mask) as base64, stored by digest at
+    submit (reads the recipes: off the loop)."""
+    unknown = sorted(set(form) - _EDIT_FIELDS)
+    if unknown:
+        raise OpenAIError(400, f"{unknown[0]}: Stepline does not serve this field of an image "
+                          "edit", param=unknown[0], code="unsupported_parameter")
+    image = form.get("image") or form.get("image[]")
+    if image is None or "prompt" not in form:
+        missing = "image" if image is None else "prompt"
+        raise OpenAIError(400, f"{missing} is required", param=missing)
+    _only_one(int(form["n"].text) if "n" in form else None, "image")
+    text = {k: form[k].text for k in ("model", "size", "output_format") if k in form}
+    try:
+        body = ImageRequest.model_validate({"prompt": form["prompt"].text, **text})
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(p) for p in error["loc"])
+        raise OpenAIError(400, f"{where}: {error['msg']}", param=where) from exc
+    if body.model is not None:
+        _require_kind(body.model, "image")
+    params: dict[str, Any] = {"prompt": body.prompt, "seed": _seed(None), **_size(body.size),
+                              "image": base64.b64encode(image.data).decode("ascii")}
+    if "mask" in form:
+        params["mask"] = base64.b64encode(form["mask"].data).decode("ascii")
+    params.update({k: v for k, v in (("model", body.model),
+                                     ("output_format", body.output_format)) if v is not None})
     return _job_spec(ctx, "image", options, params, _IMAGE_FIELDS)
 
 

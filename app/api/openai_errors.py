@@ -20,6 +20,7 @@ from app.api.errors import TooManyRequests
 from app.schemas import OpenAIErrorBody, OpenAIErrorDetail
 from scheduler.lifecycle import JobState
 from tasks.errors import InvalidJob, JobNotFound, Overloaded
+from tasks.inputs import InputTooLarge
 from tasks.read_model import STORE_UNAVAILABLE
 from tasks.record import JobRecord
 
@@ -65,6 +66,8 @@ def as_openai_error(exc: Exception, redis_retry_after_s: int) -> OpenAIError:
             return OpenAIError(401, str(exc.detail), code="invalid_api_key",
                                headers={"WWW-Authenticate": "Bearer"})
         return OpenAIError(exc.status_code, str(exc.detail))
+    if isinstance(exc, InputTooLarge):
+        return OpenAIError(413, str(exc), code="input_too_large")
     if isinstance(exc, InvalidJob):
         return OpenAIError(400, str(exc), code="invalid_value")
     if isinstance(exc, JobNotFound):

@@ -43,6 +43,13 @@ class ArtifactSettings(BaseModel):
     worker removing them (cancelled or expired while queued, failed by the watchdog, a worker
     that died). Seconds, in [1, 86400]."""
 
+    input_max_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, le=64 * 1024 * 1024)
+    """The largest input image or mask a job may carry (its encoded file: PNG, JPEG, WebP); a
+    larger one is refused with 413. Bytes, in [1024, 2**26] (64 MiB)."""
+    input_max_pixels: int = Field(default=4096 * 4096, ge=64, le=8192 * 8192)
+    """The most pixels (width x height) an input image or mask may decode to, checked from its
+    header before it is decoded; more is refused with 413. Pixels, in [64, 2**26]."""
+
     def offload_threshold_bytes(self, store_is_local: bool) -> int | None:
         """The size above which a checkpoint goes to the store; None: every one stays in
         Redis."""

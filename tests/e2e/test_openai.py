@@ -344,3 +344,84 @@ def test_a_client_that_gives_up_on_a_non_streamed_answer_cancels_its_job(api: st
                  "the abandoned job to be cancelled")
         job = http.get(f"/v1/jobs/{job_id}").json()
     assert job["progress"] < job["total"] and job["params"]["max_new_tokens"] == 1000
+
+
+# image inputs ---------------------------------------------------------------------------------
+def _png(side: int, mode: str = "RGB") -> bytes:
+    """A PNG of a gradient (not flat), ``side`` pixels square."""
+    import io
+
+    from PIL import Image
+
+    image = Image.linear_gradient("L").resize((side, side)).convert(mode)
+    out = io.BytesIO()
+    image.save(out, format="PNG")
+    return out.getvalue()
+
+
+def test_an_image_edit_through_the_sdk_answers_with_a_png_made_from_the_stored_image(
+        client: openai.OpenAI, api: str) -> None:
+    # given an input image
+    image = _png(32)
+    # when the official SDK sends it to images.edit, inline answer asked
+    answer = client.images.edit(image=("in.png", image, "image/png"), prompt="a red fox",
+                                model=IMAGE_MODEL, size="32x32", response_format="b64_json")
+    # then the answer is a PNG of the finished job, whose params name the image by digest
+    assert answer.data and answer.data[0].b64_json is not None
+    assert base64.b64decode(answer.data[0].b64_json).startswith(PNG_MAGIC)
+    report = (answer.model_extra or {})["stepline"]
+    job = httpx.get(f"{api}/v1/jobs/{report['job_id']}", headers={"X-API-Key": KEY}).json()
+    assert (job["state"], job["params"]["strength"]) == ("DONE", 0.8)
+    assert job["params"]["image"].startswith("sha256:")
+
+
+def test_an_image_edit_with_a_mask_on_a_model_without_inpainting_is_a_400_naming_the_mask(
+        client: openai.OpenAI) -> None:
+    # given an image and a mask of its size, when the edit goes to a model that does img2img
+    # only, then the SDK raises a 400 that says the model takes no mask
+    with pytest.raises(openai.BadRequestError, match="takes no mask"):
+        client.images.edit(image=("in.png", _png(32), "image/png"), prompt="a fox",
+                           mask=("m.png", _png(32, "L"), "image/png"), model=IMAGE_MODEL)
+
+
+def test_models_say_which_inputs_each_recipe_takes(client: openai.OpenAI) -> None:
+    # when the models are listed, then each says what it takes
+    inputs = {m.id: (m.model_extra or {})["stepline"]["inputs"] for m in client.models.list()}
+    assert inputs[IMAGE_MODEL] == ["text", "image"]
+    assert inputs["dit-tiny"] == ["class"]
+    assert inputs[TEXT_MODEL] == ["text"]
+
+
+def test_an_uploaded_input_is_named_by_digest_and_a_json_job_may_carry_it_or_base64(
+        api: str) -> None:
+    # given an image uploaded as multipart, and the same image as base64 in a job's JSON
+    image = _png(32)
+    with httpx.Client(base_url=api, headers={"X-API-Key": KEY}, timeout=60) as http:
+        stored = http.post("/v1/inputs", files={"file": ("in.png", image, "image/png")})
+        inline = http.post("/v1/jobs", json={"kind": "image", "params": {
+            "model": IMAGE_MODEL, "prompt": "a boat", "num_inference_steps": 2, "strength": 1.0,
+            "image": base64.b64encode(image).decode()}})
+        # when a job names the uploaded digest
+        named = http.post("/v1/jobs", json={"kind": "image", "params": {
+            "model": IMAGE_MODEL, "prompt": "a boat", "num_inference_steps": 2, "strength": 1.0,
+            "image": stored.json()["digest"]}})
+        # then both jobs are stored naming the one digest, and both finish
+        assert stored.status_code == 201, stored.text
+        assert (stored.json()["format"], stored.json()["width"]) == ("PNG", 32)
+        ids = [r.json()["id"] for r in (inline, named)]
+        digests = {http.get(f"/v1/jobs/{i}").json()["params"]["image"] for i in ids}
+        assert digests == {stored.json()["digest"]}
+        wait_for(lambda: all(http.get(f"/v1/jobs/{i}").json()["state"] == "DONE" for i in ids),
+                 120, "both img2img jobs")
+
+
+def test_an_input_that_is_no_image_is_a_422_and_one_over_the_byte_cap_a_413(api: str) -> None:
+    # given bytes that are no image, and an upload over the byte cap
+    cap = current_settings().artifacts.input_max_bytes
+    with httpx.Client(base_url=api, headers={"X-API-Key": KEY}, timeout=60) as http:
+        bad = http.post("/v1/jobs", json={"kind": "image", "params": {
+            "model": IMAGE_MODEL, "prompt": "x", "image": base64.b64encode(b"text").decode()}})
+        big = http.post("/v1/inputs", files={"file": ("big.png", b"\0" * (cap + 1))})
+    # when each is sent, then each refusal names its problem
+    assert bad.status_code == 422 and "not a PNG, JPEG or WebP" in bad.json()["detail"]
+    assert big.status_code == 413 and "input_max_bytes" in big.json()["detail"]

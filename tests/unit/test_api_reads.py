@@ -22,7 +22,7 @@ BLOCKING_NAMES = {"default_registry", "open"}
 """Plain calls that read files."""
 BLOCKING_METHODS = {"read_text", "read_bytes", "is_file", "stat"}
 HEAVY_PACKAGES = ("torch", "transformers", "diffusers", "workers.moe", "workers.diffusion")
-LIGHT_MODULES = ("workers.diffusion.adapters",)
+LIGHT_MODULES = ("workers.diffusion.adapters", "workers.diffusion.inputs")
 """Modules of those packages that load no model library (a test imports each in a fresh
 interpreter and holds it): the API may import them with the app."""
 

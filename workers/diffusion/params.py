@@ -19,6 +19,13 @@ from workers.diffusion.adapters import (
     check_adapters,
 )
 from workers.diffusion.cache_params import REFUSED_FAMILIES, StepCacheParams
+from workers.diffusion.inputs import (
+    DEFAULT_STRENGTH,
+    DIGEST_PATTERN,
+    IMAGE_FAMILIES,
+    MASK_FAMILIES,
+    check_strength,
+)
 from workers.diffusion.labels import closest_names, imagenet_labels, resolve_class
 from workers.diffusion.recipes import (
     DIFFUSION_KINDS,
@@ -73,6 +80,14 @@ class DiffusionParams(BaseModel):
     step_cache: StepCacheParams | None = None
     """A step cache (``{"kind": "first_block", "threshold": 0.05}``): faster steps whose output
     differs from the uncached run's; none: every block of every step runs."""
+    image: str | None = Field(default=None, pattern=DIGEST_PATTERN)
+    """Input image to start from (image-to-image), by the digest the artifact store keeps it
+    under (``sha256:<hex>``; the API turns an uploaded or base64 image into it)."""
+    mask: str | None = Field(default=None, pattern=DIGEST_PATTERN)
+    """Inpainting mask of ``image`` (same size, one channel), by digest."""
+    strength: float | None = Field(default=None, gt=0, le=1)
+    """How far from the image the job may go: the share of its steps it runs (img2img's
+    rule); default 0.8. Only with ``image``."""
 
 
 def _describe(exc: ValidationError) -> str:
@@ -241,14 +256,16 @@ def validate_params(
         raise ParamsError(f"model {r.name!r} takes no step_cache: {REFUSED_FAMILIES[r.family]}")
     guidance = r.default_guidance_scale if p.guidance_scale is None else p.guidance_scale
     chosen = check_adapters(p.adapters, r.name, adapters or adapter_registry())
+    inputs = _check_inputs(p, r, steps)
     normal = p.model_copy(update={
         "model": r.name, "height": height, "width": width, "num_frames": frames,
         "num_inference_steps": steps, "scheduler": scheduler, "output_format": fmt,
         "guidance_scale": float(guidance), **_second_guidance(p, r, float(guidance)),
-        **_true_cfg(p, r),
+        **_true_cfg(p, r), **inputs,
     }).model_dump(exclude={"adapters"} | (set() if r.two_experts else {"guidance_scale_2"})
                   | (set() if p.step_cache else {"step_cache"})
-                  | (set() if r.family in _TRUE_CFG_FAMILIES else {"true_cfg_scale"}))
+                  | (set() if r.family in _TRUE_CFG_FAMILIES else {"true_cfg_scale"})
+                  | ({"image", "mask", "strength"} - set(inputs)))
     return {**normal, "adapters": chosen} if chosen else normal
 
 
@@ -273,3 +290,22 @@ def _true_cfg(p: DiffusionParams, r: DiffusionRecipe) -> dict[str, float]:
                               f"{r.name!r} runs classifier-free guidance: use guidance_scale")
         return {}
     return {"true_cfg_scale": 1.0 if p.true_cfg_scale is None else float(p.true_cfg_scale)}
+
+
+def _check_inputs(p: DiffusionParams, r: DiffusionRecipe, steps: int) -> dict[str, Any]:
+    """The job's input image, mask and strength, each refused on a model that takes none; a
+    job without an image carries none of them, as before inputs existed."""
+    if p.image is None:
+        if p.mask is not None or p.strength is not None:
+            raise ParamsError("mask and strength condition an input image; pass image too")
+        return {}
+    if r.family not in IMAGE_FAMILIES:
+        raise ParamsError(f"model {r.name!r} takes no input image (family {r.family}); models "
+                          f"of the families {', '.join(sorted(IMAGE_FAMILIES))} do")
+    if p.mask is not None and r.family not in MASK_FAMILIES:
+        raise ParamsError(f"model {r.name!r} takes no mask (it does image-to-image, not "
+                          "inpainting); leave mask out")
+    strength = DEFAULT_STRENGTH if p.strength is None else float(p.strength)
+    check_strength(steps, strength)
+    kept = {"image": p.image, "strength": strength}
+    return kept if p.mask is None else {**kept, "mask": p.mask}

@@ -43,12 +43,14 @@ from workers.diffusion.components import (
     stage_components,
     timed_scheduler,
 )
+from workers.diffusion.conditioning import image_latents, pipeline_layout, skipped, start_at
 from workers.diffusion.families import (
     ExpertFamily,
     PipelineFamily,
     SizedScheduleFamily,
     decode_job,
 )
+from workers.diffusion.inputs import is_conditioned
 from workers.diffusion.lora import apply_adapters, loaded_adapters
 from workers.diffusion.pipelines import ADAPTERS, FAMILIES
 from workers.diffusion.recipes import DiffusionRecipe, diffusion_recipe
@@ -170,9 +172,22 @@ class DiffusionRunner:
         return spec
 
     def evaluations(self, params: Mapping[str, Any]) -> int:
-        """Denoise chunks of the job: its scheduler's model evaluations."""
+        """Denoise chunks of the job: its scheduler's model evaluations (those an
+        image-conditioned job skips left out)."""
         return model_evaluations(self.recipe(params), str(params["scheduler"]),
-                                 int(params["num_inference_steps"]))
+                                 int(params["num_inference_steps"])) - self._skipped(params)
+
+    def _skipped(self, params: Mapping[str, Any]) -> int:
+        """The scheduler's timesteps before the job's first (image-conditioned jobs only)."""
+        if not is_conditioned(params):
+            return 0
+        scheduler = timed_scheduler(self.recipe(params), str(params["scheduler"]),
+                                    int(params["num_inference_steps"]))
+        return skipped(params, int(scheduler.order))
+
+    def _timestep(self, params: Mapping[str, Any], scheduler: Any, step: int) -> Any:
+        """The timestep of the job's denoise step ``step`` (0: its first)."""
+        return scheduler.timesteps[self._skipped(params) + step]
 
     def plan(self, params: Mapping[str, Any]) -> ChunkPlan:
         r = self.recipe(params)
@@ -230,14 +245,15 @@ class DiffusionRunner:
             return "transformer"
         scheduler = timed_scheduler(recipe, str(params["scheduler"]),
                                     int(params["num_inference_steps"]))
-        return family.expert(recipe, scheduler, scheduler.timesteps[index - 1])
+        return family.expert(recipe, scheduler, self._timestep(params, scheduler, index - 1))
 
     def _expert(self, params: Mapping[str, Any], job: JobState, step: int) -> str:
         """The transformer that runs ``step`` of ``job``, by its own scheduler's timestep."""
         family = self._family(params)
         if not isinstance(family, ExpertFamily):
             return "transformer"
-        return family.expert(self.recipe(params), job.scheduler, job.scheduler.timesteps[step])
+        return family.expert(self.recipe(params), job.scheduler,
+                             self._timestep(params, job.scheduler, step))
 
     def run_batch(self, items: Sequence[BatchItem]) -> list[ChunkResult]:
         """Each item's chunk; chunks of equal :meth:`batch_key` (at most ``max_batch`` at a time,
@@ -260,7 +276,8 @@ class DiffusionRunner:
         """Pixels in [0, 1] of a fully denoised state: what the ``decode`` chunk encodes."""
         with torch.no_grad():
             job = self._restore(params, self.evaluations(params) + 1, state)
-            return decode_job(self._family(params), self.components(params), params, job.latents)
+            return decode_job(self._family(params), self.components(params), params,
+                              pipeline_layout(params, job.latents))
 
     def _family(self, params: Mapping[str, Any]) -> PipelineFamily:
         return FAMILIES[self.recipe(params).family]
@@ -316,23 +333,32 @@ class DiffusionRunner:
     def _encoded(self, params: Mapping[str, Any], cond: Tensors) -> ChunkResult:
         """The encode chunk's state around the job's conditioning ``cond``: its own scheduler,
         and initial noise drawn from its own seed, alone or in a batch."""
-        c, family = self.components(params), self._family(params)
         generator = torch.Generator(device="cpu").manual_seed(int(params["seed"]))
         scheduler = copy_scheduler(self._baseline(params))  # built, timesteps set: as the pipeline
-        if len(scheduler.timesteps) != self.evaluations(params):
+        if len(scheduler.timesteps) - self._skipped(params) != self.evaluations(params):
             raise ParamsError(
                 f"scheduler {params['scheduler']!r} made {len(scheduler.timesteps)} timesteps, not "
                 f"the {self.evaluations(params)} this job was planned with; resubmit it")
-        latents = family.init_latents(c, params, scheduler, generator)
+        latents = self._init_latents(params, scheduler, generator)
         job = JobState(model=str(params["model"]), scheduler_name=str(params["scheduler"]),
                        next_chunk=1, latents=latents, cond=cond, scheduler=scheduler,
                        generator=generator, adapters=adapter_set(params),
                        step_cache=new_step_cache(params))
         return ChunkResult(state=self._save(params, job))
 
+    def _init_latents(self, params: Mapping[str, Any], scheduler: Any,
+                      generator: torch.Generator) -> torch.Tensor:
+        """Pure noise, or for an image-conditioned job its image noised to its first step."""
+        c, family = self.components(params), self._family(params)
+        if not is_conditioned(params):
+            return family.init_latents(c, params, scheduler, generator)
+        start_at(scheduler, params)
+        dtype = c.text_encoder.dtype if c.text_encoder is not None else c.transformer_dtype
+        return image_latents(c, params, scheduler, generator, dtype)
+
     def _start_step(self, params: Mapping[str, Any], job: JobState) -> StepProgress:
         step = job.next_chunk - 1
-        t = job.scheduler.timesteps[step]
+        t = self._timestep(params, job.scheduler, step)
         inputs, sample = self._family(params).passes(
             self.components(params), params, job.scheduler, job.latents, t, job.cond)
         return StepProgress(step=step, inputs=inputs, sample=sample)
@@ -388,7 +414,7 @@ class DiffusionRunner:
                      progress: StepProgress) -> ChunkResult:
         """Guidance and the scheduler step on the finished passes; the state of the next chunk."""
         c, family = self.components(params), self._family(params)
-        t = job.scheduler.timesteps[progress.step]
+        t = self._timestep(params, job.scheduler, progress.step)
         if isinstance(family, ExpertFamily):
             params = family.step_params(c.recipe, params, job.scheduler, t)
         output = family.combine(c, params, progress.outputs)
@@ -457,7 +483,8 @@ class DiffusionRunner:
         c, family = self.components(params), self._family(params)
         with torch.no_grad():
             pixels = decode_together(family, c, [m.item.params for m in members],
-                                     [m.job.latents for m in members])
+                                     [pipeline_layout(m.item.params, m.job.latents)
+                                      for m in members])
             results = [self._artifact(m.item.params, m.job, p)
                        for m, p in zip(members, pixels, strict=True)]
         compute_s = time.perf_counter() - started_s + sum(m.restore_s for m in members)
@@ -497,7 +524,8 @@ class DiffusionRunner:
                               compute_s=compute_s, batch_size=batch_size)
 
     def _decode(self, params: Mapping[str, Any], job: JobState) -> ChunkResult:
-        pixels = decode_job(self._family(params), self.components(params), params, job.latents)
+        pixels = decode_job(self._family(params), self.components(params), params,
+                            pipeline_layout(params, job.latents))
         return self._artifact(params, job, pixels)
 
     def _artifact(self, params: Mapping[str, Any], job: JobState, pixels: torch.Tensor
