@@ -67,9 +67,11 @@ from tasks.heartbeat import Heartbeat
 from tasks.record import JobRecord, encode
 from tasks.routing import STANDBY, affinity_worker, class_queue_of
 from tasks.runtime import celery
+from tasks.script_batch import ScriptBatch
 from tasks.settings import Settings
 from tasks.snapshot import SnapshotCache, learned_cost_model, read_snapshot
-from tasks.store import JobStore, ScriptBatch, Written
+from tasks.store import JobStore
+from tasks.store_calls import Written
 
 log = logging.getLogger(__name__)
 

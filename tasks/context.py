@@ -23,12 +23,11 @@ from tasks import keys
 from tasks.affinity import StageRequest, model_need, resident_model
 from tasks.artifacts import ArtifactStore
 from tasks.checkpoint_objects import CheckpointObjects, CheckpointSweeper
-from tasks.heartbeat import Heartbeat
-from tasks.record import encode
+from tasks.heartbeat import Heartbeat, write_heartbeat
 from tasks.runtime import broker_client, current_settings, store_client
 from tasks.settings import Settings
 from tasks.settings.moe import cache_config, router_config
-from tasks.store import JobStore, mark_changed, write_heartbeat
+from tasks.store import JobStore, queue_lease_renewal
 from workers.kinds import RunnerOptions, get_runner
 from workers.local_cache import LocalCheckpointCache
 from workers.residency import ModelResidency, configure, process_residency
@@ -345,10 +344,7 @@ class WorkerContext:
         pipe = self.store.redis.pipeline(transaction=False)
         write_heartbeat(pipe, beat, lease_s)
         if self.busy_job is not None:
-            lease = encode(lease_until_s=time.time() + lease_s)
-            for job_id in {self.busy_job, *self.batch_jobs}:
-                pipe.hset(keys.job(job_id), mapping=lease)  # type: ignore[arg-type]
-                mark_changed(pipe, job_id)
+            queue_lease_renewal(pipe, {self.busy_job, *self.batch_jobs}, lease_s)
         pipe.execute()
 
     def _residency_summary(self) -> dict[str, Any]:

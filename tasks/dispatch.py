@@ -21,7 +21,9 @@ from tasks import keys
 from tasks.record import JobRecord, encode
 from tasks.routing import BATCH_TASK, CHUNK_TASK, affinity_worker, class_queue_of
 from tasks.runtime import celery, current_settings, separate_broker
-from tasks.store import JobStore, NextMessage, ScriptBatch, mark_changed
+from tasks.script_batch import ScriptBatch
+from tasks.store import JobStore, mark_changed
+from tasks.store_calls import NextMessage
 
 if TYPE_CHECKING:
     from tasks.context import HopProfile

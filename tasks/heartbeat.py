@@ -1,14 +1,20 @@
 """A worker's heartbeat (``sl:worker:<name>``, JSON): one frozen record and its one codec, used by
-the worker that writes it and by every reader (tick, affinity, stats, metrics, dashboard, bench)."""
+the worker that writes it and by every reader (tick, affinity, stats, metrics, dashboard, bench),
+and its key in Redis with its entry in the live-worker registry."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tasks import keys
 from tasks.errors import HeartbeatError
+
+log = logging.getLogger(__name__)
 
 SAME_CHUNK_S = 0.01
 """Slack when matching times the worker wrote of one chunk (its claim, its heartbeat's
@@ -200,3 +206,29 @@ class _Fields:
         if not all(isinstance(v, str) for v in values):
             raise HeartbeatError(f"heartbeat of {self.who}: {key} must be a list of strings")
         return list(values)
+
+
+def write_heartbeat(pipe: Any, beat: Heartbeat, lease_s: float) -> None:
+    """Queue a worker's heartbeat on ``pipe``: its key (expiring with its lease) and its entry in
+    ``sl:workers:live`` (when it lapses), where the tick finds it without scanning."""
+    lease_ms = int(lease_s * 1000)
+    pipe.set(keys.worker(beat.name), beat.encode(), px=lease_ms)
+    pipe.zadd(keys.WORKERS_LIVE, {beat.name: int(time.time() * 1000) + lease_ms})
+
+
+def decode_heartbeats(names: Sequence[bytes | str], bodies: Sequence[bytes | None]
+                      ) -> dict[str, Heartbeat]:
+    """Heartbeats by worker name from their keys and bodies (a key that expired is skipped, an
+    unreadable body logged and skipped)."""
+    beats: dict[str, Heartbeat] = {}
+    for key, raw in zip(names, bodies, strict=True):
+        if raw is None:  # expired between the scan and the read
+            continue
+        name = key.decode() if isinstance(key, bytes) else key
+        try:
+            beat = Heartbeat.decode(raw, name.removeprefix(keys.WORKER_PREFIX))
+        except HeartbeatError as exc:
+            log.warning("%s; skipped", exc)
+            continue
+        beats[beat.name] = beat
+    return beats

@@ -29,7 +29,8 @@ from tasks.dispatch import (
 from tasks.kind_hooks import KindHooks, hooks_of
 from tasks.record import JobRecord, encode
 from tasks.routing import class_queue_of
-from tasks.store import Commit, CommitRequest, CommitStatus, JobStore, NextMessage
+from tasks.store import JobStore
+from tasks.store_calls import Commit, CommitRequest, CommitStatus, NextMessage
 from workers.checkpoint import Checkpoint
 from workers.errors import CheckpointError
 from workers.runner import BatchItem, ChunkResult, JobRunner, ShouldYield

@@ -34,11 +34,12 @@ from scheduler.lifecycle import JobState
 from tasks import keys
 from tasks.affinity import reload_s
 from tasks.errors import JobNotFound
-from tasks.heartbeat import Heartbeat
+from tasks.heartbeat import Heartbeat, decode_heartbeats
 from tasks.record import JobRecord, UnreadableRecord
 from tasks.routing import CONTROL, affinity_worker, class_queue_of
 from tasks.settings.diffusion import DiffusionSettings
-from tasks.store import JobStore, Written, decode_heartbeats
+from tasks.store import JobStore
+from tasks.store_calls import Written
 
 log = logging.getLogger(__name__)
 

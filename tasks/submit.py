@@ -38,10 +38,12 @@ from tasks.dispatch import (
 )
 from tasks.errors import InvalidJob, Overloaded
 from tasks.record import JobRecord
+from tasks.script_batch import ScriptBatch
 from tasks.settings import Settings
 from tasks.snapshot import stored_cost_model
 from tasks.spec import JobSpec, SimulatedParams
-from tasks.store import JobStore, NewJob, ScriptBatch
+from tasks.store import JobStore
+from tasks.store_calls import NewJob
 from workers.diffusion.adapters import adapter_registry
 from workers.errors import ParamsError, WorkerError
 from workers.kinds import get_runner

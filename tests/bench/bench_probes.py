@@ -143,7 +143,7 @@ def _create_backlog(store: Any, service: Any, size: int, args: argparse.Namespac
     from scheduler import ResourceProfile
     from scheduler.lifecycle import JobState, SloClass
     from tasks.record import encode
-    from tasks.store import _flat_json
+    from tasks.store_calls import flat_json
     from tasks.submit import validate_params
     from workers.kinds import get_runner
 
@@ -175,7 +175,7 @@ def _create_backlog(store: Any, service: Any, size: int, args: argparse.Namespac
                 events_ttl_s=ttl_s, batch_group=None, batch_growth=None)
             keys_ = [keys.job(job_id), keys.job_events(job_id), keys.ACTIVE, keys.INDEX, "",
                      keys.CHANGES]
-            create(keys=keys_, args=[job_id, repr(now_s), _flat_json(fields)], client=pipe)
+            create(keys=keys_, args=[job_id, repr(now_s), flat_json(fields)], client=pipe)
             ids.append(job_id)
         pipe.execute()
     if args.backlog_mode == "released":

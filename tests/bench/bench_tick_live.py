@@ -45,11 +45,12 @@ from scheduler.lifecycle import JobState
 from tasks.adapter import TickPhases, run_tick
 from tasks.artifacts import ArtifactStore
 from tasks.context import WorkerContext
-from tasks.heartbeat import Heartbeat
+from tasks.heartbeat import Heartbeat, write_heartbeat
 from tasks.settings import Settings
 from tasks.snapshot import SnapshotCache
 from tasks.spec import JobSpec
-from tasks.store import JobStore, write_heartbeat
+from tasks.store import JobStore
+from tests.store_steps import claim_chunk, create_job, renew_lease
 
 WORKERS = 8
 CHANGES = (0, 10, 100, 1000)
@@ -100,10 +101,10 @@ def populate(store: JobStore, n: int, rng: random.Random) -> list[str]:
         slo = rng.choices([c for c, _ in classes], [w for _, w in classes])[0]
         steps = rng.choice([10, 20, 50])
         spec = JobSpec(kind="simulated", slo=slo, params={"steps": steps, "step_ms": 50})
-        job_id, _ = store.create(spec, tenant=f"t{k % 20}", tier="standard", num_chunks=steps,
-                                 cost_key="simulated", cost_units=[1.0] * steps,
-                                 deadline_s=rng.uniform(5, 600), now_s=time.time(),
-                                 queue=slo.value)
+        job_id, _ = create_job(store, spec, tenant=f"t{k % 20}", tier="standard", num_chunks=steps,
+                               cost_key="simulated", cost_units=[1.0] * steps,
+                               deadline_s=rng.uniform(5, 600), now_s=time.time(),
+                               queue=slo.value)
         ids.append(job_id)
     for job_id in ids[: n // 5]:  # released as the tick does: moved, then its message noted
         store.transition(job_id, JobState.QUEUED, by="bench")
@@ -111,7 +112,7 @@ def populate(store: JobStore, n: int, rng: random.Random) -> list[str]:
     pipe = store.redis.pipeline(transaction=False)
     for w in range(WORKERS):
         job_id = ids[w]
-        store.claim_chunk(job_id, 0, 0, f"w{w}@bench", 3600.0)
+        claim_chunk(store, job_id, 0, 0, f"w{w}@bench", 3600.0)
         write_heartbeat(pipe, Heartbeat(name=f"w{w}@bench", busy_job=job_id, batch=1,
                                         queues=("realtime", "interactive", "batch"),
                                         ts=time.time()), 3600.0)
@@ -136,7 +137,7 @@ def tick(store: JobStore, settings: Settings, cache: SnapshotCache | None,
 def change(store: JobStore, ids: list[str], n: int, rng: random.Random) -> None:
     """``n`` records written between ticks as a worker's lease renewal is (write + mark)."""
     for job_id in rng.sample(ids, min(n, len(ids))):
-        store.renew_lease(job_id, 30.0)
+        renew_lease(store, job_id, 30.0)
 
 
 def p50_ci(values: list[float]) -> tuple[float, float, float]:

@@ -29,6 +29,7 @@ from tasks.dispatch import publish_chunk, release
 from tasks.settings import Settings, load_settings
 from tasks.store import JobStore
 from tests.conftest import ROOT, Processes, wait_for, wait_for_workers
+from tests.store_steps import create_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -260,11 +261,11 @@ def test_stats_and_metrics_agree_on_queue_ages_and_the_sliding_window(
         older = ops.post("/v1/jobs", json=simulated("batch", 2, 5)).json()["id"]
         redis_client.hset(f"sl:job:{older}", "queued_at", repr(time.time() - 30))
         # and three jobs that ended: two now, one ten minutes ago (outside the 5 min window)
-        ended = [store.create(JobSpec(kind="simulated", slo="interactive",  # type: ignore[arg-type]
-                                      params={"steps": 1, "step_ms": 1}),
-                              tenant="ops", tier="gold", num_chunks=1, cost_key="simulated",
-                              cost_units=(1.0,), deadline_s=5, now_s=time.time() - 700,
-                              queue="interactive")[0] for _ in range(3)]
+        ended = [create_job(store, JobSpec(kind="simulated", slo="interactive",  # type: ignore[arg-type]
+                                    params={"steps": 1, "step_ms": 1}),
+                            tenant="ops", tier="gold", num_chunks=1, cost_key="simulated",
+                            cost_units=(1.0,), deadline_s=5, now_s=time.time() - 700,
+                            queue="interactive")[0] for _ in range(3)]
         for job_id, ago_s in zip(ended, (1, 2, 600), strict=True):
             store.transition(job_id, JobState.FAILED, by="test", reason="drill",
                              now_s=time.time() - ago_s)

@@ -24,11 +24,13 @@ from tasks.context import WorkerContext
 from tasks.dispatch import release
 from tasks.protocol import _tidy_objects
 from tasks.runtime import current_settings
-from tasks.store import CommitRequest, CommitStatus, JobStore
+from tasks.store import JobStore
+from tasks.store_calls import CommitRequest, CommitStatus
 from tasks.submit import JobService
 from tests.conftest import Processes, preempt_after, wait_for, wait_for_workers
 from tests.integration.test_model_jobs import IMAGE, uninterrupted_artifact
 from tests.object_store import SeaweedS3
+from tests.store_steps import claim_chunk
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -143,7 +145,7 @@ def test_a_stale_commit_removes_its_object_and_a_landed_one_removes_the_one_it_r
     job_id, _ = JobService(store, current_settings()).submit(JobSpec(
         kind="simulated", slo=SloClass.BATCH, deadline_s=600, params={"steps": 4}))
     ctx, objects = _worker(store, "w1"), _objects()
-    first, second = (store.claim_chunk(job_id, 0, 0, name, lease_s=5) for name in ("w1", "w2"))
+    first, second = (claim_chunk(store, job_id, 0, 0, name, lease_s=5) for name in ("w1", "w2"))
     assert not isinstance(first, str) and not isinstance(second, str)
     written = [objects.offload(job_id, 1, bytes(1024) + name) for name in (b"a", b"b")]
     assert written[0] is not None and written[1] is not None
@@ -157,7 +159,7 @@ def test_a_stale_commit_removes_its_object_and_a_landed_one_removes_the_one_it_r
     assert _object_names(objects, job_id) == [f"{objects.artifacts.root}/{written[0].name}"]
 
     # when the next chunk commits a checkpoint of its own
-    store.claim_chunk(job_id, 1, 0, "w1", lease_s=5)
+    claim_chunk(store, job_id, 1, 0, "w1", lease_s=5)
     later = objects.offload(job_id, 2, bytes(2048))
     assert later is not None
     request = _request(job_id, first.seq + 1, 1, later.encode())
@@ -213,7 +215,7 @@ def test_the_text_so_far_of_an_offloaded_text_checkpoint_is_read_from_the_store(
     objects = _objects()
     reference = objects.offload(job_id, 1, state.encode())
     assert reference is not None
-    claimed = store.claim_chunk(job_id, 0, 0, "w1", lease_s=5)
+    claimed = claim_chunk(store, job_id, 0, 0, "w1", lease_s=5)
     assert not isinstance(claimed, str)
     store.commit(_request(job_id, claimed.seq, 0, reference.encode()))
 

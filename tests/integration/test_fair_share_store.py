@@ -11,7 +11,9 @@ from app.schemas import JobSpec
 from scheduler.fairness import FairShareConfig, ServiceLedger, join
 from scheduler.lifecycle import JobState
 from tasks.fair_share import read_ledger, save_joined
-from tasks.store import CommitStatus, JobStore
+from tasks.store import JobStore
+from tasks.store_calls import CommitRequest, CommitStatus
+from tests.store_steps import claim_chunk, create_job
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -21,17 +23,17 @@ def test_a_commit_charges_its_tenants_band_once_and_the_counters_survive_a_resta
     # given a queued interactive job of tenant "acme"
     store = JobStore(redis_client)
     spec = JobSpec(kind="simulated", params={"steps": 2, "step_ms": 1})
-    job_id, _ = store.create(spec, tenant="acme", tier="gold", num_chunks=2, cost_key="sim",
-                             cost_units=[1, 1], deadline_s=5, now_s=100.0, queue="interactive")
+    job_id, _ = create_job(store, spec, tenant="acme", tier="gold", num_chunks=2, cost_key="sim",
+                           cost_units=[1, 1], deadline_s=5, now_s=100.0, queue="interactive")
     store.transition(job_id, JobState.QUEUED, by="test")
-    first = store.claim_chunk(job_id, 0, 0, "w1", lease_s=5)
-    duplicate = store.claim_chunk(job_id, 0, 0, "w2", lease_s=5)
+    first = claim_chunk(store, job_id, 0, 0, "w1", lease_s=5)
+    duplicate = claim_chunk(store, job_id, 0, 0, "w2", lease_s=5)
     assert not isinstance(first, str) and not isinstance(duplicate, str)
     # when its chunk commits, and a redelivered copy of it tries to
-    ok = store.commit_chunk(job_id, chunk=0, epoch=0, seq=first.seq, complete=True,
-                            checkpoint=b"x", service_s=0.25, worker="w1")
-    stale = store.commit_chunk(job_id, chunk=0, epoch=0, seq=duplicate.seq, complete=True,
-                               checkpoint=b"y", service_s=0.25, worker="w2")
+    ok = store.commit(CommitRequest(job_id, chunk=0, epoch=0, seq=first.seq, complete=True,
+                                    checkpoint=b"x", service_s=0.25, worker="w1"))
+    stale = store.commit(CommitRequest(job_id, chunk=0, epoch=0, seq=duplicate.seq, complete=True,
+                                       checkpoint=b"y", service_s=0.25, worker="w2"))
     assert ok.status is CommitStatus.HOP and stale.status is CommitStatus.STALE
     # then the band's counter holds the one measured charge
     ledger = read_ledger(redis_client)

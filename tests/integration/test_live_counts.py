@@ -28,7 +28,9 @@ from app.tenants import Tenant, TenantLimits
 from scheduler.lifecycle import TERMINAL_STATES, JobState, SloClass
 from tasks import keys
 from tasks.live_counts import LiveCounts
-from tasks.store import ClaimRequest, CommitRequest, JobStore
+from tasks.store import JobStore
+from tasks.store_calls import CommitRequest
+from tests.store_steps import claim_chunk, create_job
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -80,8 +82,8 @@ class LiveCountHistories(RuleBasedStateMachine):
         key = "same" if replay else f"k{next(self.names)}"
         spec = JobSpec(kind="simulated", slo=slo, params={"steps": chunks, "step_ms": 1},
                        idempotency_key=key)
-        job_id, created = self.store.create(
-            spec, tenant=tenant, tier="standard", num_chunks=chunks, cost_key="sim",
+        job_id, created = create_job(
+            self.store, spec, tenant=tenant, tier="standard", num_chunks=chunks, cost_key="sim",
             cost_units=[1.0] * chunks, deadline_s=5.0, now_s=100.0, queue=slo.value)
         if created:
             self.ids.append(job_id)
@@ -97,7 +99,7 @@ class LiveCountHistories(RuleBasedStateMachine):
     @rule(index=st.integers(0, 10_000))
     def claim(self, index: int) -> None:
         job_id, _, epoch, chunk, _ = self._record(index)
-        self.store.claim(ClaimRequest(job_id, chunk, epoch, "w1", 5.0, cached_seq=None))
+        claim_chunk(self.store, job_id, chunk, epoch, "w1", 5.0)
 
     @precondition(lambda self: self.ids)
     @rule(index=st.integers(0, 10_000), complete=st.booleans(), preempt=st.booleans())
@@ -159,9 +161,9 @@ def test_a_rebuild_counts_a_store_written_before_the_counters(
     # given unfinished jobs of two tenants, and their counters lost (an older store)
     store, counts = JobStore(redis_client), LiveCounts(redis_client)
     for tenant, slo in (("a", SloClass.BATCH), ("a", SloClass.BATCH), ("b", SloClass.REALTIME)):
-        store.create(JobSpec(kind="simulated", slo=slo, params={"steps": 1, "step_ms": 1}),
-                     tenant=tenant, tier="standard", num_chunks=1, cost_key="sim",
-                     cost_units=[1.0], deadline_s=5.0, now_s=100.0, queue=slo.value)
+        create_job(store, JobSpec(kind="simulated", slo=slo, params={"steps": 1, "step_ms": 1}),
+                   tenant=tenant, tier="standard", num_chunks=1, cost_key="sim",
+                   cost_units=[1.0], deadline_s=5.0, now_s=100.0, queue=slo.value)
     redis_client.delete(keys.LIVE_BY_STATE, keys.LIVE_BY_TENANT)
     assert counts.by_state().total == 0
     # when they are rebuilt; then they count every unfinished job

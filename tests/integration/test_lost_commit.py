@@ -24,8 +24,10 @@ from scheduler.lifecycle import JobState, SloClass
 from tasks.artifacts import ArtifactStore
 from tasks.context import WorkerContext
 from tasks.runtime import current_settings
-from tasks.store import CommitStatus, JobStore
+from tasks.store import JobStore
+from tasks.store_calls import CommitRequest, CommitStatus
 from tasks.submit import JobService
+from tests.store_steps import claim_with_state, create_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -50,8 +52,8 @@ class _Replica:
 
 def _create(store: JobStore) -> str:
     spec = JobSpec(kind="simulated", params={"steps": 3, "step_ms": 1})
-    job_id, _ = store.create(spec, tenant="t", tier="standard", num_chunks=3, cost_key="sim",
-                             cost_units=[1, 1, 1], deadline_s=5, now_s=100.0, queue="batch")
+    job_id, _ = create_job(store, spec, tenant="t", tier="standard", num_chunks=3, cost_key="sim",
+                           cost_units=[1, 1, 1], deadline_s=5, now_s=100.0, queue="batch")
     store.transition(job_id, JobState.QUEUED, by="test")
     return job_id
 
@@ -61,39 +63,39 @@ def test_a_claim_brings_the_checkpoint_to_the_worker_whose_commit_a_failover_los
     # given a job whose chunk 0 committed, replicated
     store = JobStore(redis_client)
     job_id = _create(store)
-    job, _ = store.claim_with_state(job_id, 0, 0, "w1", lease_s=5)
+    job, _ = claim_with_state(store, job_id, 0, 0, "w1", lease_s=5)
     assert not isinstance(job, str)
-    first = store.commit_chunk(job_id, chunk=0, epoch=0, seq=job.seq, complete=True,
-                               checkpoint=b"after-0", service_s=0.01, worker="w1",
-                               commit_id="c0")
+    first = store.commit(CommitRequest(job_id, chunk=0, epoch=0, seq=job.seq, complete=True,
+                                       checkpoint=b"after-0", service_s=0.01, worker="w1",
+                                       commit_id="c0"))
     replica = _Replica(redis_client)
     # and chunk 1 committed by w1 (which keeps the state it made in memory), then lost
-    job, _ = store.claim_with_state(job_id, 1, 0, "w1", lease_s=5, cached_seq=first.seq,
-                                    cached_commit="c0")
+    job, _ = claim_with_state(store, job_id, 1, 0, "w1", lease_s=5, cached_seq=first.seq,
+                              cached_commit="c0")
     assert not isinstance(job, str)
-    lost = store.commit_chunk(job_id, chunk=1, epoch=0, seq=job.seq, complete=True,
-                              checkpoint=b"after-1", service_s=0.01, worker="w1",
-                              commit_id="lost")
+    lost = store.commit(CommitRequest(job_id, chunk=1, epoch=0, seq=job.seq, complete=True,
+                                      checkpoint=b"after-1", service_s=0.01, worker="w1",
+                                      commit_id="lost"))
     assert lost.status is CommitStatus.HOP
     replica.promote()
     # when w2 replays chunk 1 and yields inside it: the same sequence number, another state
-    job, blob = store.claim_with_state(job_id, 1, 0, "w2", lease_s=5)
+    job, blob = claim_with_state(store, job_id, 1, 0, "w2", lease_s=5)
     assert not isinstance(job, str) and blob == b"after-0"
-    inside = store.commit_chunk(job_id, chunk=1, epoch=0, seq=job.seq, complete=False,
-                                checkpoint=b"inside-1", service_s=0.01, worker="w2",
-                                yielded=True, commit_id="c1")
+    inside = store.commit(CommitRequest(job_id, chunk=1, epoch=0, seq=job.seq, complete=False,
+                                        checkpoint=b"inside-1", service_s=0.01, worker="w2",
+                                        yielded=True, commit_id="c1"))
     assert (inside.status, inside.seq, inside.next_chunk) == (CommitStatus.HOP, lost.seq, 1)
 
     # then w1, holding the lost commit's state under that sequence number, gets the checkpoint
-    again, blob = store.claim_with_state(job_id, 1, 0, "w1", lease_s=5, cached_seq=lost.seq,
-                                         cached_commit="lost")
+    again, blob = claim_with_state(store, job_id, 1, 0, "w1", lease_s=5, cached_seq=lost.seq,
+                                   cached_commit="lost")
     assert not isinstance(again, str) and again.commit_id == "c1" and blob == b"inside-1"
     claims, _, blobs = store.claim_chunks([(job_id, 1, 0)], "w1", 5.0,
                                           cached_seqs={job_id: (lost.seq, "lost")})
     assert not isinstance(claims[0], str) and blobs == {job_id: b"inside-1"}
     # while a worker holding the state the job is at gets none
-    assert store.claim_with_state(job_id, 1, 0, "w2", lease_s=5, cached_seq=inside.seq,
-                                  cached_commit="c1")[1] is None
+    assert claim_with_state(store, job_id, 1, 0, "w2", lease_s=5, cached_seq=inside.seq,
+                            cached_commit="c1")[1] is None
 
 
 class _YieldingStore(JobStore):

@@ -14,8 +14,10 @@ from scheduler.lifecycle import TERMINAL_STATES, TRANSITIONS, JobState
 from tasks import keys, scripts
 from tasks.expert_updates import ExpertUpdates
 from tasks.read_model import ReadModel
-from tasks.store import ClaimRequest, CommitRequest, CommitStatus, JobStore
+from tasks.store import JobStore
+from tasks.store_calls import CommitRequest, CommitStatus
 from tasks.tick import Lease, _hold_lease, _take_lease
+from tests.store_steps import claim_with_state, create_job
 from workers.moe.versions import UpdatePolicy
 
 pytestmark = pytest.mark.timeout(60)
@@ -32,13 +34,13 @@ def _calls(client: redis.Redis) -> list[tuple[str, Callable[[], object]]]:
 
     def create() -> object:
         nonlocal job_id
-        job_id, created = store.create(spec, tenant="t", tier="standard", num_chunks=2,
-                                       cost_key="sim", cost_units=[1, 1], deadline_s=5,
-                                       now_s=100.0, queue="interactive")
+        job_id, created = create_job(store, spec, tenant="t", tier="standard", num_chunks=2,
+                                     cost_key="sim", cost_units=[1, 1], deadline_s=5,
+                                     now_s=100.0, queue="interactive")
         return created
 
     def claim() -> object:
-        record, _ = store.claim(ClaimRequest(job_id, 0, 0, "w1", 5.0))
+        record, _ = claim_with_state(store, job_id, 0, 0, "w1", 5.0)
         return not isinstance(record, str) and record.state is JobState.RUNNING
 
     def commit() -> object:

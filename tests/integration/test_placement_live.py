@@ -101,9 +101,9 @@ def test_a_submit_places_by_the_last_ticks_view_of_the_work_parked_on_each_worke
 ) -> None:
     from tasks.affinity import PlacementView, publish_placement_view, release_queue
     from tasks.affinity import WorkerDirectory as Directory
+    from tasks.heartbeat import write_heartbeat
     from tasks.record import JobRecord
     from tasks.routing import with_affinity
-    from tasks.store import write_heartbeat
 
     settings = current_settings()
     settings = settings.model_copy(update={"affinity": settings.affinity.model_copy(
@@ -248,8 +248,8 @@ def test_a_chunk_whose_model_left_its_worker_is_placed_anew_on_the_worker_holdin
     message is stale)."""
     from scheduler.recovery import Recovery, RecoveryCause
     from tasks.adapter import LiveTarget
+    from tasks.heartbeat import write_heartbeat
     from tasks.routing import with_affinity
-    from tasks.store import write_heartbeat
 
     settings = current_settings()
     settings = settings.model_copy(update={"affinity": settings.affinity.model_copy(
@@ -291,9 +291,9 @@ def test_a_chunk_parked_on_a_busy_worker_moves_to_an_idle_worker_holding_its_mod
     from scheduler.recovery import RecoveryCause
     from tasks.adapter import LiveTarget, policy_config
     from tasks.affinity import ExpectedLoads
+    from tasks.heartbeat import write_heartbeat
     from tasks.routing import with_affinity
     from tasks.snapshot import learned_cost_model, read_snapshot
-    from tasks.store import write_heartbeat
 
     settings = current_settings()
     settings = settings.model_copy(update={"affinity": settings.affinity.model_copy(

@@ -14,9 +14,11 @@ from tasks.record import encode
 from tasks.runtime import current_settings
 from tasks.settings import Settings, load_settings
 from tasks.spec import JobSpec
-from tasks.store import CommitStatus, JobStore
+from tasks.store import JobStore
+from tasks.store_calls import CommitRequest, CommitStatus
 from tasks.submit import JobService
 from tests.conftest import recover_once
+from tests.store_steps import claim_chunk
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
@@ -37,12 +39,13 @@ def _running_job(store: JobStore, commits: int, service_s: float = 0.1) -> str:
         kind="simulated", slo=SloClass.BATCH, params={"steps": 10, "step_ms": 100},
         deadline_s=600))
     for chunk in range(commits):
-        claim = store.claim_chunk(job_id, chunk, 0, "w-test", lease_s=100)
+        claim = claim_chunk(store, job_id, chunk, 0, "w-test", lease_s=100)
         assert not isinstance(claim, str), claim
-        commit = store.commit_chunk(job_id, chunk=chunk, epoch=0, seq=claim.seq, complete=True,
-                                    checkpoint=b"{}", service_s=service_s, worker="w-test")
+        commit = store.commit(CommitRequest(job_id, chunk=chunk, epoch=0, seq=claim.seq,
+                                            complete=True, checkpoint=b"{}", service_s=service_s,
+                                            worker="w-test"))
         assert commit.status is CommitStatus.HOP
-    assert not isinstance(store.claim_chunk(job_id, commits, 0, "w-test", lease_s=100), str)
+    assert not isinstance(claim_chunk(store, job_id, commits, 0, "w-test", lease_s=100), str)
     return job_id
 
 
@@ -63,8 +66,8 @@ def test_a_chunk_far_over_its_jobs_median_is_requeued_under_a_new_epoch(store: J
     record = store.record(job_id)
     assert (record.state, record.epoch, record.stuck) == (JobState.QUEUED, 1, 1)
     assert str(record.last_task_id).startswith(f"{job_id}.3.1.")  # chunk 3 republished, epoch 1
-    late = store.commit_chunk(job_id, chunk=3, epoch=0, seq=3, complete=True, checkpoint=None,
-                              service_s=9, worker="w-test")
+    late = store.commit(CommitRequest(job_id, chunk=3, epoch=0, seq=3, complete=True,
+                                      checkpoint=None, service_s=9, worker="w-test"))
     assert late.status is CommitStatus.STALE  # the stuck attempt's commit is fenced
 
 
@@ -110,7 +113,7 @@ def test_each_stuck_requeue_doubles_the_allowance(store: JobStore) -> None:
     job_id = _running_job(store, commits=3)
     settings = _settings()
     assert recover_once(store, settings, _at(store, job_id) + 0.6) == [job_id]
-    assert not isinstance(store.claim_chunk(job_id, 3, 1, "w-other", lease_s=100), str)
+    assert not isinstance(claim_chunk(store, job_id, 3, 1, "w-other", lease_s=100), str)
 
     started = _at(store, job_id)
     assert recover_once(store, settings, started + 0.9) == []

@@ -19,7 +19,8 @@ from scheduler.lifecycle import JobState, SloClass
 from tasks.dispatch import release
 from tasks.routing import ALL_QUEUES
 from tasks.runtime import current_settings, separate_broker
-from tasks.store import CommitStatus, JobStore
+from tasks.store import JobStore
+from tasks.store_calls import CommitRequest, CommitStatus
 from tasks.submit import JobService
 from tests.conftest import (
     Processes,
@@ -31,6 +32,7 @@ from tests.conftest import (
     wait_for_workers,
 )
 from tests.integration.test_model_jobs import IMAGE, uninterrupted_artifact
+from tests.store_steps import claim_chunk, create_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -170,19 +172,19 @@ def test_a_hop_committed_but_never_published_is_published_on_the_broker_by_the_t
     settings = current_settings()
     store = _store(redis_client, broker_redis)
     spec = JobSpec(kind="simulated", params={"steps": 2, "step_ms": 1})
-    job_id, _ = store.create(spec, tenant="t", tier="standard", num_chunks=2, cost_key="sim",
-                             cost_units=[1.0, 1.0], deadline_s=60, now_s=time.time(),
-                             queue="interactive")
+    job_id, _ = create_job(store, spec, tenant="t", tier="standard", num_chunks=2, cost_key="sim",
+                           cost_units=[1.0, 1.0], deadline_s=60, now_s=time.time(),
+                           queue="interactive")
     assert release(store, store.record(job_id), queue="interactive", by="test", reason="test")
     assert broker_redis.llen("interactive") == 1
 
     # when a worker takes it, commits chunk 0 and dies before publishing chunk 1
     broker_redis.rpop("interactive")
-    claimed = store.claim_chunk(job_id, 0, 0, "w1@test", settings.broker.chunk_lease)
+    claimed = claim_chunk(store, job_id, 0, 0, "w1@test", settings.broker.chunk_lease)
     assert not isinstance(claimed, str), claimed
-    commit = store.commit_chunk(job_id, chunk=0, epoch=0, seq=claimed.seq, complete=True,
-                                checkpoint=b"state", service_s=0.001, worker="w1@test",
-                                hop_queues={}, then_continue=False)
+    commit = store.commit(CommitRequest(job_id, chunk=0, epoch=0, seq=claimed.seq, complete=True,
+                                        checkpoint=b"state", service_s=0.001, worker="w1@test",
+                                        hop_queues={}, then_continue=False))
     assert commit.status is CommitStatus.HOP and commit.published is None
     assert broker_redis.llen("interactive") == 0
 

@@ -20,11 +20,14 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from scheduler import PolicyConfig
 from scheduler.lifecycle import JobState
 from tasks import keys
-from tasks.heartbeat import Heartbeat
+from tasks.heartbeat import Heartbeat, write_heartbeat
 from tasks.record import JobRecord, encode
+from tasks.script_batch import ScriptBatch
 from tasks.snapshot import SnapshotCache, read_snapshot
 from tasks.spec import JobSpec
-from tasks.store import JobStore, ScriptBatch, write_heartbeat
+from tasks.store import JobStore
+from tasks.store_calls import CommitRequest
+from tests.store_steps import claim_chunk, create_job, renew_lease
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -87,8 +90,8 @@ class CacheAgainstFullRead(RuleBasedStateMachine):
             depends_on = [*self.jobs[-1:], "never-existed"]
         spec = JobSpec(kind="simulated", params={"steps": chunks, "step_ms": 1},
                        depends_on=depends_on)
-        job_id, _ = self.store.create(
-            spec, tenant="t", tier="standard", num_chunks=chunks, cost_key="sim",
+        job_id, _ = create_job(
+            self.store, spec, tenant="t", tier="standard", num_chunks=chunks, cost_key="sim",
             cost_units=[1.0 + (i % 2) for i in range(chunks)], deadline_s=60,
             now_s=time.time(), queue="interactive")
         self.jobs.append(job_id)
@@ -111,18 +114,18 @@ class CacheAgainstFullRead(RuleBasedStateMachine):
     def claim(self, job: int) -> None:
         seen = self._in({JobState.QUEUED}, job)
         if seen is not None:
-            self.store.claim_chunk(seen.job_id, seen.next_chunk, seen.epoch,
-                                   f"w{job % 2}", LEASE_S)
+            claim_chunk(self.store, seen.job_id, seen.next_chunk, seen.epoch,
+                        f"w{job % 2}", LEASE_S)
 
     @rule(job=PICK, complete=st.booleans(), service_ms=st.integers(1, 900))
     def commit(self, job: int, complete: bool, service_ms: int) -> None:
         seen = self._in({JobState.RUNNING}, job)
         if seen is None:
             return
-        self.store.commit_chunk(
+        self.store.commit(CommitRequest(
             seen.job_id, chunk=seen.next_chunk, epoch=seen.epoch, seq=seen.seq,
             complete=complete, checkpoint=b"ckpt", service_s=service_ms / 1000,
-            worker=seen.running_on or "w", then_continue=job % 2 == 0)
+            worker=seen.running_on or "w", then_continue=job % 2 == 0))
 
     @rule(job=PICK, service_ms=st.lists(st.integers(1, 900), min_size=1, max_size=3))
     def an_atomic_worker_runs_on(self, job: int, service_ms: list[int]) -> None:
@@ -131,10 +134,10 @@ class CacheAgainstFullRead(RuleBasedStateMachine):
             seen = self._in({JobState.RUNNING}, job)
             if seen is None or seen.next_chunk >= seen.num_chunks:
                 return
-            self.store.commit_chunk(
+            self.store.commit(CommitRequest(
                 seen.job_id, chunk=seen.next_chunk, epoch=seen.epoch, seq=seen.seq,
                 complete=True, checkpoint=b"ckpt", service_s=ms / 1000,
-                worker=seen.running_on or "w", then_continue=True)
+                worker=seen.running_on or "w", then_continue=True))
 
     @rule(job=PICK, action=st.sampled_from(["preempt", "suspend", "cancel", "expire", "fail",
                                             "estimate", "standby", "level", "lease",
@@ -160,7 +163,7 @@ class CacheAgainstFullRead(RuleBasedStateMachine):
         elif action == "level":
             self.store.set_fields(seen.job_id, level=job % 3, level_mark_s=float(job))
         elif action == "lease":
-            self.store.renew_lease(seen.job_id, LEASE_S)
+            renew_lease(self.store, seen.job_id, LEASE_S)
         else:
             self.store.fail_unreadable(seen.job_id, "unreadable")
 
@@ -204,14 +207,14 @@ class CacheAgainstFullRead(RuleBasedStateMachine):
 
     def _another_writer(self, seen: JobRecord, race: str) -> None:
         if race.startswith("lease"):  # a MULTI: its mark carries no revision
-            self.store.renew_lease(seen.job_id, LEASE_S)
+            renew_lease(self.store, seen.job_id, LEASE_S)
         elif race.startswith("note"):  # a script: its mark carries the revision
             self.store.set_fields(seen.job_id, expert_version=race)
         elif seen.state is JobState.RUNNING:  # a worker's commit: the tick's fences refuse
-            self.store.commit_chunk(
+            self.store.commit(CommitRequest(
                 seen.job_id, chunk=seen.next_chunk, epoch=seen.epoch, seq=seen.seq,
                 complete=True, checkpoint=b"ckpt", service_s=0.01,
-                worker=seen.running_on or "w", then_continue=True)
+                worker=seen.running_on or "w", then_continue=True))
 
     @rule(worker=st.integers(0, 2), busy=PICK)
     def worker_beats(self, worker: int, busy: int) -> None:
@@ -272,9 +275,9 @@ def test_only_marked_records_are_read_and_a_trimmed_stream_reads_everything(
     # given ten live jobs and a cache that has read them all once
     store = JobStore(redis_client)
     spec = JobSpec(kind="simulated", params={"steps": 2, "step_ms": 1})
-    ids = [store.create(spec, tenant="t", tier="standard", num_chunks=2, cost_key="sim",
-                        cost_units=[1.0, 1.0], deadline_s=60, now_s=time.time(),
-                        queue="interactive")[0] for _ in range(10)]
+    ids = [create_job(store, spec, tenant="t", tier="standard", num_chunks=2, cost_key="sim",
+                      cost_units=[1.0, 1.0], deadline_s=60, now_s=time.time(),
+                      queue="interactive")[0] for _ in range(10)]
     cache = SnapshotCache(store)
     cache.read(POLICY.new_cost_model(), POLICY, time.time())
     assert (cache.full_reads, cache.changed) == (1, 10)
@@ -299,18 +302,18 @@ def test_a_long_running_jobs_own_chunk_time_follows_its_commits_without_rereadin
     # given a job running chunk after chunk under one claim, long-running at the tick's clock
     store = JobStore(redis_client)
     spec = JobSpec(kind="simulated", params={"steps": 6, "step_ms": 1})
-    job_id, _ = store.create(spec, tenant="t", tier="standard", num_chunks=6, cost_key="sim",
-                             cost_units=[1.0, 2.0, 1.0, 2.0, 1.0, 2.0], deadline_s=60,
-                             now_s=time.time(), queue="interactive")
+    job_id, _ = create_job(store, spec, tenant="t", tier="standard", num_chunks=6, cost_key="sim",
+                           cost_units=[1.0, 2.0, 1.0, 2.0, 1.0, 2.0], deadline_s=60,
+                           now_s=time.time(), queue="interactive")
     store.transition(job_id, JobState.QUEUED, by="test")
-    store.claim_chunk(job_id, 0, 0, "w", LEASE_S)
+    claim_chunk(store, job_id, 0, 0, "w", LEASE_S)
     cache = SnapshotCache(store)
     owns = []
     for i in range(5):
         r = store.record(job_id)
-        store.commit_chunk(job_id, chunk=r.next_chunk, epoch=r.epoch, seq=r.seq, complete=True,
-                           checkpoint=b"c", service_s=0.1 * (i + 1) ** 2, worker="w",
-                           then_continue=True)
+        store.commit(CommitRequest(job_id, chunk=r.next_chunk, epoch=r.epoch, seq=r.seq,
+                                   complete=True, checkpoint=b"c", service_s=0.1 * (i + 1) ** 2,
+                                   worker="w", then_continue=True))
         now = time.time() + 1000.0
         # when the tick reads after each commit
         folded = cache.read(POLICY.new_cost_model(), POLICY, now).snapshot.jobs[0]

@@ -9,17 +9,19 @@ from app.schemas import JobSpec
 from scheduler.errors import IllegalTransition
 from scheduler.lifecycle import JobState
 from tasks import keys
-from tasks.heartbeat import Heartbeat
+from tasks.heartbeat import Heartbeat, write_heartbeat
 from tasks.record import UnreadableRecord, encode
-from tasks.store import CommitStatus, JobStore, write_heartbeat
+from tasks.store import JobStore
+from tasks.store_calls import CommitRequest, CommitStatus
+from tests.store_steps import claim_chunk, claim_with_state, create_job
 
 pytestmark = pytest.mark.timeout(30)
 
 
 def _create(store: JobStore, key: str | None = None) -> tuple[str, bool]:
     spec = JobSpec(kind="simulated", params={"steps": 3, "step_ms": 1}, idempotency_key=key)
-    return store.create(spec, tenant="t", tier="standard", num_chunks=3, cost_key="sim",
-                        cost_units=[1, 1, 1], deadline_s=5, now_s=100.0, queue="interactive")
+    return create_job(store, spec, tenant="t", tier="standard", num_chunks=3, cost_key="sim",
+                      cost_units=[1, 1, 1], deadline_s=5, now_s=100.0, queue="interactive")
 
 
 def test_an_illegal_transition_raises_and_changes_nothing(redis_client: redis.Redis) -> None:
@@ -54,13 +56,13 @@ def test_a_redelivered_chunk_cannot_commit_twice(redis_client: redis.Redis) -> N
     store = JobStore(redis_client)
     job_id, _ = _create(store)
     store.transition(job_id, JobState.QUEUED, by="test")
-    first = store.claim_chunk(job_id, 0, 0, "w1", lease_s=5)
-    duplicate = store.claim_chunk(job_id, 0, 0, "w2", lease_s=5)
+    first = claim_chunk(store, job_id, 0, 0, "w1", lease_s=5)
+    duplicate = claim_chunk(store, job_id, 0, 0, "w2", lease_s=5)
     assert not isinstance(first, str) and not isinstance(duplicate, str)
-    ok = store.commit_chunk(job_id, chunk=0, epoch=0, seq=first.seq, complete=True,
-                            checkpoint=b"x", service_s=0.1, worker="w1")
-    again = store.commit_chunk(job_id, chunk=0, epoch=0, seq=duplicate.seq, complete=True,
-                               checkpoint=b"y", service_s=0.1, worker="w2")
+    ok = store.commit(CommitRequest(job_id, chunk=0, epoch=0, seq=first.seq, complete=True,
+                                    checkpoint=b"x", service_s=0.1, worker="w1"))
+    again = store.commit(CommitRequest(job_id, chunk=0, epoch=0, seq=duplicate.seq, complete=True,
+                                       checkpoint=b"y", service_s=0.1, worker="w2"))
     assert ok.status is CommitStatus.HOP and ok.next_chunk == 1
     assert again.status is CommitStatus.STALE
     assert store.load_checkpoint(job_id) == b"x"
@@ -69,10 +71,10 @@ def test_a_redelivered_chunk_cannot_commit_twice(redis_client: redis.Redis) -> N
 def _claim_all(store: JobStore, job_id: str, chunks: int) -> None:
     """Run ``chunks`` chunks by hand: claim, commit, hop."""
     for chunk in range(chunks):
-        job = store.claim_chunk(job_id, chunk, 0, "w1", lease_s=5)
+        job = claim_chunk(store, job_id, chunk, 0, "w1", lease_s=5)
         assert not isinstance(job, str), job
-        store.commit_chunk(job_id, chunk=chunk, epoch=0, seq=job.seq, complete=True,
-                           checkpoint=b"s", service_s=0.01, worker="w1")
+        store.commit(CommitRequest(job_id, chunk=chunk, epoch=0, seq=job.seq, complete=True,
+                                   checkpoint=b"s", service_s=0.01, worker="w1"))
 
 
 def test_the_last_commit_finishes_the_job_in_the_same_step(redis_client: redis.Redis) -> None:
@@ -81,12 +83,12 @@ def test_the_last_commit_finishes_the_job_in_the_same_step(redis_client: redis.R
     job_id, _ = _create(store)
     store.transition(job_id, JobState.QUEUED, by="test")
     _claim_all(store, job_id, 2)
-    job = store.claim_chunk(job_id, 2, 0, "w1", lease_s=5)
+    job = claim_chunk(store, job_id, 2, 0, "w1", lease_s=5)
     assert not isinstance(job, str)
     # when its last chunk commits
-    done = store.commit_chunk(job_id, chunk=2, epoch=0, seq=job.seq, complete=True,
-                              checkpoint=None, service_s=0.01, worker="w1",
-                              artifact=("a.png", "image/png"))
+    done = store.commit(CommitRequest(job_id, chunk=2, epoch=0, seq=job.seq, complete=True,
+                                      checkpoint=None, service_s=0.01, worker="w1",
+                                      artifact=("a.png", "image/png")))
     # then the job is DONE at once, with its artifact, out of the live set
     record = store.record(job_id)
     assert done.status is CommitStatus.DONE and record.state is JobState.DONE
@@ -100,15 +102,15 @@ def test_a_tick_acting_on_a_snapshot_from_before_the_last_commit_changes_nothing
     # given a running 1-chunk job, snapshotted by the tick while its only chunk runs
     store = JobStore(redis_client)
     spec = JobSpec(kind="simulated", params={"steps": 1, "step_ms": 1})
-    job_id, _ = store.create(spec, tenant="t", tier="standard", num_chunks=1, cost_key="sim",
-                             cost_units=[1], deadline_s=5, now_s=100.0, queue="interactive")
+    job_id, _ = create_job(store, spec, tenant="t", tier="standard", num_chunks=1, cost_key="sim",
+                           cost_units=[1], deadline_s=5, now_s=100.0, queue="interactive")
     store.transition(job_id, JobState.QUEUED, by="test")
-    claimed = store.claim_chunk(job_id, 0, 0, "w1", lease_s=5)
+    claimed = claim_chunk(store, job_id, 0, 0, "w1", lease_s=5)
     assert not isinstance(claimed, str)
     seen = store.record(job_id)
     # when the worker commits the last chunk, and then the tick moves the job to standby
-    store.commit_chunk(job_id, chunk=0, epoch=0, seq=claimed.seq, complete=True,
-                       checkpoint=None, service_s=0.01, worker="w1")
+    store.commit(CommitRequest(job_id, chunk=0, epoch=0, seq=claimed.seq, complete=True,
+                               checkpoint=None, service_s=0.01, worker="w1"))
     moved = store.transition_as_seen(seen, JobState.QUEUED, by="scheduler", reason="standby",
                                      updates=encode(epoch=seen.epoch + 1, queue="standby"))
     # then the tick's move is refused and the job stays DONE
@@ -124,7 +126,7 @@ def test_no_claim_or_commit_can_run_past_the_last_chunk(redis_client: redis.Redi
     _claim_all(store, job_id, 3)
     # when a chunk past the end is claimed, even with the job forced back to QUEUED
     redis_client.hset(f"sl:job:{job_id}", mapping={"state": "QUEUED"})
-    stale = store.claim_chunk(job_id, 3, 0, "w1", lease_s=5)
+    stale = claim_chunk(store, job_id, 3, 0, "w1", lease_s=5)
     # then the claim is refused and the cursor never moves past the end
     assert isinstance(stale, str) and "past the last" in stale
     assert store.record(job_id).next_chunk == 3
@@ -152,14 +154,14 @@ def test_a_preempt_flag_stops_the_job_at_its_commit_with_a_durable_checkpoint(
     store = JobStore(redis_client)
     job_id, _ = _create(store)
     store.transition(job_id, JobState.QUEUED, by="test")
-    job = store.claim_chunk(job_id, 0, 0, "w1", lease_s=5)
+    job = claim_chunk(store, job_id, 0, 0, "w1", lease_s=5)
     assert not isinstance(job, str)
     assert store.request_preempt(job_id, state=JobState.RUNNING, epoch=0)
     # when the worker commits without a checkpoint, then with one
-    first = store.commit_chunk(job_id, chunk=0, epoch=0, seq=job.seq, complete=True,
-                               checkpoint=None, service_s=0.01, worker="w1")
-    second = store.commit_chunk(job_id, chunk=0, epoch=0, seq=job.seq, complete=True,
-                                checkpoint=b"c", service_s=0.01, worker="w1")
+    first = store.commit(CommitRequest(job_id, chunk=0, epoch=0, seq=job.seq, complete=True,
+                                       checkpoint=None, service_s=0.01, worker="w1"))
+    second = store.commit(CommitRequest(job_id, chunk=0, epoch=0, seq=job.seq, complete=True,
+                                        checkpoint=b"c", service_s=0.01, worker="w1"))
     # then the store asks for the checkpoint, and the job stops PREEMPTED with it saved
     assert first.status is CommitStatus.NEEDS_CHECKPOINT
     assert second.status is CommitStatus.PREEMPTED
@@ -172,8 +174,8 @@ def test_a_message_from_an_old_epoch_is_fenced(redis_client: redis.Redis) -> Non
     store = JobStore(redis_client)
     job_id, _ = _create(store)
     store.transition(job_id, JobState.QUEUED, by="test", updates={"epoch": "1"})
-    assert isinstance(store.claim_chunk(job_id, 0, 0, "w1", lease_s=5), str)
-    assert not isinstance(store.claim_chunk(job_id, 0, 1, "w1", lease_s=5), str)
+    assert isinstance(claim_chunk(store, job_id, 0, 0, "w1", lease_s=5), str)
+    assert not isinstance(claim_chunk(store, job_id, 0, 1, "w1", lease_s=5), str)
 
 
 def test_cancel_of_a_waiting_job_is_immediate(redis_client: redis.Redis) -> None:
@@ -199,9 +201,9 @@ def test_a_long_jobs_whole_history_is_kept_and_expires_only_after_it_ends(
         redis_client: redis.Redis) -> None:
     store = JobStore(redis_client)
     spec = JobSpec(kind="simulated", params={"steps": 3, "step_ms": 1})
-    job_id, _ = store.create(spec, tenant="t", tier="standard", num_chunks=3, cost_key="sim",
-                             cost_units=[1, 1, 1], deadline_s=5, now_s=100.0,
-                             queue="interactive", events_ttl_s=3600.0)
+    job_id, _ = create_job(store, spec, tenant="t", tier="standard", num_chunks=3, cost_key="sim",
+                           cost_units=[1, 1, 1], deadline_s=5, now_s=100.0,
+                           queue="interactive", events_ttl_s=3600.0)
     for i in range(700):  # far more than the ~512 entries a capped stream would keep
         moved = JobState.QUEUED if i % 2 == 0 else JobState.SUSPENDED
         store.transition(job_id, moved, by="test", reason=f"move {i}")
@@ -218,24 +220,24 @@ def test_a_claim_brings_the_checkpoint_unless_the_worker_holds_that_state(
     store = JobStore(redis_client)
     job_id, _ = _create(store)
     store.transition(job_id, JobState.QUEUED, by="test")
-    job, blob = store.claim_with_state(job_id, 0, 0, "w1", lease_s=5)
+    job, blob = claim_with_state(store, job_id, 0, 0, "w1", lease_s=5)
     assert not isinstance(job, str) and blob is None
     # when its first chunk commits a checkpoint and hops
-    hop = store.commit_chunk(job_id, chunk=0, epoch=0, seq=job.seq, complete=True,
-                             checkpoint=b"state-1", service_s=0.01, worker="w1")
+    hop = store.commit(CommitRequest(job_id, chunk=0, epoch=0, seq=job.seq, complete=True,
+                                     checkpoint=b"state-1", service_s=0.01, worker="w1"))
     assert hop.status is CommitStatus.HOP
     # then a worker holding no state (or an older one) gets the checkpoint with the claim,
-    again, blob = store.claim_with_state(job_id, 1, 0, "w2", lease_s=5, cached_seq=-1)
+    again, blob = claim_with_state(store, job_id, 1, 0, "w2", lease_s=5, cached_seq=-1)
     assert not isinstance(again, str) and again.seq == hop.seq and blob == b"state-1"
-    assert store.claim_with_state(job_id, 1, 0, "w2", lease_s=5, cached_seq=0)[1] == b"state-1"
+    assert claim_with_state(store, job_id, 1, 0, "w2", lease_s=5, cached_seq=0)[1] == b"state-1"
     # one holding this very state (its seq and commit) gets none, nor does a plain claim, nor a
     # stale one
-    assert store.claim_with_state(job_id, 1, 0, "w1", lease_s=5, cached_seq=hop.seq,
-                                  cached_commit=hop.commit_id)[1] is None
-    assert store.claim_with_state(job_id, 1, 0, "w1", lease_s=5, cached_seq=hop.seq,
-                                  cached_commit="another")[1] == b"state-1"
-    assert store.claim_with_state(job_id, 1, 0, "w1", lease_s=5, cached_seq=None)[1] is None
-    stale, blob = store.claim_with_state(job_id, 0, 0, "w1", lease_s=5)
+    assert claim_with_state(store, job_id, 1, 0, "w1", lease_s=5, cached_seq=hop.seq,
+                            cached_commit=hop.commit_id)[1] is None
+    assert claim_with_state(store, job_id, 1, 0, "w1", lease_s=5, cached_seq=hop.seq,
+                            cached_commit="another")[1] == b"state-1"
+    assert claim_with_state(store, job_id, 1, 0, "w1", lease_s=5, cached_seq=None)[1] is None
+    stale, blob = claim_with_state(store, job_id, 0, 0, "w1", lease_s=5)
     assert isinstance(stale, str) and blob is None
     # and a batch's claims say the same, per job, in one round trip
     claims, _, blobs = store.claim_chunks([(job_id, 1, 0)], "w3", 5.0)
@@ -247,18 +249,19 @@ def test_a_claim_brings_the_checkpoint_unless_the_worker_holds_that_state(
 
 def test_a_hop_commit_pushes_the_next_message_and_a_stop_or_a_stale_one_pushes_none(
         redis_client: redis.Redis) -> None:
-    from tasks.store import NextMessage
+    from tasks.store_calls import NextMessage
 
     store = JobStore(redis_client)
     job_id, _ = _create(store)
     store.transition(job_id, JobState.QUEUED, by="test")
-    job = store.claim_chunk(job_id, 0, 0, "w1", lease_s=5)
+    job = claim_chunk(store, job_id, 0, 0, "w1", lease_s=5)
     assert not isinstance(job, str)
     message = NextMessage(f"{job_id}.1.0.abc", '{"q": ', "}")
     # when the chunk commits and the job hops, to the worker's own queue for its class
-    hop = store.commit_chunk(job_id, chunk=0, epoch=0, seq=job.seq, complete=True,
-                             checkpoint=b"s", service_s=0.01, worker="w1",
-                             hop_queues={"interactive": "w1.interactive"}, next_message=message)
+    hop = store.commit(CommitRequest(job_id, chunk=0, epoch=0, seq=job.seq, complete=True,
+                                     checkpoint=b"s", service_s=0.01, worker="w1",
+                                     hop_queues={"interactive": "w1.interactive"},
+                                     next_message=message))
     # then the message is on that queue's list, the record says it was published
     assert hop.status is CommitStatus.HOP and hop.published == message.task_id
     assert redis_client.lrange("w1.interactive", 0, -1) == [b'{"q": "w1.interactive"}']
@@ -267,17 +270,17 @@ def test_a_hop_commit_pushes_the_next_message_and_a_stop_or_a_stale_one_pushes_n
     assert (record.published, record.last_task_id, record.queue) == (1, message.task_id,
                                                                      "w1.interactive")
     # a duplicate commit of the same chunk pushes nothing
-    stale = store.commit_chunk(job_id, chunk=0, epoch=0, seq=job.seq, complete=True,
-                               checkpoint=b"s", service_s=0.01, worker="w1",
-                               next_message=message)
+    stale = store.commit(CommitRequest(job_id, chunk=0, epoch=0, seq=job.seq, complete=True,
+                                       checkpoint=b"s", service_s=0.01, worker="w1",
+                                       next_message=message))
     assert stale.status is CommitStatus.STALE and redis_client.llen("w1.interactive") == 1
     # nor does a commit that stops the job (a preempt flag)
-    job = store.claim_chunk(job_id, 1, 0, "w1", lease_s=5)
+    job = claim_chunk(store, job_id, 1, 0, "w1", lease_s=5)
     assert not isinstance(job, str)
     store.set_fields(job_id, preempt=True)
-    stop = store.commit_chunk(job_id, chunk=1, epoch=0, seq=job.seq, complete=True,
-                              checkpoint=b"s", service_s=0.01, worker="w1",
-                              next_message=NextMessage(f"{job_id}.2.0.def", "[", "]"))
+    stop = store.commit(CommitRequest(job_id, chunk=1, epoch=0, seq=job.seq, complete=True,
+                                      checkpoint=b"s", service_s=0.01, worker="w1",
+                                      next_message=NextMessage(f"{job_id}.2.0.def", "[", "]")))
     assert stop.status is CommitStatus.PREEMPTED and stop.published is None
     assert redis_client.llen("w1.interactive") == 1 and redis_client.llen("interactive") == 0
 
@@ -289,13 +292,13 @@ def test_a_job_placed_on_a_worker_hops_to_that_workers_own_queue_for_its_class(
     job_id, _ = _create(store)
     store.transition(job_id, JobState.QUEUED, by="test")
     store.set_fields(job_id, queue="w1@h.x.batch.placed")
-    job = store.claim_chunk(job_id, 0, 0, "w1@h.x", lease_s=5)
+    job = claim_chunk(store, job_id, 0, 0, "w1@h.x", lease_s=5)
     assert not isinstance(job, str)
     # when its first chunk commits on that worker
-    hop = store.commit_chunk(job_id, chunk=0, epoch=0, seq=job.seq, complete=True,
-                             checkpoint=b"s", service_s=0.01, worker="w1@h.x",
-                             hop_queues={"interactive": "w1@h.x.interactive",
-                                         "batch": "w1@h.x.batch"})
+    hop = store.commit(CommitRequest(job_id, chunk=0, epoch=0, seq=job.seq, complete=True,
+                                     checkpoint=b"s", service_s=0.01, worker="w1@h.x",
+                                     hop_queues={"interactive": "w1@h.x.interactive",
+                                                 "batch": "w1@h.x.batch"}))
     # then its next chunk waits in the worker's own queue for its class, batch
     assert hop.status is CommitStatus.HOP
     assert store.record(job_id).queue == "w1@h.x.batch"

@@ -31,9 +31,12 @@ from hypothesis.stateful import (
 from scheduler.lifecycle import TRANSITIONS, JobState
 from tasks import keys
 from tasks.record import JobRecord, encode
+from tasks.script_batch import ScriptBatch
 from tasks.snapshot import SnapshotCache
 from tasks.spec import JobSpec
-from tasks.store import Commit, CommitStatus, JobStore, ScriptBatch
+from tasks.store import JobStore
+from tasks.store_calls import Commit, CommitRequest, CommitStatus
+from tests.store_steps import claim_chunk, create_job, renew_lease
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -278,8 +281,8 @@ class StoreInterleavings(RuleBasedStateMachine):
         claims = (_state(now) in (JobState.QUEUED, JobState.RUNNING)
                   and _matches(now, encode(epoch=message.epoch, next_chunk=message.chunk))
                   and message.chunk < int(now["num_chunks"]))
-        claimed = self.store.claim_chunk(message.job_id, message.chunk, message.epoch, worker,
-                                         LEASE_S)
+        claimed = claim_chunk(self.store, message.job_id, message.chunk, message.epoch, worker,
+                              LEASE_S)
         assert isinstance(claimed, str) != claims, f"claim {message}: {claimed}; was {now}"
         if isinstance(claimed, str):
             job = self.store.record(message.job_id)
@@ -306,12 +309,12 @@ class StoreInterleavings(RuleBasedStateMachine):
             seq, nxt = attempt.seq + 1, attempt.chunk + int(complete)
             now = self.store.fields(attempt.message.job_id)
             expected = _commit_outcome(now, attempt, complete, with_checkpoint, job.atomic)
-            commit = self.store.commit_chunk(
+            commit = self.store.commit(CommitRequest(
                 attempt.message.job_id, chunk=attempt.chunk, epoch=attempt.message.epoch,
                 seq=attempt.seq, complete=complete,
                 checkpoint=f"seq={seq} chunk={nxt}".encode() if with_checkpoint else None,
                 service_s=0.001, worker=attempt.worker, hop_queues={},
-                then_continue=job.atomic)
+                then_continue=job.atomic))
             assert commit.status is expected, f"{attempt}: {commit}, expected {expected}: {now}"
             if commit.status is not CommitStatus.NEEDS_CHECKPOINT:
                 break
@@ -356,8 +359,8 @@ class StoreInterleavings(RuleBasedStateMachine):
 
     def _new_job(self, num_chunks: int, atomic: bool, released: bool) -> None:
         spec = JobSpec(kind="simulated", params={"steps": num_chunks, "step_ms": 1})
-        job_id, created = self.store.create(
-            spec, tenant="t", tier="standard", num_chunks=num_chunks, cost_key="sim",
+        job_id, created = create_job(
+            self.store, spec, tenant="t", tier="standard", num_chunks=num_chunks, cost_key="sim",
             cost_units=[1.0] * num_chunks, deadline_s=60, now_s=time.time(), queue=CLASS_QUEUE,
             atomic=atomic)
         assert created
@@ -428,7 +431,7 @@ class StoreInterleavings(RuleBasedStateMachine):
         """A blind write of the record by someone else: a worker's lease renewal (a MULTI: its
         mark carries no revision) or a worker's note (a script: its mark carries one)."""
         if race.startswith("lease"):
-            self.store.renew_lease(job_id, LEASE_S)
+            renew_lease(self.store, job_id, LEASE_S)
         else:
             self.store.set_fields(job_id, expert_version=f"v{next(self.names)}")
 
@@ -478,7 +481,7 @@ class StoreInterleavings(RuleBasedStateMachine):
         elif outcome == "chunk raises":
             self._stop(attempt, JobState.FAILED, f"chunk {attempt.chunk}: boom")
         elif outcome == "renews its lease":  # a blind write, even after the job moved on
-            self.store.renew_lease(attempt.message.job_id, LEASE_S)
+            renew_lease(self.store, attempt.message.job_id, LEASE_S)
         else:  # lost: its unacked message is redelivered
             self.attempts.remove(attempt)
             self.bag.append(attempt.message)

@@ -23,6 +23,7 @@ from tasks.settings import Settings
 from tasks.snapshot import SnapshotCache, read_snapshot
 from tasks.spec import JobSpec
 from tasks.store import JobStore
+from tests.store_steps import create_job, renew_lease
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -49,9 +50,9 @@ class RoundTrips:
 def _world(client: redis.Redis, jobs: int) -> tuple[JobStore, list[str]]:
     store = JobStore(client)
     spec = JobSpec(kind="simulated", params={"steps": 2, "step_ms": 1})
-    ids = [store.create(spec, tenant="t", tier="standard", num_chunks=2, cost_key="sim",
-                             cost_units=[1.0, 1.0], deadline_s=600, now_s=time.time(),
-                             queue="batch")[0] for _ in range(jobs)]
+    ids = [create_job(store, spec, tenant="t", tier="standard", num_chunks=2, cost_key="sim",
+                           cost_units=[1.0, 1.0], deadline_s=600, now_s=time.time(),
+                           queue="batch")[0] for _ in range(jobs)]
     return store, ids
 
 
@@ -119,7 +120,7 @@ def test_the_next_tick_reads_none_of_its_own_writes_but_each_one_written_by_anot
     target.flush()
     assert len(target.written) == 2 * len(ids)
     cache.fold_written(target.written)
-    store.renew_lease(ids[1], 30.0)
+    renew_lease(store, ids[1], 30.0)
     # then the next tick reads exactly those two records again, and holds what a full read does
     policy = PolicyConfig()
     now = time.time()
