@@ -343,13 +343,17 @@ def bench(
         help="Fairness mode (simulated): --tenants of one tier, one flooding at 10x; writes "
              "fairness.json.")] = False,
     tenants: Annotated[int, typer.Option(min=2, max=8, help="Fairness mode: tenants.")] = 4,
+    degradation: Annotated[bool, typer.Option(
+        help="Degradation mode (simulated, 8 workers, 600 jobs a trace): sweep effective loads "
+             "0.8-1.6 with and without quality floors; writes degradation.json.")] = False,
     run_dir: RunDir = None,
 ) -> None:
     """Replay one trace under each policy on the same real workers; write report.json + plots.
     With --gentd26: the production-trace benchmark (simulated and live), gentd26.json. With
-    --overload: the effective-load sweep in the simulator, overload.json."""
-    if overload:
-        _overload_bench(out, seeds=seeds)
+    --overload: the effective-load sweep in the simulator, overload.json; --degradation: the
+    same with and without degradation, degradation.json."""
+    if overload or degradation:
+        _overload_bench(out, seeds=seeds, degradation=degradation)
         return
     if fairness:
         from app.bench.fairness_cli import fairness_bench  # deferred: the bench
@@ -379,15 +383,18 @@ def bench(
     console().print(f"report: {out / 'report.json'}; plots: {', '.join(report['plots'])}")
 
 
-def _overload_bench(out: Path, *, seeds: int) -> None:
-    """``stepline bench --overload``: app.bench.overload_bench, printed and written."""
+def _overload_bench(out: Path, *, seeds: int, degradation: bool = False) -> None:
+    """``stepline bench --overload`` (app.bench.overload_bench) or ``--degradation``
+    (app.bench.degradation_bench), printed and written."""
     import json  # deferred with the bench
 
+    from app.bench.degradation_bench import run_degradation_bench  # deferred: the bench
     from app.bench.overload_bench import run_overload_bench  # deferred: the bench
 
-    report = run_overload_bench(seeds=seeds, progress=console().print)
+    run = run_degradation_bench if degradation else run_overload_bench
+    report = run(seeds=seeds, progress=console().print)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "overload.json"
+    path = out / ("degradation.json" if degradation else "overload.json")
     path.write_text(json.dumps(report, indent=1))
     console().print(f"report: {path} ({report['wall_s']:.0f} s)")
 
