@@ -100,7 +100,7 @@ def job_view(r: JobRecord, failed_dependency: str | None = None,
         block_groups=block_groups(r, diffusion_block_groups),
         queue=class_queue_of(r.queue) or None, running_on=r.running_on,
         service_s=r.service_s,
-        waiting_since_s=r.queued_at_s or r.preempted_at_s or r.submitted_at_s,
+        waiting_since_s=waiting_since_s(r),
         preemptions=r.preemptions, resource_profile=r.resource_profile,
         depends_on=r.depends_on, level=r.level, level_service_s=r.level_mark_s,
         preempt_requested=r.preempt, epoch=r.epoch, lease_until_s=r.lease_until_s,
@@ -114,6 +114,17 @@ def job_view(r: JobRecord, failed_dependency: str | None = None,
         shed_if_late=r.shed_if_late, estimated=r.first_estimate_s is not None,
         batch_group=r.batch_group, batch_id=r.batch, batch_growth=r.batch_growth,
     )
+
+
+def waiting_since_s(r: JobRecord) -> float:
+    """When the job last began waiting (``JobView.waiting_since_s``): the later of its last
+    queueing (a release or a hop) and its last preemption, else its submit. A preempted job
+    waits from its preemption, not from when the chunk it stopped after was queued: read that
+    way, a job preempted after a long wait on standby looked as if it had waited all along,
+    aged ahead of the job that displaced it, was released, and once running (a running job
+    has waited nothing) fell behind again and was preempted anew."""
+    marks = [s for s in (r.queued_at_s, r.preempted_at_s) if s is not None]
+    return max(marks) if marks else r.submitted_at_s
 
 
 def block_groups(r: JobRecord, diffusion_block_groups: int) -> int:

@@ -76,3 +76,19 @@ def test_block_groups_follow_where_each_runner_can_stop_its_chunk() -> None:
                         params={"chunk_tokens": 8})
     assert block_groups(replace(text, next_chunk=0), 2) == 1
     assert block_groups(text, 2) == 8
+
+
+def test_a_preempted_job_waits_from_its_preemption_not_from_its_last_queueing() -> None:
+    # given a job whose chunk was queued at 108 s (a hop onto standby), ran, and was
+    # preempted at its end at 115 s
+    preempted = _live_record(state=JobState.PREEMPTED, queued_at_s=108.0, preempted_at_s=115.0,
+                             running_on=None, preempt=False)
+    # when the snapshot views it, then it has waited since its preemption, as the simulator
+    # counts it: not since the queueing its chunk has long left
+    assert job_view(preempted).waiting_since_s == 115.0
+    # and released again at 120 s, it waits from that release
+    released = replace(preempted, state=JobState.QUEUED, queued_at_s=120.0)
+    assert job_view(released).waiting_since_s == 120.0
+    # and a job never queued nor preempted waits from its submit
+    fresh = replace(preempted, state=JobState.PENDING, queued_at_s=None, preempted_at_s=None)
+    assert job_view(fresh).waiting_since_s == 100.0
