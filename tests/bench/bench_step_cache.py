@@ -33,6 +33,7 @@ JOBS: dict[str, tuple[str, dict[str, Any]]] = {
     "dit-tiny": ("image", {"class_label": 207, "guidance_scale": 4.0}),
     "pixart-tiny": ("image", {"prompt": "a red fox in snow", "negative_prompt": "blurry"}),
     "wan-tiny": ("video", {"prompt": "waves at dusk", "negative_prompt": "static"}),
+    "flux-tiny": ("image", {"prompt": "a lighthouse at dawn", "height": 32, "width": 48}),
 }
 
 

@@ -38,7 +38,8 @@ pytestmark = pytest.mark.timeout(180)
 
 STEPS = 5
 CASES = [("wan-tiny", "unipc", 0.1), ("pixart-tiny", "dpmpp_2m", 0.1),
-         ("dit-tiny", "ddim", 0.5), ("wan22-tiny", "unipc", 0.1)]
+         ("dit-tiny", "ddim", 0.5), ("wan22-tiny", "unipc", 0.1),
+         ("flux-tiny", "flow_match_euler", 0.6)]
 """Thresholds at which the tiny random models both reuse and recompute within five steps."""
 
 
