@@ -24,9 +24,10 @@ ALLOWED = {
     "workers": {"workers"},
 }
 DEFERRAL_WORDS = ("torch", "transformers")
-COMMAND_LINE = ("app/cli.py", "app/client.py")
-"""Each command imports what only it needs (the API, the bench, the stack) in its body; the
-client it drives imports the settings tree only when the address must come from it."""
+COMMAND_LINE = ("app/cli/", "app/client.py")
+"""The command line's package and its client. Each command imports what only it needs (the API,
+the bench, the stack) in its body; the client it drives imports the settings tree only when the
+address must come from it."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ def undeclared_local(imports: list[ProjectImport]) -> list[str]:
 def _declared(imp: ProjectImport) -> bool:
     if any(word in imp.comment for word in DEFERRAL_WORDS):
         return True
-    return imp.path in COMMAND_LINE and "deferred:" in imp.comment
+    return imp.path.startswith(COMMAND_LINE) and "deferred:" in imp.comment
 
 
 def app_part(module: str, root: Path) -> str:
