@@ -78,11 +78,7 @@ def _wan(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
         common = {**common, "guidance_scale_2": p["guidance_scale_2"]}
     pipe = _quiet(WanPipeline(tokenizer=c.tokenizer, text_encoder=c.text_encoder, vae=c.vae,
                               transformer=c.transformer, scheduler=scheduler, **experts))
-    keep = _Keep()
-    frames = pipe(num_frames=p["num_frames"], callback_on_step_end=keep, **_text(c, p),
-                  **common).frames
-    assert keep.latents is not None
-    return Reference(keep.latents, frames)
+    return _kept(pipe, "frames", num_frames=p["num_frames"], **_text(c, p), **common)
 
 
 def _flux(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
@@ -90,11 +86,7 @@ def _flux(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
     pipe = _quiet(FluxPipeline(scheduler=scheduler, vae=c.vae, text_encoder=c.text_encoder,
                                tokenizer=c.tokenizer, text_encoder_2=c.text_encoder_2,
                                tokenizer_2=c.tokenizer_2, transformer=c.transformer))
-    keep = _Keep()
-    images = pipe(true_cfg_scale=p["true_cfg_scale"], callback_on_step_end=keep, **_text(c, p),
-                  **common).images
-    assert keep.latents is not None
-    return Reference(keep.latents, images)
+    return _kept(pipe, "images", true_cfg_scale=p["true_cfg_scale"], **_text(c, p), **common)
 
 
 def _sd3(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
@@ -103,10 +95,15 @@ def _sd3(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
         transformer=c.transformer, scheduler=scheduler, vae=c.vae, text_encoder=c.text_encoder,
         tokenizer=c.tokenizer, text_encoder_2=c.text_encoder_2, tokenizer_2=c.tokenizer_2,
         text_encoder_3=c.text_encoder_3, tokenizer_3=c.tokenizer_3))
+    return _kept(pipe, "images", **_text(c, p), **common)
+
+
+def _kept(pipe: Any, output: str, **call: Any) -> Reference:
+    """``pipe(**call)`` keeping its last step's latents, with its ``output`` (images, frames)."""
     keep = _Keep()
-    images = pipe(callback_on_step_end=keep, **_text(c, p), **common).images
+    pixels = getattr(pipe(callback_on_step_end=keep, **call), output)
     assert keep.latents is not None
-    return Reference(keep.latents, images)
+    return Reference(keep.latents, pixels)
 
 
 CALLS: dict[str, Call] = {
