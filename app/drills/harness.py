@@ -1,15 +1,20 @@
-"""What every drill shares: the record of one injected fault, and the bounded wait that polls
-a service which may still be coming back (``stepline reliability``, ``stepline drill hosts``)."""
+"""What every drill shares: the record of one injected fault (and the block that drives it),
+and the bounded wait that polls a service which may still be coming back (``stepline
+reliability``, ``stepline reliability --hosts N``)."""
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import redis
+
+log = logging.getLogger(__name__)
 
 UNREACHABLE = (redis.RedisError, httpx.HTTPError, OSError)
 """Errors a wait counts as "not yet": a Redis, an API or a socket still coming back."""
@@ -45,3 +50,18 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float, period_s: float =
             return value
         time.sleep(period_s)
     return None
+
+
+@contextmanager
+def recorded(kind: str, into: list[Fault]) -> Iterator[Fault]:
+    """A new :class:`Fault` of ``kind`` for the block that drives it, appended to ``into``
+    when the block ends. An exception the block raises (a fault the drill could not drive) is
+    logged and reported in the fault, not survived, instead of ending the drill."""
+    fault = Fault(kind, started_at=round(time.time(), 3))
+    try:
+        yield fault
+    except Exception as exc:
+        log.exception("fault %s", kind)
+        fault.survived = False
+        fault.detail += f" (drill error: {exc!r})"
+    into.append(fault)

@@ -40,7 +40,7 @@ import httpx
 import yaml
 
 from app.drills.faults import audit_job
-from app.drills.harness import Fault, wait_until
+from app.drills.harness import Fault, recorded, wait_until
 from app.drills.host_setup import (
     API_PORT,
     BUCKET,
@@ -59,8 +59,6 @@ from tasks import keys
 from tasks.artifacts import ArtifactStore
 from tasks.runtime import connect
 from tasks.store import JobStore
-
-log = logging.getLogger(__name__)
 
 LINK_DOWN_S = 6.0
 STOP_S = 6.0
@@ -249,15 +247,11 @@ class HostsDrill:
 
     @contextmanager
     def fault(self, kind: str) -> Iterator[Fault]:
-        fault = Fault(kind, started_at=round(time.time(), 3))
+        """Drive one fault (recorded by :func:`~app.drills.harness.recorded`); its recovery
+        is what the fault method itself timed."""
         _say(f"fault {kind} …")
-        try:
+        with recorded(kind, self.faults) as fault:
             yield fault
-        except Exception as exc:  # a fault the drill could not drive is reported, not fatal
-            log.exception("fault %s", kind)
-            fault.survived = False
-            fault.detail += f" (drill error: {exc!r})"
-        self.faults.append(fault)
         _say(f"  -> {'survived' if fault.survived else 'NOT survived'} "
              f"(recovery {fault.recovery_s}s): {fault.detail}")
 

@@ -41,7 +41,7 @@ from app.drills.faults import (
     publish_malformed,
     publish_pickle,
 )
-from app.drills.harness import Fault, wait_until
+from app.drills.harness import Fault, recorded, wait_until
 from app.schemas import JobSpec
 from app.stack import Stack, beat_command, wait_for_api, worker_command
 from scheduler.lifecycle import JobState, SloClass
@@ -205,17 +205,13 @@ class Drill:
 
     @contextmanager
     def fault(self, kind: str) -> Iterator[Fault]:
-        fault = Fault(kind, started_at=round(time.time(), 3))
+        """Drive one fault (recorded by :func:`~app.drills.harness.recorded`); its recovery
+        is the whole block's time."""
         started = time.monotonic()
         console.print(f"[bold]fault[/bold] {kind} …")
-        try:
+        with recorded(kind, self.faults) as fault:
             yield fault
-        except Exception as exc:  # a fault that could not be driven is reported, not fatal
-            log.exception("fault %s", kind)
-            fault.survived = False
-            fault.detail += f" (drill error: {exc!r})"
         fault.recovery_s = round(time.monotonic() - started, 2)
-        self.faults.append(fault)
         console.print(f"  → {fault.detail}")
 
     # the faults -------------------------------------------------------------------------------
