@@ -23,7 +23,8 @@ from typing import Any
 from app.bench.overload_bench import NOTE, calibrate, overload_workload
 from app.bench.overload_bench import run_arm as overload_run_arm
 from app.bench.report import wilson_interval
-from app.bench.simulate import SimArrival, SimResult
+from app.bench.sim_records import SimResult
+from app.bench.sim_workload import SimArrival
 from scheduler.lifecycle import SloClass
 from scheduler.policy import OverloadMeasure
 

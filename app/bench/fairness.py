@@ -22,15 +22,9 @@ from dataclasses import replace
 from typing import Any
 
 from app.bench.report import mean_ci, percentile
-from app.bench.simulate import (
-    CLASS_TARGET_S,
-    MIX,
-    ClusterSim,
-    SimArrival,
-    SimConfig,
-    SimResult,
-    sim_policy,
-)
+from app.bench.sim_records import SimResult
+from app.bench.sim_workload import CLASS_TARGET_S, MIX, SimArrival, SimConfig, sim_policy
+from app.bench.simulate import ClusterSim
 from scheduler.fairness import FairShareConfig, jain_index
 from scheduler.lifecycle import SloClass
 from scheduler.model import Tier

@@ -46,7 +46,8 @@ from app.bench.models_workload import (
 from app.bench.report import percentile
 from app.bench.run import tick_figures
 from app.bench.sim_residency import Eviction
-from app.bench.simulate import ClusterSim, Shape, SimArrival, sim_policy
+from app.bench.sim_workload import Shape, SimArrival, sim_policy
+from app.bench.simulate import ClusterSim
 from app.bench.workload import Arrival
 from app.celery import configure as configure_celery
 from app.stack import Stack

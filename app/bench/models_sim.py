@@ -46,8 +46,10 @@ from app.bench.models_workload import (
     model_catalog,
 )
 from app.bench.report import mean_ci, percentile, wilson_interval
+from app.bench.sim_records import SimResult
 from app.bench.sim_residency import GB, ResidencyConfig
-from app.bench.simulate import ClusterSim, Shape, SimArrival, SimConfig, SimResult, sim_policy
+from app.bench.sim_workload import Shape, SimArrival, SimConfig, sim_policy
+from app.bench.simulate import ClusterSim
 from scheduler import JobKind, PolicyConfig, Tier
 from scheduler.lifecycle import SloClass
 from scheduler.placement import PlacementPolicy

@@ -23,7 +23,9 @@ from typing import Any
 from app.bench.models_sim import models_config, residency_for, sim_trace
 from app.bench.models_workload import ModelJob, ModelsWorkload, generate_jobs, model_catalog
 from app.bench.report import wilson_interval
-from app.bench.simulate import ClusterSim, SimArrival, SimResult, sim_policy
+from app.bench.sim_records import SimResult
+from app.bench.sim_workload import SimArrival, sim_policy
+from app.bench.simulate import ClusterSim
 from scheduler.lifecycle import SloClass
 from scheduler.policy import OverloadMeasure
 

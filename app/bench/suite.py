@@ -38,18 +38,9 @@ from enum import Enum
 from typing import Any
 
 from app.bench.report import wilson_interval
-from app.bench.simulate import (
-    NOTE,
-    SIM_POLICIES,
-    Shape,
-    SimArrival,
-    SimConfig,
-    SimResult,
-    generate_trace,
-    group_metrics,
-    mix_mean_service_s,
-    simulate_policy,
-)
+from app.bench.sim_records import SimResult
+from app.bench.sim_report import NOTE, SIM_POLICIES, group_metrics, simulate_policy
+from app.bench.sim_workload import Shape, SimArrival, SimConfig, generate_trace, mix_mean_service_s
 from app.bench.workload import Arrivals, arrival_times
 from scheduler import JobKind, SloClass, Tier
 

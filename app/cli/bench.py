@@ -160,8 +160,8 @@ def simulate(
     --suite: every policy on the evaluation suite's rows, with a verdict each; suite.json)."""
     import json
 
-    from app.bench.simulate import check_policies, grid_configs, run_simulation  # deferred: heavy
-    from app.bench.simulate import summary_table as simulation_table  # deferred: heavy
+    from app.bench.sim_report import check_policies, grid_configs, run_simulation  # deferred: heavy
+    from app.bench.sim_report import summary_table as simulation_table  # deferred: heavy
 
     if suite:
         _simulate_suite(overhead_ms / 1e3, seed, out)

@@ -44,7 +44,7 @@ from app.bench.models_workload import (
     model_catalog,
     top_share,
 )
-from app.bench.simulate import DEFAULT_HOP_S
+from app.bench.sim_workload import DEFAULT_HOP_S
 
 if TYPE_CHECKING:  # the live module loads the stack (Celery, the API): only for the live runs
     from app.bench.models_live import LiveSetup

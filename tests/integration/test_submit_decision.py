@@ -9,7 +9,8 @@ from dataclasses import replace
 import pytest
 import redis
 
-from app.bench.simulate import MIX, ClusterSim, SimArrival, SimConfig
+from app.bench.sim_workload import MIX, SimArrival, SimConfig
+from app.bench.simulate import ClusterSim
 from app.schemas import JobSpec
 from scheduler import (
     AdmissionState,

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.bench.simulate import MIX, ClusterSim, SimArrival, SimConfig
+from app.bench.sim_workload import MIX, SimArrival, SimConfig
+from app.bench.simulate import ClusterSim
 from scheduler import (
     AdmissionState,
     AdmissionStatus,

@@ -21,7 +21,8 @@ from app.bench.models_sim import (
 )
 from app.bench.models_workload import ModelsWorkload, model_catalog
 from app.bench.sim_residency import GB, WorkerMemory
-from app.bench.simulate import ClusterSim, SimConfig, generate_trace, sim_policy
+from app.bench.sim_workload import SimConfig, generate_trace, sim_policy
+from app.bench.simulate import ClusterSim
 
 WORKLOAD = ModelsWorkload(models=12, jobs=40, workers=3, load=0.7, steps=4, seed=5,
                           batch_slo_x=4.0)

@@ -7,13 +7,9 @@ from typing import Any
 import pytest
 
 from app.bench.oracle import Discipline, OracleJob, mean_response_lower_bound_s, run_oracle
-from app.bench.simulate import (
-    SIM_POLICIES,
-    ClusterSim,
-    SimConfig,
-    generate_trace,
-    run_config,
-)
+from app.bench.sim_report import SIM_POLICIES, run_config
+from app.bench.sim_workload import SimConfig, generate_trace
+from app.bench.simulate import ClusterSim
 from scheduler import PolicyConfig, PolicyKind
 
 pytestmark = pytest.mark.timeout(60)

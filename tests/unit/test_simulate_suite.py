@@ -11,15 +11,9 @@ from typing import Any
 
 import pytest
 
-from app.bench.simulate import (
-    CLASS_TARGET_S,
-    ClusterSim,
-    Shape,
-    SimArrival,
-    SimConfig,
-    generate_trace,
-    simulate_policy,
-)
+from app.bench.sim_report import simulate_policy
+from app.bench.sim_workload import CLASS_TARGET_S, Shape, SimArrival, SimConfig, generate_trace
+from app.bench.simulate import ClusterSim
 from app.bench.suite import (
     SMALL_ROWS,
     STEPS,
