@@ -35,22 +35,18 @@ from scheduler.state import AdmissionState
 from tasks import keys
 from tasks.admission import PublishedAdmission
 from tasks.affinity import (
-    ExpectedLoads,
     PlacementView,
     WorkerDirectory,
     common_prefix,
     expand_worker_queues,
-    held_models,
     keeps_model,
     kept_queue,
     needs_directory,
     placement_policy,
     placement_rates,
     publish_placement_view,
-    push_stage_requests,
     queued_demand,
     release_queue,
-    window_estimate,
 )
 from tasks.apply import apply_plan
 from tasks.context import WorkerContext
@@ -64,6 +60,8 @@ from tasks.dispatch import (
 )
 from tasks.fair_share import read_ledger, save_joined
 from tasks.heartbeat import Heartbeat
+from tasks.holdings import held_models, push_stage_requests
+from tasks.load_estimates import ExpectedLoads, LearnedLoads
 from tasks.record import JobRecord, encode
 from tasks.routing import STANDBY, affinity_worker, class_queue_of
 from tasks.runtime import celery
@@ -136,9 +134,10 @@ def run_tick(ctx: WorkerContext, now_s: float, cache: SnapshotCache | None = Non
     cost = learned_cost_model(store, policy)
     block_groups = settings.diffusion.block_groups
     read_at_s = time.time()  # placements after this are not in the snapshot's free times
-    seen = (cache.read(cost, policy, now_s, block_groups) if cache is not None
-            else read_snapshot(store, cost, policy, now_s, block_groups))
     expected = loads if loads is not None else ExpectedLoads()
+    learned = expected.learned
+    seen = (cache.read(cost, policy, now_s, block_groups, learned) if cache is not None
+            else read_snapshot(store, cost, policy, now_s, block_groups, learned))
     snapshot = expected.apply(settings, seen.snapshot, seen.records, seen.heartbeats)
     if policy.fair_share.enabled:  # the counters as stored; the plan carries the join
         snapshot = replace(snapshot, service=read_ledger(store.redis))
@@ -160,11 +159,12 @@ def run_tick(ctx: WorkerContext, now_s: float, cache: SnapshotCache | None = Non
         log.warning("the tick lease changed hands while this tick planned (a hung scheduler "
                     "woke): applying nothing of its plan")
         return plan
-    free_in_s = functools.cache(lambda: busy_free_in_s(snapshot, now_s, seen.heartbeats))
+    free_in_s = functools.cache(
+        lambda: busy_free_in_s(snapshot, now_s, seen.heartbeats, learned))
     target = LiveTarget(store, seen.records, settings, buffered=True, busy_free_in_s=free_in_s,
                         counted_until_s=read_at_s, rate=snapshot.cost.seconds_per_unit,
                         converging=plan.admission.state is AdmissionState.CONVERGING,
-                        built=expected.built)
+                        built=expected.built, learned=learned)
     if plan.fair_share is not None:
         save_joined(store.redis, plan.fair_share)
     try:
@@ -187,16 +187,18 @@ def run_tick(ctx: WorkerContext, now_s: float, cache: SnapshotCache | None = Non
 
 
 def busy_free_in_s(snapshot: ClusterSnapshot, now_s: float,
-                   beats: Mapping[str, Heartbeat] | None = None) -> dict[str, float]:
+                   beats: Mapping[str, Heartbeat] | None = None,
+                   learned: LearnedLoads | None = None) -> dict[str, float]:
     """Per worker with work of its own, the seconds until it is expected free: the remaining
     work (the cost model's estimate) of the job it runs, less what its running chunk has run,
     plus that of every job parked on its own queues (their next chunks stay on it too). A
     worker whose heartbeat (in ``beats``) says its chunk waits for a load adds the rest of the
     load, and counts the chunk's work as run only from the load's end (a load the worker
-    could not size, by the load times learned from every worker: :func:`window_estimate`)."""
+    could not size, by the load times ``learned`` from every worker:
+    :meth:`~tasks.load_estimates.LearnedLoads.window_estimate`; None: by the priors)."""
     free: dict[str, float] = {}
     beats = beats or {}
-    estimate = functools.cache(window_estimate)
+    estimate = functools.cache((LearnedLoads() if learned is None else learned).window_estimate)
     for job in snapshot.jobs:
         rate = snapshot.cost.seconds_per_unit(job.cost_key)
         if job.state is JobState.RUNNING and job.running_on is not None:
@@ -256,7 +258,8 @@ class LiveTarget:
                  counted_until_s: float | None = None,
                  rate: Callable[[str], float] | None = None,
                  converging: bool = False,
-                 built: Sequence[tuple[str, ModelNeed]] = ()) -> None:
+                 built: Sequence[tuple[str, ModelNeed]] = (),
+                 learned: LearnedLoads | None = None) -> None:
         self.store, self.seen, self.settings = store, seen, settings
         self.standby_reason = ("moved to standby: overload convergence, or in flight outside "
                                "the top" if converging else
@@ -273,6 +276,8 @@ class LiveTarget:
         """Seconds per cost unit by cost key (the tick's cost model)."""
         self._built = built
         """Chunks run since their worker's heartbeat (:attr:`ExpectedLoads.built`)."""
+        self._learned = learned
+        """The load times the tick's placements count (:attr:`ExpectedLoads.learned`)."""
         self.demand = functools.cache(lambda: queued_demand(self.seen.values()))
         """The queued jobs per model among the records seen, counted once when first read."""
         self.buffered = buffered
@@ -465,7 +470,8 @@ class LiveTarget:
         return WorkerDirectory.read(
             self.store, busy_free_in_s=busy,
             demand=self.demand, mark_ttl_s=self.settings.broker.chunk_lease,
-            counted_until_s=self._counted_until_s, rate=self._rate, built=self._built)
+            counted_until_s=self._counted_until_s, rate=self._rate, built=self._built,
+            learned=self._learned)
 
     def stage_models(self, min_queued: int, beats: Iterable[Heartbeat] = ()
                      ) -> list[tuple[str, str]]:

@@ -2,7 +2,10 @@
 (``<worker>.<class>``, consumed right before the class queue), a new text job to an idle worker
 whose resident experts fit its model, a released chunk of a job that runs on a model where the
 placement policy (``scheduler.placement``, ``affinity.placement``) puts it. A chunk parked too
-long is the tick's to move back to its class queue (``scheduler.recovery``).
+long is the tick's to move back to its class queue (``scheduler.recovery``). Each placement on a
+worker is marked (``tasks.keys.placed``) for the next read of the workers until their
+heartbeats and the tick count it. What the workers hold is read by ``tasks.holdings``; the
+load times placement counts are learned by ``tasks.load_estimates``.
 """
 
 from __future__ import annotations
@@ -11,30 +14,21 @@ import functools
 import json
 import logging
 import math
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Set
-from dataclasses import dataclass, field, replace
-from typing import Any, cast
-
-from pydantic import BaseModel, ConfigDict
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 from scheduler.lifecycle import JobState
-from scheduler.model import ClusterSnapshot, JobKind, JobView
+from scheduler.model import JobKind
 from scheduler.placement import (
     Holding,
-    LoadEstimates,
-    LoadTier,
     ModelNeed,
     Placement,
     PlacementPolicy,
-    QueuedChunk,
     assign,
     built_on,
-    cold_load_s,
-    expected_load_s,
-    mark_moves,
     place,
     slack_s,
     stage,
@@ -42,17 +36,15 @@ from scheduler.placement import (
 from scheduler.policy import PolicyConfig
 from tasks import keys
 from tasks.heartbeat import Heartbeat
+from tasks.holdings import StageRequest, holding, host_slots, mean_model_bytes, model_need
+from tasks.load_estimates import LearnedLoads
 from tasks.record import JobRecord
 from tasks.routing import (
     AFFINITY_CLASSES,
-    CONTROL,
     OWN_QUEUE_CLASSES,
     affinity_queue,
     affinity_worker,
-    class_queue_of,
-    hop_worker,
     placed_queue,
-    replaced_from,
     with_affinity,
 )
 from tasks.settings import Settings
@@ -99,37 +91,8 @@ def hop_queues(settings: Settings, worker: str, consuming: Iterable[str],
 
 
 # placement by model residency -----------------------------------------------------------------
-RESIDENT_PREFIXES = {JobKind.IMAGE: "diffusion", JobKind.VIDEO: "diffusion",
-                     JobKind.SIMULATED: "simulated"}
-"""Per kind whose jobs run on a model, the first part of its models' residency keys
-(``diffusion:<recipe>:<device>:<weights>``, ``simulated:<model>``)."""
-
-
 def placement_policy(settings: Settings) -> PlacementPolicy:
     return PlacementPolicy(settings.affinity.placement)
-
-
-def model_need(kind: JobKind | str, params: Mapping[str, Any]) -> ModelNeed | None:
-    """What a job needs resident (its model and adapters, named ``<prefix>:<name>`` as
-    :func:`resident_model` names the residency's keys); None for a job on no model."""
-    prefix = RESIDENT_PREFIXES.get(JobKind(kind))
-    model = params.get("model")
-    if prefix is None or model is None:
-        return None
-    adapters = frozenset(f"{prefix}:{a['name']}" for a in params.get("adapters") or ()
-                         if isinstance(a, Mapping) and "name" in a)
-    size = params.get("model_bytes") if prefix == "simulated" else None
-    return ModelNeed(f"{prefix}:{model}", adapters, int(size) if isinstance(size, int) else 0)
-
-
-def reload_s(kind: JobKind | str, params: Mapping[str, Any]) -> float:
-    """Seconds a worker not holding the job's model would spend loading it, by this process's
-    learned load times (0: a job on no model): ``JobView.reload_s``."""
-    need = model_need(kind, params)
-    if need is None:
-        return 0.0
-    with _ESTIMATES_LOCK:
-        return cold_load_s(need, _ESTIMATES)
 
 
 def keeps_model(settings: Settings, kind: JobKind | str, params: Mapping[str, Any]) -> bool:
@@ -137,297 +100,6 @@ def keeps_model(settings: Settings, kind: JobKind | str, params: Mapping[str, An
     not oblivious)."""
     return settings.affinity.enabled and model_need(kind, params) is not None \
         and placement_policy(settings) is not PlacementPolicy.OBLIVIOUS
-
-
-def resident_model(key: str) -> str | None:
-    """The model a residency key holds, as :func:`model_need` names it (None: a kind placement
-    does not route, e.g. a MoE model)."""
-    parts = key.split(":")
-    if len(parts) >= 2 and parts[0] in RESIDENT_PREFIXES.values():
-        return f"{parts[0]}:{parts[1]}"
-    return None
-
-
-def holding(name: str, beat: Heartbeat, free_in_s: float) -> Holding:
-    """A worker as placement sees it, from its heartbeat's residency: models on its device (and
-    the one it is loading) and in host memory, adapters loaded on them, its device budget's
-    free bytes (None: no budget) and how many models it holds (the budget over the mean bytes
-    of the models it holds; 0 when either is unknown)."""
-    r = beat.residency
-    device_bytes = _tier(r, "device")
-    loading = r.get("loading")
-    arriving = str(loading.get("model", "")) if isinstance(loading, Mapping) else ""
-    device = frozenset(m for k in (*device_bytes, *([arriving] if arriving else ()))
-                       if (m := resident_model(k)) is not None)  # being loaded: there soon
-    host = frozenset(m for k in (*_tier(r, "host"), *_staging(r))
-                     if (m := resident_model(k)) is not None)  # being staged: host soon
-    adapters: set[str] = set()
-    held = r.get("adapters")
-    for key, names in (held.items() if isinstance(held, Mapping) else ()):
-        if resident_model(str(key)) is not None and isinstance(names, list):
-            adapters |= {f"{str(key).split(':')[0]}:{n}" for n in names}
-    sizes = [int(b) for k, b in device_bytes.items() if resident_model(k) is not None]
-    budget = r.get("budget_bytes")
-    capacity, free_bytes = 0, None
-    if isinstance(budget, int):
-        free_bytes = max(budget - sum(device_bytes.values()), 0)  # every model it holds
-        if sizes and sum(sizes) > 0:
-            capacity = max(1, int(budget // (sum(sizes) / len(sizes))))
-    return Holding(name, free_in_s, device, host - device, frozenset(adapters), capacity,
-                   free_bytes)
-
-
-def _tier(residency: Mapping[str, Any], tier: str) -> dict[str, int]:
-    held = residency.get(tier)
-    return {str(k): int(v) for k, v in held.items()} if isinstance(held, Mapping) else {}
-
-
-def _staging(residency: Mapping[str, Any]) -> list[str]:
-    """The residency keys a worker is reading into host memory now (asked by the tick)."""
-    keys_ = residency.get("staging")
-    return [str(k) for k in keys_] if isinstance(keys_, list) else []
-
-
-# staging into host memory ---------------------------------------------------------------------
-class StageRequest(BaseModel):
-    """The tick's ask to one worker: read the model a job of ``kind`` with ``params`` runs on
-    into host memory ahead of its queued jobs (``keys.stage``; the worker's stager thread)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    kind: JobKind
-    params: dict[str, Any]
-
-
-UNLIMITED_HOST_SLOTS = 1_000
-"""Host slots of a worker whose host budget is unlimited."""
-
-
-def host_slots(beat: Heartbeat, model_bytes: float) -> int:
-    """How many more models of ``model_bytes`` a worker can stage into host memory: none when
-    it runs no stager (its heartbeat's ``residency.stager``) or has no host tier."""
-    r = beat.residency
-    budget = r.get("host_budget_bytes", 0)
-    if not r.get("stager") or budget == 0 or model_bytes <= 0:
-        return 0
-    if not isinstance(budget, int):
-        return UNLIMITED_HOST_SLOTS
-    staging = {resident_model(k) or k for k in _staging(r)}  # a model once, however keyed
-    used = sum(_tier(r, "host").values()) + len(staging) * model_bytes
-    return max(0, int((budget - used) // model_bytes))
-
-
-def mean_model_bytes(beats: Iterable[Heartbeat], needs: Iterable[ModelNeed]) -> float:
-    """The size a model to stage is taken to have: the mean of the models the workers hold
-    (measured), else of the waiting jobs' declared sizes; 0 when neither is known."""
-    held = [b for beat in beats for tier in ("device", "host")
-            for k, b in _tier(beat.residency, tier).items() if resident_model(k) is not None]
-    if not held:
-        held = [need.bytes for need in needs if need.bytes > 0]
-    return sum(held) / len(held) if held else 0.0
-
-
-def held_models(beats: Iterable[Heartbeat]) -> set[str]:
-    """The models some worker holds on its device or in host memory, or is staging there (as
-    :func:`model_need` names them), by the heartbeats."""
-    held: set[str] = set()
-    for beat in beats:
-        r = beat.residency
-        held.update(m for k in (*_tier(r, "device"), *_tier(r, "host"), *_staging(r))
-                    if (m := resident_model(k)) is not None)
-    return held
-
-
-def push_stage_requests(store: JobStore, asked: Sequence[tuple[str, str, StageRequest]],
-                        ttl_s: float) -> None:
-    """Hand each worker its staging requests (expiring: a worker that never pops them is gone)."""
-    if not asked:
-        return
-    pipe = store.redis.pipeline(transaction=False)
-    for worker, _, request in asked:
-        key = keys.stage(worker)
-        pipe.rpush(key, request.model_dump_json())
-        pipe.pexpire(key, max(1, int(ttl_s * 1000)))
-    pipe.execute()
-
-
-def observe_loads(estimates: LoadEstimates, beats: Iterable[Heartbeat]) -> None:
-    """Fold the heartbeats' recent measured loads into ``estimates`` (each load once)."""
-    for beat in beats:
-        recent = beat.residency.get("recent")
-        for load in recent if isinstance(recent, list) else ():
-            if not isinstance(load, Mapping) or "at" not in load:
-                continue
-            model = resident_model(str(load.get("model", "")))
-            tier = load.get("tier")
-            if model is None or tier not in ("disk", "host", "adapter"):
-                continue
-            kind = model.split(":")[0]
-            name = f"{kind}:{load.get('adapter')}" if tier == "adapter" else model
-            estimates.observe_once(name, tier, float(load["s"]), float(load["at"]))
-
-
-def window_estimate(key: str, source: str) -> float:
-    """Seconds an announced load of residency key ``key`` from ``source`` takes, by the load
-    times this process learned from every worker's heartbeat (an adapter load: the mean of the
-    adapter loads measured; 0 for a key placement does not route by)."""
-    model = resident_model(key)
-    if model is None or source not in ("disk", "host", "adapter"):
-        return 0.0
-    tier = cast(LoadTier, source)
-    name = f"{model.split(':')[0]}:?" if tier == "adapter" else model
-    with _ESTIMATES_LOCK:
-        return _ESTIMATES.estimate(name, tier)
-
-
-_ESTIMATES = LoadEstimates()
-_ESTIMATES_LOCK = threading.Lock()
-
-
-def load_estimates() -> LoadEstimates:
-    """This process's load-time estimates (the tick's, or an API's), learned from heartbeats."""
-    return _ESTIMATES
-
-
-@dataclass
-class ExpectedLoads:
-    """The tick's ``JobView.load_s``: per waiting job on a model, the load placement expects
-    before its next chunk runs (none when a worker holds its model and adapters, else the
-    cheapest load on any alive worker: :func:`scheduler.placement.expected_load_s`), so that
-    its deadline, lateness and admission count a cold start, as the simulator's plans do; its
-    ``model_left`` (:func:`model_left`: the worker it is parked on evicted its model) and its
-    ``idle_holder`` (:func:`idle_holder_jobs`: it waits on a worker busy with another job while
-    an idle one holds its model). Kept across ticks: a view whose load and marks did not
-    change is handed out as the same object (the incremental planner finds its rows by
-    identity)."""
-
-    _views: dict[str, tuple[JobView, tuple[float, bool, bool], JobView]] = field(
-        default_factory=dict)
-    _needs: dict[str, tuple[JobRecord, ModelNeed | None]] = field(default_factory=dict)
-    """Per job, its record as last seen and what it needs (kept while the record is)."""
-    built: tuple[tuple[str, ModelNeed], ...] = ()
-    """The last apply's chunks run since their worker's heartbeat: (worker, what the chunk
-    needed), the models those workers hold though their heartbeats do not list them yet
-    (:func:`scheduler.placement.built_on`); the tick's placements count them too."""
-
-    def apply(self, settings: Settings, snapshot: ClusterSnapshot,
-              records: Mapping[str, JobRecord], beats: Mapping[str, Heartbeat]
-              ) -> ClusterSnapshot:
-        """``snapshot`` with each waiting model job's ``load_s`` and marks set (only under
-        the Stepline placement: the one that counts loads; a pass over the live jobs per
-        tick)."""
-        if not settings.affinity.enabled \
-                or placement_policy(settings) is not PlacementPolicy.STEPLINE:
-            self._views.clear()
-            self._needs.clear()
-            self.built = ()
-            return snapshot
-        heard = [holding(name, beat, 0.0) for name, beat in beats.items()
-                 if CONTROL not in beat.queues]
-        pending: list[tuple[int, ModelNeed]] = []
-        ran: list[tuple[str, ModelNeed]] = []  # chunks run since their worker's heartbeat
-        running: set[str] = set()  # workers running a chunk, as the snapshot has it
-        parked_on: set[str] = set()  # workers a queued chunk waits on
-        needs: dict[str, tuple[JobRecord, ModelNeed | None]] = {}
-        queued: list[QueuedChunk] = []
-        for i, view in enumerate(snapshot.jobs):
-            if view.state.is_terminal:
-                continue
-            record = records.get(view.job_id)
-            need = None if record is None else self._need(record, needs)
-            if view.state is JobState.RUNNING:
-                if view.running_on is not None:
-                    running.add(view.running_on)
-                    if need is not None:
-                        ran.append((view.running_on, need))
-                continue
-            if view.state is JobState.QUEUED and view.parked_on is not None:
-                parked_on.add(view.parked_on)
-            if record is None or need is None:
-                continue
-            chunk = queued_chunk(view, record, need, beats)
-            if chunk is not None:
-                queued.append(chunk)
-                if chunk.hop and not chunk.read_since and record.queued_at_s is not None:
-                    ran.append((chunk.worker, need))  # its last chunk ended since the beat
-            pending.append((i, need))
-        workers = built_on(heard, ran)
-        self.built = tuple(ran)
-        memo: dict[ModelNeed, float] = {}
-        loads: dict[int, float] = {}
-        with _ESTIMATES_LOCK:
-            observe_loads(_ESTIMATES, beats.values())
-            for i, need in pending:
-                load_s = memo.get(need)
-                if load_s is None:
-                    load_s = memo[need] = expected_load_s(need, workers, _ESTIMATES)
-                loads[i] = load_s
-        idle = idle_takers(workers, running, parked_on, beats) \
-            if any(c.worker in running and c.class_queue for c in queued) else {}
-        moves = mark_moves(queued, {w.name: w.device for w in heard}, running, idle)
-        marks = {i: (load_s, snapshot.jobs[i].job_id in moves.model_left)
-                 for i, load_s in loads.items()}
-        moved = moves.idle_holder
-        kept: dict[str, tuple[JobView, tuple[float, bool, bool], JobView]] = {}
-        jobs: list[JobView] | None = None
-        for i, (load_s, left) in marks.items():
-            view = snapshot.jobs[i]
-            key = (load_s, left, view.job_id in moved)
-            if key == (view.load_s, view.model_left, view.idle_holder):
-                continue
-            held = self._views.get(view.job_id)
-            loaded = held[2] if held is not None and held[0] is view and held[1] == key \
-                else replace(view, load_s=load_s, model_left=left, idle_holder=key[2])
-            kept[view.job_id] = (view, key, loaded)
-            if jobs is None:
-                jobs = list(snapshot.jobs)
-            jobs[i] = loaded
-        self._views, self._needs = kept, needs
-        return snapshot if jobs is None else replace(snapshot, jobs=tuple(jobs))
-
-    def _need(self, record: JobRecord, needs: dict[str, tuple[JobRecord, ModelNeed | None]]
-              ) -> ModelNeed | None:
-        """What ``record``'s job needs resident (kept while its record is the same object),
-        noted in ``needs`` for the next tick."""
-        known = self._needs.get(record.job_id)
-        need = known[1] if known is not None and known[0] is record \
-            else model_need(record.kind, record.params)
-        needs[record.job_id] = (record, need)
-        return need
-
-
-def queued_chunk(view: JobView, record: JobRecord, need: ModelNeed,
-                 beats: Mapping[str, Heartbeat]) -> QueuedChunk | None:
-    """A queued job's next chunk on a worker's own queue as the marks read it
-    (:func:`scheduler.placement.mark_moves`); None for one not waiting on a worker. The
-    worker's heartbeat counts as read since the chunk was queued when it was written after
-    ``record.queued_at_s``."""
-    if view.state is not JobState.QUEUED or view.parked_on is None:
-        return None
-    beat = beats.get(view.parked_on)
-    written_s = None if beat is None else beat.ts
-    read_since = written_s is not None and record.queued_at_s is not None \
-        and written_s >= record.queued_at_s
-    class_queue = class_queue_of(record.queue)
-    return QueuedChunk(view.job_id, need, view.deadline_s, view.parked_on,
-                       hop_worker(record.queue) == view.parked_on,
-                       class_queue if class_queue in OWN_QUEUE_CLASSES else None, read_since)
-
-
-def idle_takers(workers: Sequence[Holding], running: Set[str], parked_on: Set[str],
-                beats: Mapping[str, Heartbeat]) -> dict[str, list[Holding]]:
-    """Per class queue with own queues, the idle workers that take a chunk placed anew from
-    it: no running chunk in the snapshot (``running``) nor in the heartbeat, no queued chunk
-    parked on it (``parked_on``), consuming its placement queue for the class."""
-    idle: dict[str, list[Holding]] = {}
-    for w in workers:
-        beat = beats[w.name]
-        if beat.busy_job is not None or w.name in running or w.name in parked_on:
-            continue
-        for queue in OWN_QUEUE_CLASSES:
-            if replaced_from(w.name, queue) in beat.queues:
-                idle.setdefault(queue, []).append(w)
-    return idle
 
 
 def common_prefix(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
@@ -456,7 +128,7 @@ class PlacementView:
     cost model): what a placed job's remaining work takes."""
     built: Sequence[tuple[str, ModelNeed]] = ()
     """Chunks run since their worker's heartbeat, as the tick read them
-    (:attr:`ExpectedLoads.built`)."""
+    (:attr:`tasks.load_estimates.ExpectedLoads.built`)."""
 
     def encode(self) -> str:
         built = [[w, n.model, sorted(n.adapters), n.bytes] for w, n in self.built]
@@ -522,8 +194,11 @@ class WorkerDirectory:
     """Per busy worker, the seconds its running chunk is expected to take still (the tick's
     snapshot knows them); a busy worker missing here is free at an unknown time."""
     demand: Callable[[], Mapping[str, int]] | None = None
-    """The queued jobs per model (:func:`model_need`'s names), read when first needed."""
-    estimates: LoadEstimates = field(default_factory=load_estimates)
+    """The queued jobs per model (:func:`tasks.holdings.model_need`'s names), read when first
+    needed."""
+    learned: LearnedLoads = field(default_factory=LearnedLoads)
+    """The load times placement counts, learned from heartbeats: its holder's (the tick's, a
+    service's), each directory's read folded in."""
     placed: Mapping[str, Sequence[tuple[float, float]]] = field(default_factory=dict)
     """Per worker, the chunks placement gave it lately (:func:`tasks.keys.placed`): when, and
     the seconds of work (load and run) each brought. Those given after what ``busy_free_in_s``
@@ -539,8 +214,8 @@ class WorkerDirectory:
     now_s: float | None = None
     """The clock busy workers' heartbeats are read against (None: the wall clock)."""
     built: Sequence[tuple[str, ModelNeed]] = ()
-    """Chunks run since their worker's heartbeat (the tick's :attr:`ExpectedLoads.built`):
-    their models count as held there."""
+    """Chunks run since their worker's heartbeat (the tick's
+    :attr:`tasks.load_estimates.ExpectedLoads.built`): their models count as held there."""
     _holdings: dict[str, Holding] | None = None
     _demand: Mapping[str, int] | None = None
 
@@ -549,7 +224,8 @@ class WorkerDirectory:
              demand: Callable[[], Mapping[str, int]] | None = None,
              mark_ttl_s: float = 10.0, counted_until_s: float | None = None,
              rate: Callable[[str], float] | None = None,
-             built: Sequence[tuple[str, ModelNeed]] | None = None) -> WorkerDirectory:
+             built: Sequence[tuple[str, ModelNeed]] | None = None,
+             learned: LearnedLoads | None = None) -> WorkerDirectory:
         """The heartbeats and placement marks; a tick passes what its snapshot counted
         (``busy_free_in_s`` as of ``counted_until_s``, its ``rate``, the models ``built``
         since the heartbeats), a submit reads the last tick's published view for them
@@ -581,9 +257,9 @@ class WorkerDirectory:
                         placed=placed, counted_until_s=counted, store=store,
                         built=tuple(built or ()),
                         mark_ttl_s=mark_ttl_s,
-                        rate=rate or _PRIOR_COST.seconds_per_unit)
-        with _ESTIMATES_LOCK:
-            observe_loads(directory.estimates, directory.bodies.values())
+                        rate=rate or _PRIOR_COST.seconds_per_unit,
+                        learned=LearnedLoads() if learned is None else learned)
+        directory.learned.observe(directory.bodies.values())
         return directory
 
     def _free_in_s(self, name: str, beat: Heartbeat) -> float:
@@ -626,8 +302,8 @@ class WorkerDirectory:
         # of the jobs it runs (their own queue), for its free time as counted.
         workers = [h for name, h in holdings.items()
                    if placed_queue(name, class_queue) in self.bodies[name].queues]
-        with _ESTIMATES_LOCK:
-            chosen = place(need, workers, self.estimates, policy, self._demand, slack_s)
+        with self.learned.locked() as estimates:
+            chosen = place(need, workers, estimates, policy, self._demand, slack_s)
         if chosen.worker is not None:
             busy_s = work_s if work_s > 0.0 else math.inf  # no estimate: busy, free unknown
             if self.store is not None:
@@ -669,8 +345,8 @@ class WorkerDirectory:
                  if (n := host_slots(beat, size)) > 0}
         if not slots:
             return []
-        with _ESTIMATES_LOCK:
-            pairs = stage(demand, list(self._current_holdings().values()), self.estimates,
+        with self.learned.locked() as estimates:
+            pairs = stage(demand, list(self._current_holdings().values()), estimates,
                           min_queued, slots)
         return [(worker, model, StageRequest(kind=example[model].kind,
                                              params=dict(example[model].params)))

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from tasks import keys
-from tasks.affinity import StageRequest, model_need, resident_model
 from tasks.artifacts import ArtifactStore
 from tasks.checkpoint_objects import CheckpointObjects, CheckpointSweeper
 from tasks.heartbeat import Heartbeat, write_heartbeat
+from tasks.holdings import StageRequest, model_need, resident_model
 from tasks.runtime import broker_client, current_settings, store_client
 from tasks.settings import Settings
 from tasks.settings.moe import cache_config, router_config

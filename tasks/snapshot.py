@@ -32,9 +32,9 @@ from scheduler import (
 from scheduler.errors import SchedulerError
 from scheduler.lifecycle import JobState
 from tasks import keys
-from tasks.affinity import reload_s
 from tasks.errors import JobNotFound
 from tasks.heartbeat import Heartbeat, decode_heartbeats
+from tasks.load_estimates import LearnedLoads
 from tasks.record import JobRecord, UnreadableRecord
 from tasks.routing import CONTROL, affinity_worker, class_queue_of
 from tasks.settings.diffusion import DiffusionSettings
@@ -62,10 +62,13 @@ class Seen:
 
 
 def read_snapshot(store: JobStore, cost: CostModel, policy: PolicyConfig, now_s: float,
-                  diffusion_block_groups: int = DIFFUSION_BLOCK_GROUPS) -> Seen:
+                  diffusion_block_groups: int = DIFFUSION_BLOCK_GROUPS,
+                  learned: LearnedLoads | None = None) -> Seen:
     """Everything ``plan_tick`` reads: the live records, heartbeats and policy state in a
     handful of round trips, plus one per dependency of a waiting job and one event-stream read
-    per long-running job. ``diffusion_block_groups``: the workers' ``diffusion.block_groups``."""
+    per long-running job. ``diffusion_block_groups``: the workers' ``diffusion.block_groups``;
+    ``learned``: the load times the views' ``reload_s`` count (None: the priors)."""
+    learned = LearnedLoads() if learned is None else learned
     records: dict[str, JobRecord] = {}
     unreadable: list[tuple[str, str]] = []
     for item in store.records(store.active_ids()):
@@ -78,7 +81,7 @@ def read_snapshot(store: JobStore, cost: CostModel, policy: PolicyConfig, now_s:
     long_running = _long_running(records.values(), policy.recovery.stuck_min_s, now_s)
     own = {job_id: own_s_per_unit(store, records[job_id]) for job_id in long_running}
     views = tuple(job_view(r, failed_deps.get(r.job_id), own.get(r.job_id),
-                           diffusion_block_groups) for r in records.values())
+                           diffusion_block_groups, learned) for r in records.values())
     beats = store.heartbeats()
     snapshot = ClusterSnapshot(jobs=views, workers=worker_views(beats.values()), cost=cost,
                                state=load_policy_state(store), unreadable=tuple(unreadable))
@@ -87,9 +90,12 @@ def read_snapshot(store: JobStore, cost: CostModel, policy: PolicyConfig, now_s:
 
 def job_view(r: JobRecord, failed_dependency: str | None = None,
              own_s_per_unit: float | None = None,
-             diffusion_block_groups: int = DIFFUSION_BLOCK_GROUPS) -> JobView:
+             diffusion_block_groups: int = DIFFUSION_BLOCK_GROUPS,
+             learned: LearnedLoads | None = None) -> JobView:
     """A job's view for the policy. A job parked in a worker's affinity queue shows its class
-    queue (the policy plans classes) and names the worker in ``parked_on``."""
+    queue (the policy plans classes) and names the worker in ``parked_on``; its ``reload_s``
+    is by the load times ``learned`` (None: the priors)."""
+    learned = LearnedLoads() if learned is None else learned
     published = _published(r)
     return JobView(
         job_id=r.job_id, tenant=r.tenant, tier=r.tier, slo_class=r.slo, kind=r.kind,
@@ -109,7 +115,7 @@ def job_view(r: JobRecord, failed_dependency: str | None = None,
         next_chunk_cost_units=(r.cost_units[r.next_chunk] if r.next_chunk < r.num_chunks
                                else 0.0),
         own_s_per_unit=own_s_per_unit, parked_on=affinity_worker(r.queue),
-        reload_s=reload_s(r.kind, r.params),
+        reload_s=learned.reload_s(r.kind, r.params),
         published=published, failed_dependency=failed_dependency,
         shed_if_late=r.shed_if_late, estimated=r.first_estimate_s is not None,
         batch_group=r.batch_group, batch_id=r.batch, batch_growth=r.batch_growth,
@@ -326,6 +332,8 @@ class SnapshotCache:
         """The ids of ``_items``, sorted (the full read's order)."""
         self._views: dict[str, JobView] = {}
         self._block_groups = DIFFUSION_BLOCK_GROUPS
+        self._learned = LearnedLoads()
+        """The load times the views' ``reload_s`` count (the last read's)."""
         self._waiting_deps: set[str] = set()
         """PENDING jobs with dependencies."""
         self._running: set[str] = set()
@@ -392,8 +400,11 @@ class SnapshotCache:
             self._put(job_id, record)
 
     def read(self, cost: CostModel, policy: PolicyConfig, now_s: float,
-             diffusion_block_groups: int = DIFFUSION_BLOCK_GROUPS) -> Seen:
-        """What :func:`read_snapshot` reads, from the cache and what changed since."""
+             diffusion_block_groups: int = DIFFUSION_BLOCK_GROUPS,
+             learned: LearnedLoads | None = None) -> Seen:
+        """What :func:`read_snapshot` reads, from the cache and what changed since (the
+        views read now count the load times ``learned``; None: the priors)."""
+        self._learned = LearnedLoads() if learned is None else learned
         if diffusion_block_groups != self._block_groups:
             self._block_groups, self._built = diffusion_block_groups, None
             self._views = {job_id: self._view(r) for job_id, r in self._records.items()}
@@ -547,7 +558,7 @@ class SnapshotCache:
         self._commits.pop(job_id, None)
 
     def _view(self, r: JobRecord) -> JobView:
-        return job_view(r, None, None, self._block_groups)
+        return job_view(r, None, None, self._block_groups, self._learned)
 
     # derived facts ---------------------------------------------------------------------------
     def _failed_dependencies(self) -> dict[str, str]:

@@ -37,6 +37,7 @@ from tasks.dispatch import (
     queue_release,
 )
 from tasks.errors import InvalidJob, Overloaded
+from tasks.load_estimates import LearnedLoads
 from tasks.record import JobRecord
 from tasks.script_batch import ScriptBatch
 from tasks.settings import Settings
@@ -155,6 +156,9 @@ class JobService:
     def __init__(self, store: JobStore, settings: Settings) -> None:
         self.store = store
         self.settings = settings
+        self.learned = LearnedLoads()
+        """The load times this service's placements count, learned from the heartbeats its
+        submits read."""
 
     def submit(
         self, spec: JobSpec, *, tenant: str = "default", tier: str = "standard"
@@ -206,7 +210,8 @@ class JobService:
             elif decision.action is SubmitAction.RELEASE:
                 if directory is None and needs_directory(self.settings, record):
                     directory = WorkerDirectory.read(
-                        self.store, mark_ttl_s=self.settings.broker.chunk_lease)
+                        self.store, mark_ttl_s=self.settings.broker.chunk_lease,
+                        learned=self.learned)
                 queue = release_queue(self.settings, record, record.queue, directory)
                 epoch, pushed = queue_release(moves, record, queue, by="submit",
                                               reason=f"admitted to {queue}", direct=direct)

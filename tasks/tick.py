@@ -22,8 +22,8 @@ from redis.commands.core import Script
 from scheduler import IncrementalPlanner
 from tasks import keys, scripts
 from tasks.adapter import TickPhases, run_tick
-from tasks.affinity import ExpectedLoads
 from tasks.context import worker_context
+from tasks.load_estimates import ExpectedLoads
 from tasks.routing import TICK_TASK
 from tasks.snapshot import SnapshotCache
 from tasks.store import JobStore

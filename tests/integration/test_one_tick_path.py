@@ -21,9 +21,9 @@ from app.schemas import JobSpec
 from scheduler import ClusterSnapshot, IncrementalPlanner, PolicyConfig, TickPlan, plan_tick
 from scheduler.lifecycle import JobState, SloClass
 from tasks.adapter import run_tick
-from tasks.affinity import ExpectedLoads
 from tasks.artifacts import ArtifactStore
 from tasks.context import WorkerContext
+from tasks.load_estimates import ExpectedLoads
 from tasks.runtime import current_settings
 from tasks.snapshot import SnapshotCache
 from tasks.store import JobStore

@@ -284,14 +284,14 @@ def test_a_chunk_parked_on_a_busy_worker_moves_to_an_idle_worker_holding_its_mod
 ) -> None:
     """The tick's IDLE_HOLDER move on the real store, from the read to the release: a job's
     next chunk waits on the own queue of a worker running another job's chunk while an idle
-    worker holds its model; the tick's read marks it (``tasks.affinity.ExpectedLoads``), the
+    worker holds its model; the tick's read marks it (``tasks.load_estimates.ExpectedLoads``), the
     plan recovers it, and the release places it on the idle worker's placement queue under a
     new epoch (the parked message is stale)."""
     from scheduler import plan_tick
     from scheduler.recovery import RecoveryCause
     from tasks.adapter import LiveTarget, policy_config
-    from tasks.affinity import ExpectedLoads
     from tasks.heartbeat import write_heartbeat
+    from tasks.load_estimates import ExpectedLoads
     from tasks.routing import with_affinity
     from tasks.snapshot import learned_cost_model, read_snapshot
 

@@ -16,19 +16,15 @@ from scheduler.lifecycle import JobState, SloClass
 from scheduler.model import JobKind
 from scheduler.placement import Holding, LoadEstimates, ModelNeed, PlacementPolicy
 from tasks.affinity import (
-    StageRequest,
     WorkerDirectory,
-    held_models,
-    holding,
     hop_queues,
-    host_slots,
-    model_need,
     needs_directory,
-    observe_loads,
     queued_demand,
     release_queue,
 )
 from tasks.heartbeat import Heartbeat
+from tasks.holdings import StageRequest, held_models, holding, host_slots, model_need
+from tasks.load_estimates import LearnedLoads, observe_loads
 from tasks.record import JobRecord
 from tasks.routing import affinity_worker, class_queue_of, hop_worker, with_affinity
 from tasks.runtime import current_settings
@@ -131,7 +127,7 @@ def _directory(busy_free_in_s: dict[str, float] | None = None,
     estimates = LoadEstimates()
     estimates.observe("simulated:m1", "disk", 0.5)
     return WorkerDirectory(dict(beats), busy_free_in_s=busy_free_in_s or {},
-                           demand=lambda: demand or {}, estimates=estimates)
+                           demand=lambda: demand or {}, learned=LearnedLoads(estimates))
 
 
 def test_oblivious_placement_releases_to_the_class_queue_without_reading_workers() -> None:
@@ -312,7 +308,7 @@ def test_a_parked_chunk_of_a_job_on_a_model_waits_as_long_as_its_load_elsewhere(
 
 
 def test_the_ticks_waiting_jobs_on_a_model_no_worker_holds_count_its_load() -> None:
-    from tasks.affinity import ExpectedLoads
+    from tasks.load_estimates import ExpectedLoads
     from tasks.snapshot import job_view
     from tests.unit.test_scheduler_support import make_snapshot
 
@@ -341,7 +337,7 @@ def test_the_ticks_waiting_jobs_on_a_model_no_worker_holds_count_its_load() -> N
 
 def test_a_model_counts_as_resident_from_the_chunk_that_built_it_not_the_next_heartbeat(
 ) -> None:
-    from tasks.affinity import ExpectedLoads
+    from tasks.load_estimates import ExpectedLoads
     from tasks.snapshot import job_view
     from tests.unit.test_scheduler_support import make_snapshot
 
@@ -387,7 +383,7 @@ def test_built_models_join_a_holding_and_take_its_free_bytes() -> None:
 
 
 def test_a_chunk_parked_on_a_worker_that_evicted_its_model_is_marked_for_the_tick() -> None:
-    from tasks.affinity import ExpectedLoads
+    from tasks.load_estimates import ExpectedLoads
     from tasks.snapshot import job_view
     from tests.unit.test_scheduler_support import make_snapshot
 
@@ -424,7 +420,7 @@ def test_a_chunk_parked_on_a_worker_that_evicted_its_model_is_marked_for_the_tic
 
 
 def test_a_chunk_parked_on_a_busy_worker_is_marked_when_an_idle_worker_holds_its_model() -> None:
-    from tasks.affinity import ExpectedLoads
+    from tasks.load_estimates import ExpectedLoads
     from tasks.snapshot import job_view
     from tests.unit.test_scheduler_support import make_snapshot, running
 
@@ -514,20 +510,20 @@ def test_a_chunk_placed_after_a_workers_heartbeat_counts_toward_its_free_time() 
     estimates.observe("simulated:m1", "disk", 0.5)
     # 3 s of work given to w1 after its heartbeat: a 0.5 s load on w2 starts sooner
     marked = WorkerDirectory({"w1": warm, "w2": cold}, placed={"w1": [(5.0, 3.0)]},
-                             estimates=estimates)
+                             learned=LearnedLoads(estimates))
     assert release_queue(settings, job, "interactive", marked) == "w2.interactive.placed"
     # 0.1 s of it: w1 still starts sooner
     short = WorkerDirectory({"w1": warm, "w2": cold}, placed={"w1": [(5.0, 0.1)]},
-                            estimates=estimates)
+                            learned=LearnedLoads(estimates))
     assert release_queue(settings, job, "interactive", short) == "w1.interactive.placed"
     # given before the heartbeat was written: the heartbeat counts it
     stale_mark = WorkerDirectory({"w1": warm, "w2": cold}, placed={"w1": [(-1.0, 3.0)]},
-                                 estimates=estimates)
+                                 learned=LearnedLoads(estimates))
     assert release_queue(settings, job, "interactive", stale_mark) == "w1.interactive.placed"
     # the tick's free times count the chunks placed up to its read: only later ones add
     tick = WorkerDirectory({"w1": warm, "w2": cold}, busy_free_in_s={"w1": 0.2},
                            placed={"w1": [(5.0, 3.0)]}, counted_until_s=6.0,
-                           estimates=estimates)
+                           learned=LearnedLoads(estimates))
     assert release_queue(settings, job, "interactive", tick) == "w1.interactive.placed"
 
 
@@ -539,11 +535,11 @@ def test_without_the_ticks_estimate_a_busy_workers_heartbeat_tells_when_its_job_
     assert began.free_in_s(10.05) == pytest.approx(0.15)
     assert Heartbeat.decode(began.encode()) == began
     cold = _beat("w2", {})
-    soon = WorkerDirectory({"w1": began, "w2": cold}, estimates=LoadEstimates(), now_s=10.05)
+    soon = WorkerDirectory({"w1": began, "w2": cold}, learned=LearnedLoads(), now_s=10.05)
     assert release_queue(settings, job, "interactive", soon) == "w1.interactive.placed"
     unknown = replace(began, left_s=None)
     assert unknown.free_in_s(10.05) is None
-    late = WorkerDirectory({"w1": unknown, "w2": cold}, estimates=LoadEstimates(), now_s=10.05)
+    late = WorkerDirectory({"w1": unknown, "w2": cold}, learned=LearnedLoads(), now_s=10.05)
     assert release_queue(settings, job, "interactive", late) == "w2.interactive.placed"
 
 
@@ -658,7 +654,6 @@ def test_a_load_the_worker_could_not_size_is_sized_by_the_learned_load_times() -
     """A first load on a worker that never measured one: the heartbeat names the model and
     the tier, and the tick sizes the load by what it learned from every worker."""
     from tasks.adapter import busy_free_in_s
-    from tasks.affinity import window_estimate
     from tests.unit.test_scheduler_support import NOW_S, make_snapshot, running
 
     since = NOW_S - 1.0
@@ -667,9 +662,10 @@ def test_a_load_the_worker_could_not_size_is_sized_by_the_learned_load_times() -
     assert unsized.load_phase(since, NOW_S, lambda key, tier: 3.0) == (2.0, NOW_S)
     assert unsized.load_phase(since, NOW_S) == (0.0, NOW_S)  # no estimate: 0 still to come
     snapshot = make_snapshot([running("a", "w1", work_s=2.0, chunk_running_since_s=since)])
-    expected = window_estimate("simulated:m7", "disk")
-    assert expected > 0.0 and window_estimate("moe:x", "disk") == 0.0
-    free = busy_free_in_s(snapshot, NOW_S, {"w1": unsized})["w1"]
+    learned = LearnedLoads()
+    expected = learned.window_estimate("simulated:m7", "disk")
+    assert expected > 0.0 and learned.window_estimate("moe:x", "disk") == 0.0
+    free = busy_free_in_s(snapshot, NOW_S, {"w1": unsized}, learned)["w1"]
     assert free == pytest.approx(max(expected - 1.0, 0.0) + 2.0)
 
 

@@ -55,7 +55,7 @@ def test_every_field_the_planner_reads_is_written_by_the_live_snapshot() -> None
     # then no field the planner reads is left at its dataclass default, but a cold job's
     # expected load (``load_s``), whether its parked chunk's worker evicted its model
     # (``model_left``) and whether an idle worker holds it (``idle_holder``): the tick sets
-    # them after the read, from the workers' residency (``tasks.affinity.ExpectedLoads``,
+    # them after the read, from the workers' residency (``tasks.load_estimates.ExpectedLoads``,
     # tested in test_live_placement)
     not_yet = {"load_s", "model_left", "idle_holder"}
     left = [f.name for f in fields(JobView) if f.name in read and f.default is not MISSING
