@@ -52,7 +52,7 @@ from scheduler.deferral import defer_overcommitted
 from scheduler.fair_walk import FairArrays, fair_best, fair_ranking
 from scheduler.judgement import Judgement
 from scheduler.lifecycle import JobState
-from scheduler.model import ClusterSnapshot, WorkerView
+from scheduler.model import ClusterSnapshot, JobView, WorkerView
 from scheduler.ordering import (
     Levels,
     Order,
@@ -174,19 +174,7 @@ class _Planning:
             rows = all_rows[live_mask]
             live = tuple(compress(snapshot.jobs, live_mask.tolist()))
         state = c.i["state"][rows]
-        table = _RateTable(snapshot.cost, [w.device for w in alive], policy.cost_min_samples)
-        keys = c.i["key"][rows]
-        rates = np.zeros(len(c.key_names))
-        sure_of = np.zeros(len(c.key_names), np.bool_)
-        for k in np.flatnonzero(np.bincount(keys, minlength=len(c.key_names))).tolist():
-            rates[k] = table.learn(c.key_names[k])
-            sure_of[k] = table.confident[c.key_names[k]]
-        remaining = f["units"][rows] * rates[keys]
-        sure = sure_of[keys]
-        for k in np.flatnonzero(b["by_key"][rows]).tolist():
-            remaining[k], sure[k] = table.remaining_s(live[k])
-        remaining = remaining + c.i["left"][rows] * policy.hop_overhead_s
-        remaining = remaining + f["load"][rows]  # + 0.0 where warm: the same floats
+        remaining, sure = self._remaining(snapshot, rows, live, alive)
         deadline = f["deadline"][rows]
         finish = now_s + remaining
         late = (finish > deadline + policy.expire_grace_s) & sure
@@ -194,42 +182,11 @@ class _Planning:
         running = state == RUNNING
         suspended = state == SUSPENDED
         waited = now_s - f["waiting"][rows]
-        t = ScoreTerms.from_policy(policy)
-        bound_s = policy.aging_bound_s
-        wait_term = np.where(running, 0.0, np.where(
-            waited >= bound_s, t.wait_max, np.where(waited > 0.0, t.wait_per_s * waited, 0.0)))
-        submitted = f["submitted"][rows]
-        budget = deadline - submitted
-        spent = (finish - submitted) / budget
-        slack_term = np.where(budget <= 0.0, t.slack, np.where(
-            spent >= 1.0, t.slack, np.where(spent > 0.0, t.slack * spent, 0.0)))
-        scores = f["base"][rows] + slack_term
-        scores = scores + wait_term
-        tail = t.short / (remaining + t.short_s)
-        tail = f["prog"][rows] + tail
-        tail = tail + f["pre"][rows]
-        scores = scores + tail
-        due_in = deadline - now_s
-        horizon_s = policy.load_horizon_s
-        demand = np.where(due_in <= horizon_s, remaining, remaining * horizon_s / due_in)
-        outstanding = float(np.cumsum(np.concatenate(([0.0], demand[~suspended])))[-1])
-        loads = f["load"][rows]
-        cold_demand = np.where(due_in <= horizon_s, loads, loads * horizon_s / due_in)
-        cold = float(np.cumsum(np.concatenate(([0.0], cold_demand[~suspended])))[-1])
+        scores = self._scores(rows, running, remaining, finish, deadline, waited)
+        demand, outstanding, cold = self._demand(rows, remaining, deadline, ~suspended)
         realtime = b["realtime"][rows]
-        queued_or_running = (state == QUEUED) | running
-        holding = queued_or_running & ~b["preempt"][rows]
+        holding = ((state == QUEUED) | running) & ~b["preempt"][rows]
         on_standby = b["on_standby"][rows]
-        incumbent: int | None = None
-        origin_id = snapshot.state.origin_id
-        if origin_id is not None:
-            # the row last read for that id first (job ids are unique in a snapshot); else
-            # every live job's id
-            row = c.row_of_id.get(origin_id)
-            found = np.flatnonzero(rows == row) if row is not None else np.zeros(0, np.int64)
-            if not found.size:
-                found = np.flatnonzero(c.ids[rows] == origin_id)
-            incumbent = int(found[-1]) if found.size else None
         waiting_rt = np.flatnonzero(waiting & realtime)
         waiting_other = np.flatnonzero(waiting & ~realtime)
         suspended_at = np.flatnonzero(suspended)
@@ -244,14 +201,83 @@ class _Planning:
             suspended=frozen("suspended", suspended_at),
             inflight=frozen("inflight", np.flatnonzero(holding & ~on_standby)),
             standby=frozen("standby", standby),
-            aged=frozen("aged", np.flatnonzero(waiting & (waited >= bound_s))),
+            aged=frozen("aged", np.flatnonzero(waiting & (waited >= policy.aging_bound_s))),
             late=frozen("late", late_at), with_deps=frozen("with_deps",
                                                            np.flatnonzero(b["deps"][rows])),
             outstanding_s=outstanding, cold_s=cold,
-            paid_share=paid_load_share(alive, policy.load_window_s, now_s), incumbent=incumbent)
+            paid_share=paid_load_share(alive, policy.load_window_s, now_s),
+            incumbent=self._incumbent(snapshot.state.origin_id, rows))
         return survey, Tick(rows, state, remaining, demand, deadline, waited, scores,
                              np.zeros(len(rows)), np.zeros(len(rows)), waiting_rt,
                              waiting_other, suspended_at, standby, late_at)
+
+    def _remaining(self, snapshot: ClusterSnapshot, rows: Ints, live: tuple[JobView, ...],
+                   alive: tuple[WorkerView, ...]) -> tuple[Floats, Bools]:
+        """Each job's remaining seconds (its units at the fleet's rate of its cost key, or of
+        each chunk kind, plus the hops and the expected load), and whether the estimate is
+        backed by enough measurements."""
+        c, policy = self.c, self.policy
+        f = c.f
+        table = _RateTable(snapshot.cost, [w.device for w in alive], policy.cost_min_samples)
+        keys = c.i["key"][rows]
+        rates = np.zeros(len(c.key_names))
+        sure_of = np.zeros(len(c.key_names), np.bool_)
+        for k in np.flatnonzero(np.bincount(keys, minlength=len(c.key_names))).tolist():
+            rates[k] = table.learn(c.key_names[k])
+            sure_of[k] = table.confident[c.key_names[k]]
+        remaining = f["units"][rows] * rates[keys]
+        sure = sure_of[keys]
+        for k in np.flatnonzero(c.b["by_key"][rows]).tolist():
+            remaining[k], sure[k] = table.remaining_s(live[k])
+        remaining = remaining + c.i["left"][rows] * policy.hop_overhead_s
+        return remaining + f["load"][rows], sure  # + 0.0 where warm: the same floats
+
+    def _scores(self, rows: Ints, running: Bools, remaining: Floats, finish: Floats,
+                deadline: Floats, waited: Floats) -> Floats:
+        """Each job's origin score: ``scoring.score_jobs``' terms, summed in its order (the
+        terms a view alone decides read from the columns)."""
+        f, t = self.c.f, ScoreTerms.from_policy(self.policy)
+        bound_s = self.policy.aging_bound_s
+        wait_term = np.where(running, 0.0, np.where(
+            waited >= bound_s, t.wait_max, np.where(waited > 0.0, t.wait_per_s * waited, 0.0)))
+        submitted = f["submitted"][rows]
+        budget = deadline - submitted
+        spent = (finish - submitted) / budget
+        slack_term = np.where(budget <= 0.0, t.slack, np.where(
+            spent >= 1.0, t.slack, np.where(spent > 0.0, t.slack * spent, 0.0)))
+        scores = f["base"][rows] + slack_term
+        scores = scores + wait_term
+        tail = t.short / (remaining + t.short_s)
+        tail = f["prog"][rows] + tail
+        tail = tail + f["pre"][rows]
+        return scores + tail
+
+    def _demand(self, rows: Ints, remaining: Floats, deadline: Floats,
+                counted: Bools) -> tuple[Floats, float, float]:
+        """Each job's remaining work due within the load horizon (later work pro rata), and
+        the sums over the counted jobs (those not suspended), in index order, of it and of
+        the expected loads counted alike."""
+        horizon_s = self.policy.load_horizon_s
+        due_in = deadline - self.now_s
+        demand = np.where(due_in <= horizon_s, remaining, remaining * horizon_s / due_in)
+        outstanding = float(np.cumsum(np.concatenate(([0.0], demand[counted])))[-1])
+        loads = self.c.f["load"][rows]
+        cold_demand = np.where(due_in <= horizon_s, loads, loads * horizon_s / due_in)
+        cold = float(np.cumsum(np.concatenate(([0.0], cold_demand[counted])))[-1])
+        return demand, outstanding, cold
+
+    def _incumbent(self, origin_id: str | None, rows: Ints) -> int | None:
+        """The position of the last tick's origin among the live jobs, if it is still live:
+        found by the row last read for its id first (job ids are unique in a snapshot), else
+        by every live job's id."""
+        if origin_id is None:
+            return None
+        c = self.c
+        row = c.row_of_id.get(origin_id)
+        found = np.flatnonzero(rows == row) if row is not None else np.zeros(0, np.int64)
+        if not found.size:
+            found = np.flatnonzero(c.ids[rows] == origin_id)
+        return int(found[-1]) if found.size else None
 
     # -- judgement (scheduler.judgement.judge) ----------------------------------------------
 
