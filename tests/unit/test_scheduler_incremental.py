@@ -30,8 +30,9 @@ from scheduler import (
     plan_tick,
 )
 from scheduler.batching import BatchingConfig
+from scheduler.fair_walk import lexsort3, repaired_walk
 from scheduler.fairness import FairShareConfig, ServiceLedger
-from scheduler.incremental import IncrementalPlanner, _lexsort3, _repaired_walk
+from scheduler.incremental import IncrementalPlanner
 from scheduler.plan import TickPlan
 from scheduler.policy import OverloadMeasure
 from scheduler.queues import NORMAL_WORKER_QUEUES, STANDBY_QUEUE
@@ -292,7 +293,7 @@ def test_the_repaired_walk_is_the_lexsort_order(rows: list[tuple[float, float, i
             a, b = rng.randrange(len(kept)), rng.randrange(len(kept))
             kept[a], kept[b] = kept[b], kept[a]
     # when the walk is repaired from it
-    walk = _repaired_walk(code, k1, k2, np.array(kept, np.int64))
+    walk = repaired_walk(code, k1, k2, np.array(kept, np.int64))
     # then it is np.lexsort's stable order
     assert walk.tolist() == truth.tolist()
 
@@ -307,7 +308,7 @@ def test_the_dense_rank_walk_is_the_lexsort_order(rows: list[tuple[float, float,
     k2 = np.array([r[1] for r in rows], np.float64)
     code = np.array([r[2] for r in rows], np.int64)
     # when the walk is ordered by the fold of dense ranks
-    walk = _lexsort3(k2, k1, code)
+    walk = lexsort3(k2, k1, code)
     # then it is np.lexsort's stable order
     assert walk.tolist() == np.lexsort((k2, k1, code)).tolist()
 
