@@ -359,13 +359,15 @@ def _png(side: int, mode: str = "RGB") -> bytes:
     return out.getvalue()
 
 
+@pytest.mark.parametrize("model", [IMAGE_MODEL, "flux-tiny", "sd35-tiny"])
 def test_an_image_edit_through_the_sdk_answers_with_a_png_made_from_the_stored_image(
-        client: openai.OpenAI, api: str) -> None:
+        client: openai.OpenAI, api: str, model: str) -> None:
     # given an input image
     image = _png(32)
-    # when the official SDK sends it to images.edit, inline answer asked
+    # when the official SDK sends it to images.edit of a model that does img2img, inline
+    # answer asked
     answer = client.images.edit(image=("in.png", image, "image/png"), prompt="a red fox",
-                                model=IMAGE_MODEL, size="32x32", response_format="b64_json")
+                                model=model, size="32x32", response_format="b64_json")
     # then the answer is a PNG of the finished job, whose params name the image by digest
     assert answer.data and answer.data[0].b64_json is not None
     assert base64.b64decode(answer.data[0].b64_json).startswith(PNG_MAGIC)
@@ -387,7 +389,7 @@ def test_an_image_edit_with_a_mask_on_a_model_without_inpainting_is_a_400_naming
 def test_models_say_which_inputs_each_recipe_takes(client: openai.OpenAI) -> None:
     # when the models are listed, then each says what it takes
     inputs = {m.id: (m.model_extra or {})["stepline"]["inputs"] for m in client.models.list()}
-    assert inputs[IMAGE_MODEL] == ["text", "image"]
+    assert inputs[IMAGE_MODEL] == inputs["flux-tiny"] == inputs["sd35-tiny"] == ["text", "image"]
     assert inputs["dit-tiny"] == ["class"]
     assert inputs[TEXT_MODEL] == ["text"]
 

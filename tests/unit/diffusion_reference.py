@@ -1,8 +1,11 @@
 """How to call each family's own diffusers pipeline, uninterrupted: the reference every
-exactness test compares Stepline's chunked runs against. A new family is one entry in CALLS."""
+exactness test compares Stepline's chunked runs against. A new family is one entry in CALLS;
+a family with an img2img pipeline of its own one in IMAGE_CALLS too (an image-conditioned job
+is compared with that)."""
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -10,13 +13,17 @@ from typing import Any
 import torch
 from diffusers import (
     DiTPipeline,
+    FluxImg2ImgPipeline,
     FluxPipeline,
     PixArtSigmaPipeline,
+    StableDiffusion3Img2ImgPipeline,
     StableDiffusion3Pipeline,
     WanPipeline,
 )
+from PIL import Image
 
 from workers.diffusion.components import DiffusionComponents
+from workers.diffusion.inputs import INPUT_BYTES, is_conditioned
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +105,23 @@ def _sd3(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
     return _kept(pipe, "images", **_text(c, p), **common)
 
 
+def _flux_img2img(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
+                  common: dict[str, Any]) -> Reference:
+    pipe = _quiet(FluxImg2ImgPipeline(scheduler=scheduler, vae=c.vae, text_encoder=c.text_encoder,
+                                      tokenizer=c.tokenizer, text_encoder_2=c.text_encoder_2,
+                                      tokenizer_2=c.tokenizer_2, transformer=c.transformer))
+    return _kept(pipe, "images", true_cfg_scale=p["true_cfg_scale"], **_text(c, p), **common)
+
+
+def _sd3_img2img(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
+                 common: dict[str, Any]) -> Reference:
+    pipe = _quiet(StableDiffusion3Img2ImgPipeline(
+        transformer=c.transformer, scheduler=scheduler, vae=c.vae, text_encoder=c.text_encoder,
+        tokenizer=c.tokenizer, text_encoder_2=c.text_encoder_2, tokenizer_2=c.tokenizer_2,
+        text_encoder_3=c.text_encoder_3, tokenizer_3=c.tokenizer_3))
+    return _kept(pipe, "images", **_text(c, p), **common)
+
+
 def _kept(pipe: Any, output: str, **call: Any) -> Reference:
     """``pipe(**call)`` keeping its last step's latents, with its ``output`` (images, frames)."""
     keep = _Keep()
@@ -115,6 +139,12 @@ CALLS: dict[str, Call] = {
     "sd3": _sd3,
 }
 """Each family's pipeline ``__call__`` on the recipe's own modules."""
+IMAGE_CALLS: dict[str, Call] = {
+    "flux": _flux_img2img,
+    "sd3": _sd3_img2img,
+}
+"""Each family's img2img pipeline ``__call__``, for a job with an input image (PixArt has
+none in the library: its img2img reference is assembled in ``test_diffusion_img2img``)."""
 
 
 def _as_built(scheduler: Any, _gen: torch.Generator) -> Any:
@@ -123,11 +153,16 @@ def _as_built(scheduler: Any, _gen: torch.Generator) -> Any:
 
 def reference_run(c: DiffusionComponents, p: Mapping[str, Any],
                   prepare: Callable[[Any, torch.Generator], Any] = _as_built) -> Reference:
-    """The library pipeline run in one go on job ``p``, its generator seeded with the job's
-    seed, on a fresh scheduler of the job's sampler (``prepare``: what the caller does to it
-    first, given the generator)."""
+    """The library pipeline run in one go on job ``p`` (its img2img pipeline for a job with an
+    input image), its generator seeded with the job's seed, on a fresh scheduler of the job's
+    sampler (``prepare``: what the caller does to it first, given the generator)."""
     gen = torch.Generator().manual_seed(int(p["seed"]))
     scheduler = prepare(c.scheduler(str(p["scheduler"]), int(p["seed"])), gen)
     common = {"num_inference_steps": p["num_inference_steps"],
               "guidance_scale": p["guidance_scale"], "generator": gen}
-    return CALLS[c.recipe.family](c, p, scheduler, common)
+    if not is_conditioned(p):
+        return CALLS[c.recipe.family](c, p, scheduler, common)
+    with Image.open(io.BytesIO(p[INPUT_BYTES]["image"])) as opened:
+        image = opened.convert("RGB")
+    return IMAGE_CALLS[c.recipe.family](c, p, scheduler,
+                                        {**common, "image": image, "strength": p["strength"]})

@@ -1,7 +1,9 @@
 """An image-to-image job, chunked, preempted and migrated, equals the library's img2img
 arithmetic run in one go, bit for bit.
 
-The reference is built from diffusers' own parts: ``PixArtSigmaPipeline`` for the prompt
+Flux and SD3 are compared with their own img2img pipelines (``FluxImg2ImgPipeline``,
+``StableDiffusion3Img2ImgPipeline``, called in ``diffusion_reference``). PixArt has none: its
+reference is built from diffusers' own parts: ``PixArtSigmaPipeline`` for the prompt
 embeddings, image processor, transformer, scheduler and VAE, and
 ``StableDiffusionImg2ImgPipeline``'s own ``get_timesteps`` and ``prepare_latents`` (called on
 the PixArt pipeline: they read only its scheduler and VAE) for the strength rule and the noised
@@ -22,7 +24,8 @@ import torch
 from diffusers import PixArtSigmaPipeline, StableDiffusionImg2ImgPipeline
 from PIL import Image
 
-from tests.unit.test_diffusion_exactness import run_preempted_job
+from tests.unit.diffusion_reference import reference_run
+from tests.unit.test_diffusion_exactness import JOBS, run_preempted_job, run_uninterrupted_job
 from workers.diffusion import get_runner, validate_params
 from workers.diffusion.components import DiffusionComponents
 from workers.diffusion.inputs import INPUT_BYTES
@@ -102,6 +105,43 @@ def test_a_preempted_migrated_img2img_job_equals_the_librarys_img2img_arithmetic
     assert pixels.std() > 0, "a constant output would make the comparison vacuous"
 
 
+FLOW_CASES = [("flux-tiny", "flow_match_euler", 0.6, 4), ("flux-tiny", "flow_match_euler", 0.3, 2),
+              ("sd35-tiny", "flow_match_euler", 0.7, 5), ("sd35-tiny", "flow_match_heun", 0.5, 5)]
+"""Model, sampler, strength and the model evaluations the pipeline runs: its strength rule,
+``int(steps - steps * strength)`` steps skipped, is not PixArt's (0.6 of 6 steps: 4, not 3;
+Heun evaluates twice a step but the last)."""
+
+
+def flow_img2img_params(model: str, scheduler: str, strength: float, image: bytes
+                        ) -> dict[str, Any]:
+    _, extra, _ = JOBS[model]
+    params = validate_params("image", {
+        **extra, "model": model, "num_inference_steps": STEPS, "scheduler": scheduler,
+        "seed": 11, "image": digest(image), "strength": strength})
+    return {**params, INPUT_BYTES: {"image": image}}
+
+
+@pytest.mark.parametrize("preempted", [False, True], ids=["uninterrupted", "preempted"])
+@pytest.mark.parametrize(("model", "scheduler", "strength", "evaluations"), FLOW_CASES)
+def test_a_flux_or_sd3_img2img_job_equals_the_librarys_own_img2img_pipeline(
+        model: str, scheduler: str, strength: float, evaluations: int, preempted: bool) -> None:
+    # given an image-to-image job and a non-flat input image of another size than the job's
+    image = png_bytes(40, 24)
+    params = flow_img2img_params(model, scheduler, strength, image)
+    # when it runs in one go, or chunk by chunk preempted inside a step, crashed once and moved
+    # between workers
+    state, runner = run_preempted_job(params, random.Random(model + scheduler), crash_chunk=2) \
+        if preempted else run_uninterrupted_job(params)
+    pixels = runner.decode_pixels(params, state)
+    # then it ran the steps the pipeline's strength rule leaves, and its latents and pixels
+    # equal the library's img2img pipeline's, given the same image, generator and strength
+    assert runner.evaluations(params) == evaluations
+    ref = reference_run(runner.components(params), params)
+    assert torch.equal(state.tensors["latents"], ref.latents)
+    assert torch.equal(pixels, ref.pixels)
+    assert pixels.std() > 0, "a constant output would make the comparison vacuous"
+
+
 def test_the_input_image_changes_the_output() -> None:
     # given two img2img jobs alike but for their input image
     outputs = []
@@ -129,6 +169,9 @@ def test_a_chunk_without_its_input_bytes_is_refused_by_name() -> None:
     ({"model": "pixart-tiny", "prompt": "x", "mask": True}, "takes no mask"),
     ({"model": "pixart-tiny", "prompt": "x", "num_inference_steps": 4, "strength": 0.2},
      "runs no step"),
+    ({"model": "flux-tiny", "prompt": "x", "scheduler": "unipc"},
+     "'unipc' .* has no scale_noise.*use one of flow_match_euler, flow_match_lcm$"),
+    ({"model": "sd35-tiny", "prompt": "x", "scheduler": "flow_match_euler_a"}, "no scale_noise"),
 ])
 def test_an_input_a_model_cannot_use_is_refused_naming_why(params: dict[str, Any],
                                                            problem: str) -> None:

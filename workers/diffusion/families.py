@@ -105,6 +105,19 @@ class SizedScheduleFamily(Protocol):
         ...
 
 
+@runtime_checkable
+class ImageFamily(Protocol):
+    """A family whose img2img pipeline makes the initial latents of an image-conditioned job
+    its own way (Flux and SD3: shifted VAE latents, ``scale_noise``; Flux packs them); the
+    runner asks it instead of :func:`workers.diffusion.conditioning.image_latents`."""
+
+    def image_latents(self, c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
+                      gen: torch.Generator) -> torch.Tensor:
+        """The input image's latents noised to the job's first timestep (its scheduler's
+        ``begin_index`` already set there)."""
+        ...
+
+
 def decode_job(family: PipelineFamily, c: DiffusionComponents, p: Mapping[str, Any],
                latents: torch.Tensor) -> torch.Tensor:
     """One job's pixels from its final latents, as the pipeline decodes them."""

@@ -18,6 +18,7 @@ from diffusers.pipelines.flux.pipeline_flux import (
 from diffusers.utils.torch_utils import randn_tensor
 
 from workers.diffusion.components import DiffusionComponents
+from workers.diffusion.conditioning import noised_to_start, shifted_image_latents
 from workers.diffusion.families import PixArtFamily, Tensors
 
 _PACK = 2
@@ -99,6 +100,21 @@ class FluxFamily(PixArtFamily):
                              dtype=c.text_encoder_2.dtype)
         packed: torch.Tensor = FluxPipeline._pack_latents(  # type: ignore[no-untyped-call]
             noise, 1, channels, h, w)
+        return packed
+
+    def image_latents(self, c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
+                      gen: torch.Generator) -> torch.Tensor:
+        """``FluxImg2ImgPipeline.prepare_latents``: the image (sized to the packing's multiple)
+        encoded and shifted, noised by ``scale_noise`` with noise drawn next, then packed."""
+        assert c.text_encoder_2 is not None  # the prompt embeddings' dtype
+        dtype = c.text_encoder_2.dtype
+        image = shifted_image_latents(c, p, gen, c.recipe.vae_scale_factor * _PACK, dtype)
+        h, w = _packed_hw(c, p)
+        channels = c.transformer.config.in_channels // (_PACK * _PACK)
+        noise = randn_tensor((1, channels, h, w), generator=gen, device=c.device, dtype=dtype)
+        noised = noised_to_start(scheduler, p, c.recipe.family, image, noise)
+        packed: torch.Tensor = FluxPipeline._pack_latents(  # type: ignore[no-untyped-call]
+            noised, 1, channels, h, w)
         return packed
 
     def passes(

@@ -12,9 +12,17 @@ from workers.errors import ParamsError
 DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
 """How a job names an input: the SHA-256 of its bytes (the artifact store keeps it by that)."""
 
-IMAGE_FAMILIES = frozenset({"pixart"})
-"""Families whose jobs may start from an input image: an ``AutoencoderKL`` VAE whose latents
-the transformer denoises directly (no packing, no per-channel statistics)."""
+IMAGE_FAMILIES = frozenset({"pixart", "flux", "sd3"})
+"""Families whose jobs may start from an input image: PixArt (its VAE latents denoised as they
+are, ``StableDiffusionImg2ImgPipeline``'s arithmetic) and the :data:`FLOW_IMAGE_FAMILIES`."""
+FLOW_IMAGE_FAMILIES = frozenset({"flux", "sd3"})
+"""Families with a flow-matching img2img pipeline of their own (``FluxImg2ImgPipeline``,
+``StableDiffusion3Img2ImgPipeline``): the image latents shifted by the VAE's ``shift_factor``,
+noised by the scheduler's ``scale_noise`` (so only :data:`NOISE_SCALING_SCHEDULERS` run it),
+and the timesteps cut by ``int(steps - steps * strength)`` (the product not floored first)."""
+NOISE_SCALING_SCHEDULERS = frozenset({"FlowMatchEulerDiscreteScheduler",
+                                      "FlowMatchHeunDiscreteScheduler", "FlowMatchLCMScheduler"})
+"""Scheduler classes with the ``scale_noise`` a flow-matching img2img pipeline calls."""
 MASK_FAMILIES: frozenset[str] = frozenset()
 """Families that inpaint with a ``mask`` (none yet: a mask is validated and stored, and a job
 on a model that does not take one is refused)."""
@@ -41,18 +49,32 @@ def is_conditioned(p: Mapping[str, Any]) -> bool:
     return p.get("image") is not None
 
 
-def first_timestep(steps: int, strength: float) -> int:
-    """``t_start`` of the img2img strength rule: the scheduler steps a job skips."""
+def first_timestep(steps: int, strength: float, family: str) -> int:
+    """``t_start`` of the family's img2img strength rule: the scheduler steps a job skips."""
+    if family in FLOW_IMAGE_FAMILIES:
+        return int(max(steps - min(steps * strength, steps), 0))
     init = min(int(steps * strength), steps)
     return max(steps - init, 0)
 
 
-def check_strength(steps: int, strength: float) -> None:
+def check_strength(steps: int, strength: float, family: str) -> None:
     """A strength that leaves no step (``int(steps * strength) == 0``) is refused, naming the
     smallest that leaves one."""
-    if first_timestep(steps, strength) >= steps:
+    if first_timestep(steps, strength, family) >= steps:
         raise ParamsError(f"strength={strength:g} with num_inference_steps={steps} runs no step "
                           f"(int(steps * strength) is 0); use strength >= {1 / steps:g} or more "
                           "steps")
 
 
+
+
+def check_image_sampler(family: str, scheduler: str, offered: Mapping[str, str]) -> None:
+    """An image-to-image job of a :data:`FLOW_IMAGE_FAMILIES` model on a sampler without
+    ``scale_noise`` is refused, naming the model's samplers that have it (``offered``: each
+    sampler's scheduler class)."""
+    if family not in FLOW_IMAGE_FAMILIES or offered[scheduler] in NOISE_SCALING_SCHEDULERS:
+        return
+    fitting = sorted(name for name, cls in offered.items() if cls in NOISE_SCALING_SCHEDULERS)
+    raise ParamsError(f"scheduler {scheduler!r} ({offered[scheduler]}) has no scale_noise, which "
+                      f"image-to-image on {family} noises the input image with; use one of "
+                      f"{', '.join(fitting)}")

@@ -24,6 +24,7 @@ from workers.diffusion.inputs import (
     DIGEST_PATTERN,
     IMAGE_FAMILIES,
     MASK_FAMILIES,
+    check_image_sampler,
     check_strength,
 )
 from workers.diffusion.labels import closest_names, imagenet_labels, resolve_class
@@ -256,7 +257,7 @@ def validate_params(
         raise ParamsError(f"model {r.name!r} takes no step_cache: {REFUSED_FAMILIES[r.family]}")
     guidance = r.default_guidance_scale if p.guidance_scale is None else p.guidance_scale
     chosen = check_adapters(p.adapters, r.name, adapters or adapter_registry())
-    inputs = _check_inputs(p, r, steps)
+    inputs = _check_inputs(p, r, steps, scheduler)
     normal = p.model_copy(update={
         "model": r.name, "height": height, "width": width, "num_frames": frames,
         "num_inference_steps": steps, "scheduler": scheduler, "output_format": fmt,
@@ -292,7 +293,8 @@ def _true_cfg(p: DiffusionParams, r: DiffusionRecipe) -> dict[str, float]:
     return {"true_cfg_scale": 1.0 if p.true_cfg_scale is None else float(p.true_cfg_scale)}
 
 
-def _check_inputs(p: DiffusionParams, r: DiffusionRecipe, steps: int) -> dict[str, Any]:
+def _check_inputs(p: DiffusionParams, r: DiffusionRecipe, steps: int, scheduler: str
+                  ) -> dict[str, Any]:
     """The job's input image, mask and strength, each refused on a model that takes none; a
     job without an image carries none of them, as before inputs existed."""
     if p.image is None:
@@ -306,6 +308,7 @@ def _check_inputs(p: DiffusionParams, r: DiffusionRecipe, steps: int) -> dict[st
         raise ParamsError(f"model {r.name!r} takes no mask (it does image-to-image, not "
                           "inpainting); leave mask out")
     strength = DEFAULT_STRENGTH if p.strength is None else float(p.strength)
-    check_strength(steps, strength)
+    check_strength(steps, strength, r.family)
+    check_image_sampler(r.family, scheduler, {n: s.class_name for n, s in r.schedulers.items()})
     kept = {"image": p.image, "strength": strength}
     return kept if p.mask is None else {**kept, "mask": p.mask}

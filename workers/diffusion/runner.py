@@ -46,6 +46,7 @@ from workers.diffusion.components import (
 from workers.diffusion.conditioning import image_latents, pipeline_layout, skipped, start_at
 from workers.diffusion.families import (
     ExpertFamily,
+    ImageFamily,
     PipelineFamily,
     SizedScheduleFamily,
     decode_job,
@@ -183,7 +184,7 @@ class DiffusionRunner:
             return 0
         scheduler = timed_scheduler(self.recipe(params), str(params["scheduler"]),
                                     int(params["num_inference_steps"]))
-        return skipped(params, int(scheduler.order))
+        return skipped(params, int(scheduler.order), self.recipe(params).family)
 
     def _timestep(self, params: Mapping[str, Any], scheduler: Any, step: int) -> Any:
         """The timestep of the job's denoise step ``step`` (0: its first)."""
@@ -276,8 +277,9 @@ class DiffusionRunner:
         """Pixels in [0, 1] of a fully denoised state: what the ``decode`` chunk encodes."""
         with torch.no_grad():
             job = self._restore(params, self.evaluations(params) + 1, state)
-            return decode_job(self._family(params), self.components(params), params,
-                              pipeline_layout(params, job.latents))
+            c = self.components(params)
+            return decode_job(self._family(params), c, params,
+                              pipeline_layout(params, job.latents, c.recipe.family))
 
     def _family(self, params: Mapping[str, Any]) -> PipelineFamily:
         return FAMILIES[self.recipe(params).family]
@@ -352,7 +354,9 @@ class DiffusionRunner:
         c, family = self.components(params), self._family(params)
         if not is_conditioned(params):
             return family.init_latents(c, params, scheduler, generator)
-        start_at(scheduler, params)
+        start_at(scheduler, params, c.recipe.family)
+        if isinstance(family, ImageFamily):
+            return family.image_latents(c, params, scheduler, generator)
         dtype = c.text_encoder.dtype if c.text_encoder is not None else c.transformer_dtype
         return image_latents(c, params, scheduler, generator, dtype)
 
@@ -483,7 +487,7 @@ class DiffusionRunner:
         c, family = self.components(params), self._family(params)
         with torch.no_grad():
             pixels = decode_together(family, c, [m.item.params for m in members],
-                                     [pipeline_layout(m.item.params, m.job.latents)
+                                     [pipeline_layout(m.item.params, m.job.latents, c.recipe.family)
                                       for m in members])
             results = [self._artifact(m.item.params, m.job, p)
                        for m, p in zip(members, pixels, strict=True)]
@@ -524,8 +528,9 @@ class DiffusionRunner:
                               compute_s=compute_s, batch_size=batch_size)
 
     def _decode(self, params: Mapping[str, Any], job: JobState) -> ChunkResult:
-        pixels = decode_job(self._family(params), self.components(params), params,
-                            pipeline_layout(params, job.latents))
+        c = self.components(params)
+        pixels = decode_job(self._family(params), c, params,
+                            pipeline_layout(params, job.latents, c.recipe.family))
         return self._artifact(params, job, pixels)
 
     def _artifact(self, params: Mapping[str, Any], job: JobState, pixels: torch.Tensor

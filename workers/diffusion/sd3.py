@@ -12,6 +12,7 @@ from diffusers.utils.torch_utils import randn_tensor
 
 from workers.diffusion.blockwise import Tensors
 from workers.diffusion.components import DiffusionComponents
+from workers.diffusion.conditioning import noised_to_start, shifted_image_latents
 from workers.diffusion.families import PixArtFamily, _latent_hw, _text_rows, uses_cfg
 
 
@@ -55,6 +56,16 @@ class SD3Family(PixArtFamily):
         shape = (1, c.transformer.config.in_channels, *_latent_hw(c, p))
         return randn_tensor(shape, generator=gen, device=c.device,  # type: ignore[no-any-return]
                             dtype=c.text_encoder.dtype)
+
+    def image_latents(self, c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
+                      gen: torch.Generator) -> torch.Tensor:
+        """``StableDiffusion3Img2ImgPipeline.prepare_latents``: the image encoded and shifted,
+        noised by ``scale_noise`` with noise of its shape drawn next."""
+        assert c.text_encoder is not None  # the prompt embeddings' dtype
+        dtype = c.text_encoder.dtype
+        image = shifted_image_latents(c, p, gen, c.recipe.vae_scale_factor, dtype)
+        noise = randn_tensor(image.shape, generator=gen, device=c.device, dtype=dtype)
+        return noised_to_start(scheduler, p, c.recipe.family, image, noise).to(dtype)
 
     def passes(
         self, c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any, latents: torch.Tensor,
