@@ -16,6 +16,7 @@ from diffusers import (
     FluxImg2ImgPipeline,
     FluxPipeline,
     PixArtSigmaPipeline,
+    QwenImagePipeline,
     StableDiffusion3Img2ImgPipeline,
     StableDiffusion3Pipeline,
     WanPipeline,
@@ -122,6 +123,13 @@ def _sd3_img2img(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
     return _kept(pipe, "images", **_text(c, p), **common)
 
 
+def _qwen_image(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
+                common: dict[str, Any]) -> Reference:
+    pipe = _quiet(QwenImagePipeline(scheduler=scheduler, vae=c.vae, text_encoder=c.text_encoder,
+                                    tokenizer=c.tokenizer, transformer=c.transformer))
+    return _kept(pipe, "images", true_cfg_scale=p["true_cfg_scale"], **_text(c, p), **common)
+
+
 def _kept(pipe: Any, output: str, **call: Any) -> Reference:
     """``pipe(**call)`` keeping its last step's latents, with its ``output`` (images, frames)."""
     keep = _Keep()
@@ -137,6 +145,7 @@ CALLS: dict[str, Call] = {
     "wan22": _wan,  # WanPipeline with transformer_2 and boundary_ratio
     "flux": _flux,
     "sd3": _sd3,
+    "qwen_image": _qwen_image,
 }
 """Each family's pipeline ``__call__`` on the recipe's own modules."""
 IMAGE_CALLS: dict[str, Call] = {

@@ -46,7 +46,8 @@ def _digest(name: str) -> str:
 def test_every_diffusion_recipe_parses_with_image_and_video_kinds() -> None:
     names = {r.name: r.kind for r in diffusion_recipes("image") + diffusion_recipes("video")}
     assert names == {"dit-tiny": "image", "pixart-tiny": "image", "wan-tiny": "video",
-                     "wan22-tiny": "video", "sd35-tiny": "image", "flux-tiny": "image"}
+                     "wan22-tiny": "video", "sd35-tiny": "image", "flux-tiny": "image",
+                     "qwen-image-tiny": "image"}
 
 
 def test_given_two_processes_when_they_build_a_recipe_then_the_weights_are_identical() -> None:
@@ -86,6 +87,8 @@ JOBS: dict[str, dict[str, Any]] = {
     "dit-tiny": {"class_label": 207},
     "wan22-tiny": {"prompt": "a kite", "num_inference_steps": 4, "guidance_scale_2": 2.0},
     "flux-tiny": {"prompt": "a lighthouse", "negative_prompt": "fog", "true_cfg_scale": 2.0},
+    "qwen-image-tiny": {"prompt": "a lighthouse", "negative_prompt": "fog",
+                        "true_cfg_scale": 2.0},
 }
 """A job per recipe (default: a prompt, two steps); Wan 2.2's four steps cross its boundary."""
 

@@ -58,6 +58,8 @@ JOBS: dict[str, tuple[str, dict[str, Any]]] = {
                             "height": 32, "width": 64}),
     "flux-tiny": ("image", {"prompt": "a lighthouse at dawn", "negative_prompt": "fog",
                             "true_cfg_scale": 1.5}),
+    "qwen-image-tiny": ("image", {"prompt": "a lighthouse at dawn", "negative_prompt": "fog",
+                                  "true_cfg_scale": 1.5}),
 }
 
 

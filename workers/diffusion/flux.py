@@ -36,8 +36,23 @@ def _packed_hw(c: DiffusionComponents, p: Mapping[str, Any]) -> tuple[int, int]:
     return _PACK * (int(p["height"]) // cell), _PACK * (int(p["width"]) // cell)
 
 
+def shift_mu(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any) -> float:
+    """``calculate_shift`` of the job's packed image tokens under the scheduler's config (or the
+    pipeline's defaults): the dynamic shift ``mu`` of FluxPipeline and QwenImagePipeline alike."""
+    h, w = _packed_hw(c, p)
+    keys = (("base_image_seq_len", 256), ("max_image_seq_len", 4096), ("base_shift", 0.5),
+            ("max_shift", 1.15))
+    mu: float = calculate_shift((h // _PACK) * (w // _PACK),
+                                *(scheduler.config.get(k, v) for k, v in keys))
+    return mu
+
+
 class FluxFamily(PixArtFamily):
     """``FluxPipeline``; the scheduler step, VAE decode and postprocess are PixArt's."""
+
+    sigmas_in_flow_mode = False
+    """Whether the pipeline hands its sigmas to a scheduler in flow mode (``use_flow_sigmas``):
+    FluxPipeline leaves them out, QwenImagePipeline passes them."""
 
     def _embed_both(self, c: DiffusionComponents, texts: list[str]) -> Tensors:
         assert c.tokenizer is not None and c.tokenizer_2 is not None
@@ -79,15 +94,10 @@ class FluxFamily(PixArtFamily):
     def set_job_timesteps(self, c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
                           steps: int) -> None:
         """The pipeline's sigmas and ``mu`` for the job's image size (its packed tokens)."""
-        sigmas = None if scheduler.config.get("use_flow_sigmas") else \
-            np.linspace(1.0, 1 / steps, steps)
-        h, w = _packed_hw(c, p)
-        keys = (("base_image_seq_len", 256), ("max_image_seq_len", 4096), ("base_shift", 0.5),
-                ("max_shift", 1.15))
-        mu = calculate_shift((h // _PACK) * (w // _PACK),
-                             *(scheduler.config.get(k, v) for k, v in keys))
+        flow_mode = scheduler.config.get("use_flow_sigmas") and not self.sigmas_in_flow_mode
+        sigmas = None if flow_mode else np.linspace(1.0, 1 / steps, steps)
         retrieve_timesteps(scheduler, steps, c.device, sigmas=sigmas,  # type: ignore[arg-type]
-                           mu=mu)
+                           mu=shift_mu(c, p, scheduler))
         scheduler.set_begin_index(0)
 
     def init_latents(

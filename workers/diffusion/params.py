@@ -41,8 +41,9 @@ from workers.registry import ModelRegistry
 IMAGE_FORMATS = ("png", "webp")
 VIDEO_FORMATS = ("mp4", "gif", "webp")
 _CLASS_NAME_SETS = {"imagenet": "ImageNet"}
-_TRUE_CFG_FAMILIES = ("flux",)
-"""Guidance-distilled families: ``guidance_scale`` is embedded, ``true_cfg_scale`` is CFG."""
+_TRUE_CFG_FAMILIES = ("flux", "qwen_image")
+"""Families whose CFG is ``true_cfg_scale`` (a negative pass above 1): guidance-distilled ones
+(Flux), whose ``guidance_scale`` is embedded, and Qwen-Image, which has no ``guidance_scale``."""
 
 
 class DiffusionParams(BaseModel):
@@ -68,9 +69,9 @@ class DiffusionParams(BaseModel):
     """CFG scale of the low-noise expert's steps (two-expert models such as Wan 2.2 only);
     default: ``guidance_scale``. Whether CFG runs is ``guidance_scale``'s alone."""
     true_cfg_scale: float | None = Field(default=None, ge=0, le=50)
-    """True classifier-free guidance of a guidance-distilled model (Flux): above 1 each step
-    also runs the negative prompt; default 1 (off). ``guidance_scale`` there is the distilled
-    guidance the transformer embeds."""
+    """True classifier-free guidance of a guidance-distilled model (Flux) or of Qwen-Image: above
+    1 each step also runs the negative prompt; default 1 (off). ``guidance_scale`` there is the
+    distilled guidance the transformer embeds (Qwen-Image has none: it is ignored)."""
     seed: int = Field(default=0, ge=0, lt=2**63)
     scheduler: str | None = None
     output_format: str | None = None
@@ -283,12 +284,13 @@ def _second_guidance(p: DiffusionParams, r: DiffusionRecipe, guidance: float) ->
 
 
 def _true_cfg(p: DiffusionParams, r: DiffusionRecipe) -> dict[str, float]:
-    """``true_cfg_scale`` of a guidance-distilled model (default 1.0, FluxPipeline's: off);
+    """``true_cfg_scale`` of a guidance-distilled model or Qwen-Image (default 1.0: off);
     refused on any other model, whose ``guidance_scale`` is already classifier-free."""
     if r.family not in _TRUE_CFG_FAMILIES:
         if p.true_cfg_scale is not None:
-            raise ParamsError(f"true_cfg_scale is for guidance-distilled models (Flux); model "
-                              f"{r.name!r} runs classifier-free guidance: use guidance_scale")
+            raise ParamsError(f"true_cfg_scale is for guidance-distilled models (Flux) and "
+                              f"Qwen-Image; model {r.name!r} runs classifier-free guidance: "
+                              "use guidance_scale")
         return {}
     return {"true_cfg_scale": 1.0 if p.true_cfg_scale is None else float(p.true_cfg_scale)}
 

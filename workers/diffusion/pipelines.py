@@ -15,6 +15,7 @@ from workers.diffusion.blockwise import (
 )
 from workers.diffusion.families import DiTFamily, PipelineFamily, PixArtFamily, WanFamily
 from workers.diffusion.flux import FluxBlockwise, FluxFamily
+from workers.diffusion.qwen_image import QwenImageBlockwise, QwenImageFamily
 from workers.diffusion.sd3 import SD3Blockwise, SD3Family
 from workers.diffusion.wan22 import Wan22Family
 
@@ -25,6 +26,7 @@ FAMILIES: dict[str, PipelineFamily] = {
     "wan22": Wan22Family(),
     "sd3": SD3Family(),
     "flux": FluxFamily(),
+    "qwen_image": QwenImageFamily(),
 }
 """The step arithmetic of each family (``DiffusionRecipe.family``)."""
 
@@ -35,5 +37,6 @@ ADAPTERS: dict[str, BlockwiseForward] = {
     "wan22": WanBlockwise(),  # both experts are WanTransformer3DModel
     "sd3": SD3Blockwise(),
     "flux": FluxBlockwise(),
+    "qwen_image": QwenImageBlockwise(),
 }
 """The transformer forward of each family, replayed as prologue, blocks and epilogue."""

@@ -57,10 +57,10 @@ class DiffusionRecipe(BaseModel):
 
     name: str
     kind: Literal["image", "video"]
-    family: Literal["dit", "pixart", "wan", "wan22", "sd3", "flux"]
+    family: Literal["dit", "pixart", "wan", "wan22", "sd3", "flux", "qwen_image"]
     """Which pipeline's arithmetic the runner reproduces (DiTPipeline, PixArt, WanPipeline;
     ``wan22``: WanPipeline with two expert transformers; ``sd3``: StableDiffusion3Pipeline;
-    ``flux``: FluxPipeline)."""
+    ``flux``: FluxPipeline; ``qwen_image``: QwenImagePipeline)."""
     description: str = ""
     default: bool = False
     """The default recipe of its kind for its conditioning (class label or prompt)."""

@@ -210,6 +210,14 @@ FAMILY_RULES: dict[str, FamilyRule] = {
                                                               "SASolverScheduler")},
         "LTXEulerAncestralRFScheduler": ("FluxPipeline hands set_timesteps its sigmas as a "
                                          "numpy array, which this class refuses (TypeError)")}),
+    "qwen_image": FamilyRule(Space.FLOW, unit_init_noise=False, refused={
+        **{name: (f"QwenImagePipeline sets the timesteps from sigmas and a shift mu, and {name}'s "
+                  "set_timesteps takes no sigmas") for name in (
+                      "FlowMatchHeunDiscreteScheduler", "SASolverScheduler",
+                      "DPMSolverMultistepScheduler", "DPMSolverSinglestepScheduler",
+                      "DEISMultistepScheduler")},
+        "LTXEulerAncestralRFScheduler": ("QwenImagePipeline hands set_timesteps its sigmas as a "
+                                         "numpy array, which this class refuses (TypeError)")}),
 }
 
 FLOW_CONFIG: dict[str, Any] = {"use_flow_sigmas": True, "prediction_type": "flow_prediction"}

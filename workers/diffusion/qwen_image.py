@@ -1,0 +1,126 @@
+"""Qwen-Image (``QwenImagePipeline``): each prompt alone through Qwen2.5-VL in the pipeline's
+chat template, latents packed in 2x2 patches as Flux packs them, flow matching shifted by Flux's
+``mu``, and true CFG (``true_cfg_scale`` above 1) rescaled to the conditional prediction's norm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from diffusers import QwenImagePipeline
+from diffusers.utils.torch_utils import randn_tensor
+
+from workers.diffusion.components import DiffusionComponents
+from workers.diffusion.families import Tensors, WanFamily
+from workers.diffusion.flux import _PACK, FluxFamily, _packed_hw, true_cfg
+
+_WAN = WanFamily()  # its VAE input (latents_std and latents_mean undone) is Qwen-Image's
+
+
+def _prefixes(p: Mapping[str, Any]) -> list[str]:
+    """The job's texts by key prefix: the prompt, and under true CFG the negative prompt."""
+    return ["", "negative_"] if true_cfg(p) else [""]
+
+
+def _embed(c: DiffusionComponents, text: str) -> torch.Tensor:
+    """The pipeline's ``encode_prompt`` of one text (a pipeline costs well under a millisecond).
+    One text has no padding, so its mask is all ones, which the pipeline drops (None)."""
+    pipe: Any = QwenImagePipeline(  # type: ignore[no-untyped-call]
+        scheduler=None, vae=c.vae, text_encoder=c.text_encoder, tokenizer=c.tokenizer,
+        transformer=c.transformer)
+    embeds, mask = pipe.encode_prompt(text, device=c.device,
+                                      max_sequence_length=c.recipe.text_max_length)
+    assert mask is None
+    return embeds  # type: ignore[no-any-return]
+
+
+class QwenImageFamily(FluxFamily):
+    """Flux's timesteps (its sigmas passed even in flow mode), encode, scheduler step and pixels;
+    its own prompt embeddings (each text encoded alone, as the pipeline encodes prompt and
+    negative prompt apart), latents, passes, guidance and VAE decode."""
+
+    sigmas_in_flow_mode = True
+
+    def encode_many(self, c: DiffusionComponents, ps: Sequence[Mapping[str, Any]]
+                    ) -> list[Tensors]:
+        texts = {str(p[f"{n}prompt"]) for p in ps for n in _prefixes(p)}
+        embeds = {text: _embed(c, text) for text in sorted(texts)}
+        return [{f"{n}prompt_embeds": embeds[str(p[f"{n}prompt"])] for n in _prefixes(p)}
+                for p in ps]
+
+    def init_latents(
+        self, c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any, gen: torch.Generator
+    ) -> torch.Tensor:
+        h, w = _packed_hw(c, p)
+        channels = c.transformer.config.in_channels // (_PACK * _PACK)
+        assert c.text_encoder is not None  # the prompt embeddings' dtype
+        noise = randn_tensor((1, 1, channels, h, w), generator=gen, device=c.device,
+                             dtype=c.text_encoder.dtype)
+        return QwenImagePipeline._pack_latents(  # type: ignore[no-any-return]
+            noise, 1, channels, h, w)
+
+    def passes(
+        self, c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any, latents: torch.Tensor,
+        t: torch.Tensor, cond: Tensors,
+    ) -> tuple[list[Tensors], torch.Tensor]:
+        """``img_shapes`` (frames, rows, columns of tokens) as one tensor row per latent row."""
+        shape = torch.tensor([[1, *(n // _PACK for n in _packed_hw(c, p))]])
+        shared = {"hidden_states": latents, "img_shapes": shape.expand(latents.shape[0], -1),
+                  "timestep": t.expand(latents.shape[0]).to(latents.dtype) / 1000}
+        return [{**shared, "encoder_hidden_states": cond[f"{n}prompt_embeds"]}
+                for n in _prefixes(p)], latents
+
+    def combine(self, c: DiffusionComponents, p: Mapping[str, Any], outputs: list[torch.Tensor]
+                ) -> torch.Tensor:
+        if not true_cfg(p):
+            return outputs[0]
+        noise, negative = outputs
+        combined = negative + float(p["true_cfg_scale"]) * (noise - negative)
+        cond_norm, norm = (torch.norm(x, dim=-1, keepdim=True) for x in (noise, combined))
+        rescaled: torch.Tensor = combined * (cond_norm / norm)
+        return rescaled
+
+    def vae_input(self, c: DiffusionComponents, p: Mapping[str, Any], latents: torch.Tensor
+                  ) -> torch.Tensor:
+        unpacked: torch.Tensor = QwenImagePipeline._unpack_latents(
+            latents, p["height"], p["width"], c.recipe.vae_scale_factor)
+        return _WAN.vae_input(c, p, unpacked)
+
+    def vae_decode(self, c: DiffusionComponents, z: torch.Tensor) -> torch.Tensor:
+        image: torch.Tensor = c.vae.decode(z, return_dict=False)[0][:, :, 0]
+        return image
+
+
+class QwenImageBlockwise:
+    """``QwenImageTransformer2DModel.forward`` (no ``zero_cond_t``, no extra timestep
+    condition): each dual-stream block updates the image stream (``hidden``) and the text
+    stream, which rides in ``ctx``; the rotary tables ride there as real views."""
+
+    def num_blocks(self, model: Any) -> int:
+        return len(model.transformer_blocks)
+
+    def prologue(self, model: Any, inputs: Tensors) -> tuple[torch.Tensor, Tensors]:
+        hidden = model.img_in(inputs["hidden_states"])
+        timestep = inputs["timestep"].to(hidden.dtype)
+        text = model.txt_in(model.txt_norm(inputs["encoder_hidden_states"]))
+        temb = model.time_text_embed(timestep, hidden, None)
+        shapes = [[tuple(int(v) for v in inputs["img_shapes"][0])]]
+        image_rope, text_rope = model.pos_embed(shapes, max_txt_seq_len=text.shape[1],
+                                                device=hidden.device)
+        return hidden, {"temb": temb, "encoder_hidden_states": text,
+                        "image_rope": torch.view_as_real(image_rope),
+                        "text_rope": torch.view_as_real(text_rope)}
+
+    def block(self, model: Any, index: int, hidden: torch.Tensor, ctx: Tensors) -> torch.Tensor:
+        rope = (torch.view_as_complex(ctx["image_rope"]), torch.view_as_complex(ctx["text_rope"]))
+        ctx["encoder_hidden_states"], out = model.transformer_blocks[index](
+            hidden_states=hidden, encoder_hidden_states=ctx["encoder_hidden_states"],
+            encoder_hidden_states_mask=None, temb=ctx["temb"], image_rotary_emb=rope,
+            joint_attention_kwargs=None, modulate_index=None)
+        return out  # type: ignore[no-any-return]
+
+    def epilogue(self, model: Any, hidden: torch.Tensor, ctx: Tensors) -> torch.Tensor:
+        out: torch.Tensor = model.proj_out(model.norm_out(hidden, ctx["temb"]))
+        return out
