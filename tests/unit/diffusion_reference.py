@@ -14,6 +14,7 @@ from diffusers import (
     PixArtSigmaPipeline,
     StableDiffusion3Pipeline,
     WanPipeline,
+    ZImagePipeline,
 )
 
 from workers.diffusion.components import DiffusionComponents
@@ -98,6 +99,13 @@ def _sd3(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
     return _kept(pipe, "images", **_text(c, p), **common)
 
 
+def _zimage(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
+            common: dict[str, Any]) -> Reference:
+    pipe = _quiet(ZImagePipeline(scheduler=scheduler, vae=c.vae, text_encoder=c.text_encoder,
+                                 tokenizer=c.tokenizer, transformer=c.transformer))
+    return _kept(pipe, "images", **_text(c, p), **common)
+
+
 def _kept(pipe: Any, output: str, **call: Any) -> Reference:
     """``pipe(**call)`` keeping its last step's latents, with its ``output`` (images, frames)."""
     keep = _Keep()
@@ -113,6 +121,7 @@ CALLS: dict[str, Call] = {
     "wan22": _wan,  # WanPipeline with transformer_2 and boundary_ratio
     "flux": _flux,
     "sd3": _sd3,
+    "zimage": _zimage,
 }
 """Each family's pipeline ``__call__`` on the recipe's own modules."""
 

@@ -17,6 +17,7 @@ from workers.diffusion.families import DiTFamily, PipelineFamily, PixArtFamily, 
 from workers.diffusion.flux import FluxBlockwise, FluxFamily
 from workers.diffusion.sd3 import SD3Blockwise, SD3Family
 from workers.diffusion.wan22 import Wan22Family
+from workers.diffusion.zimage import ZImageBlockwise, ZImageFamily
 
 FAMILIES: dict[str, PipelineFamily] = {
     "dit": DiTFamily(),
@@ -25,6 +26,7 @@ FAMILIES: dict[str, PipelineFamily] = {
     "wan22": Wan22Family(),
     "sd3": SD3Family(),
     "flux": FluxFamily(),
+    "zimage": ZImageFamily(),
 }
 """The step arithmetic of each family (``DiffusionRecipe.family``)."""
 
@@ -35,5 +37,6 @@ ADAPTERS: dict[str, BlockwiseForward] = {
     "wan22": WanBlockwise(),  # both experts are WanTransformer3DModel
     "sd3": SD3Blockwise(),
     "flux": FluxBlockwise(),
+    "zimage": ZImageBlockwise(),
 }
 """The transformer forward of each family, replayed as prologue, blocks and epilogue."""
