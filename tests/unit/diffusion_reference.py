@@ -20,6 +20,7 @@ from diffusers import (
     StableDiffusion3Img2ImgPipeline,
     StableDiffusion3Pipeline,
     WanPipeline,
+    ZImagePipeline,
 )
 from PIL import Image
 
@@ -130,6 +131,13 @@ def _qwen_image(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
     return _kept(pipe, "images", true_cfg_scale=p["true_cfg_scale"], **_text(c, p), **common)
 
 
+def _zimage(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
+            common: dict[str, Any]) -> Reference:
+    pipe = _quiet(ZImagePipeline(scheduler=scheduler, vae=c.vae, text_encoder=c.text_encoder,
+                                 tokenizer=c.tokenizer, transformer=c.transformer))
+    return _kept(pipe, "images", **_text(c, p), **common)
+
+
 def _kept(pipe: Any, output: str, **call: Any) -> Reference:
     """``pipe(**call)`` keeping its last step's latents, with its ``output`` (images, frames)."""
     keep = _Keep()
@@ -146,6 +154,7 @@ CALLS: dict[str, Call] = {
     "flux": _flux,
     "sd3": _sd3,
     "qwen_image": _qwen_image,
+    "zimage": _zimage,
 }
 """Each family's pipeline ``__call__`` on the recipe's own modules."""
 IMAGE_CALLS: dict[str, Call] = {

@@ -24,6 +24,7 @@ from workers.diffusion.components import DiffusionComponents, clear_component_ca
 from workers.diffusion.pipelines import ADAPTERS, FAMILIES
 from workers.diffusion.recipes import diffusion_recipe
 from workers.diffusion.runner import DiffusionRunner
+from workers.diffusion.zimage import model_inputs
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -44,6 +45,9 @@ JOBS: dict[str, tuple[str, dict[str, Any], tuple[str, ...]]] = {
     "qwen-image-tiny": ("image", {"prompt": "a lighthouse at dawn", "negative_prompt": "fog",
                                   "height": 32, "width": 48, "true_cfg_scale": 2.0},
                         ("flow_match_euler", "unipc")),
+    "zimage-tiny": ("image", {"prompt": "a lighthouse at dawn", "negative_prompt": "fog",
+                              "height": 32, "width": 48, "guidance_scale": 3.0},
+                    ("flow_match_euler",)),  # its other samplers draw noise
 }
 """Per recipe: its kind, the job, and the samplers it is checked with; a new family is one
 entry here and one in ``diffusion_reference.CALLS``."""
@@ -190,6 +194,10 @@ def test_blockwise_forward_equals_the_models_own_forward(model: str) -> None:
                 kwargs["added_cond_kwargs"] = {"resolution": None, "aspect_ratio": None}
             if c.recipe.family == "qwen_image":  # the model takes its token grid as a list
                 kwargs["img_shapes"] = [[tuple(int(v) for v in inputs["img_shapes"][0])]]
+            if c.recipe.family == "zimage":  # the model takes lists of per-image tensors
+                kwargs = model_inputs(inputs)
             theirs = model(**kwargs, return_dict=False)[0]
+            if c.recipe.family == "zimage":
+                theirs = torch.stack(theirs)
         # then it is bit-identical to the model's forward
         assert torch.equal(ours, theirs)

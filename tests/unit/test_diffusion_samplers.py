@@ -60,6 +60,7 @@ JOBS: dict[str, tuple[str, dict[str, Any]]] = {
                             "true_cfg_scale": 1.5}),
     "qwen-image-tiny": ("image", {"prompt": "a lighthouse at dawn", "negative_prompt": "fog",
                                   "true_cfg_scale": 1.5}),
+    "zimage-tiny": ("image", {"prompt": "a lighthouse at dawn", "negative_prompt": "fog"}),
 }
 
 
@@ -274,6 +275,7 @@ def test_lcm_refuses_more_steps_than_its_original_schedule_has() -> None:
     ("pixart-tiny", "dpmpp_sde", 56, 48),
     ("wan-tiny", "flow_match_heun", 48, 32),
     ("flux-tiny", "dpmpp_2m", 64, 16),  # a shift mu of another size than the default's
+    ("zimage-tiny", "flow_match_lcm", 16, 64),
 ])
 def test_non_square_and_non_native_sizes_resume_exactly(
     model: str, scheduler: str, height: int, width: int

@@ -19,6 +19,9 @@ REFUSED_FAMILIES = {
     "sd3": "diffusers' First Block Cache hook fails on SD3Transformer2DModel's joint blocks "
            "(it finds no encoder output to compare), so a cached job would have no library "
            "output to equal",
+    "zimage": "diffusers' First Block Cache hook fails on ZImageTransformerBlock (it asks for a "
+              "hidden_states argument the block names x), so a cached job would have no library "
+              "output to equal",
 }
 """Families whose jobs may not ask for a step cache, and why."""
 

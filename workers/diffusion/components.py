@@ -106,7 +106,8 @@ def resolve_class(name: str, base: type) -> Any:
 
 
 def build_tokenizer(spec: TokenizerSpec, max_length: int) -> PreTrainedTokenizerFast:
-    """A character tokenizer with T5's special tokens (pad 0, eos 1, unk 2), built locally."""
+    """A character tokenizer with T5's special tokens (pad 0, eos 1, unk 2) and the spec's chat
+    template, built locally."""
     vocab = {tok: i for i, tok in enumerate(_SPECIAL_TOKENS)}
     vocab.update({ch: i + len(vocab) for i, ch in enumerate(dict.fromkeys(spec.alphabet))})
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
@@ -117,7 +118,7 @@ def build_tokenizer(spec: TokenizerSpec, max_length: int) -> PreTrainedTokenizer
     )
     return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
-        model_max_length=max_length,
+        model_max_length=max_length, chat_template=spec.chat_template,
     )
 
 

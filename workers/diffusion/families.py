@@ -129,11 +129,11 @@ def uses_cfg(p: Mapping[str, Any]) -> bool:
     return float(p["guidance_scale"]) > 1.0
 
 
-def _text_rows(ps: Sequence[Mapping[str, Any]]) -> dict[str, int]:
-    """Every distinct prompt and (under CFG) negative prompt of ``ps``: its row in one
-    text-encoder batch. Jobs often share a negative prompt; it is encoded once."""
-    texts = [str(p["prompt"]) for p in ps] + [str(p["negative_prompt"]) for p in ps
-                                              if uses_cfg(p)]
+def _text_rows(ps: Sequence[Mapping[str, Any]],
+               cfg: Callable[[Mapping[str, Any]], bool] = uses_cfg) -> dict[str, int]:
+    """Every distinct prompt and (under CFG, as ``cfg`` tells) negative prompt of ``ps``: its row
+    in one text-encoder batch. Jobs often share a negative prompt; it is encoded once."""
+    texts = [str(p["prompt"]) for p in ps] + [str(p["negative_prompt"]) for p in ps if cfg(p)]
     return {text: row for row, text in enumerate(dict.fromkeys(texts))}
 
 

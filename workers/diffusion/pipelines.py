@@ -18,6 +18,7 @@ from workers.diffusion.flux import FluxBlockwise, FluxFamily
 from workers.diffusion.qwen_image import QwenImageBlockwise, QwenImageFamily
 from workers.diffusion.sd3 import SD3Blockwise, SD3Family
 from workers.diffusion.wan22 import Wan22Family
+from workers.diffusion.zimage import ZImageBlockwise, ZImageFamily
 
 FAMILIES: dict[str, PipelineFamily] = {
     "dit": DiTFamily(),
@@ -27,6 +28,7 @@ FAMILIES: dict[str, PipelineFamily] = {
     "sd3": SD3Family(),
     "flux": FluxFamily(),
     "qwen_image": QwenImageFamily(),
+    "zimage": ZImageFamily(),
 }
 """The step arithmetic of each family (``DiffusionRecipe.family``)."""
 
@@ -38,5 +40,6 @@ ADAPTERS: dict[str, BlockwiseForward] = {
     "sd3": SD3Blockwise(),
     "flux": FluxBlockwise(),
     "qwen_image": QwenImageBlockwise(),
+    "zimage": ZImageBlockwise(),
 }
 """The transformer forward of each family, replayed as prologue, blocks and epilogue."""

@@ -35,6 +35,9 @@ class TokenizerSpec(BaseModel):
 
     alphabet: str = "abcdefghijklmnopqrstuvwxyz0123456789 .,!?'-"
     """Characters with their own id; anything else maps to ``<unk>``."""
+    chat_template: str | None = None
+    """A Jinja chat template, for a pipeline that wraps its prompt with
+    ``apply_chat_template`` (Z-Image's Qwen3); none: the tokenizer has no template."""
 
 
 class CostUnits(BaseModel):
@@ -57,10 +60,10 @@ class DiffusionRecipe(BaseModel):
 
     name: str
     kind: Literal["image", "video"]
-    family: Literal["dit", "pixart", "wan", "wan22", "sd3", "flux", "qwen_image"]
+    family: Literal["dit", "pixart", "wan", "wan22", "sd3", "flux", "qwen_image", "zimage"]
     """Which pipeline's arithmetic the runner reproduces (DiTPipeline, PixArt, WanPipeline;
     ``wan22``: WanPipeline with two expert transformers; ``sd3``: StableDiffusion3Pipeline;
-    ``flux``: FluxPipeline; ``qwen_image``: QwenImagePipeline)."""
+    ``flux``: FluxPipeline; ``qwen_image``: QwenImagePipeline; ``zimage``: ZImagePipeline)."""
     description: str = ""
     default: bool = False
     """The default recipe of its kind for its conditioning (class label or prompt)."""

@@ -218,6 +218,13 @@ FAMILY_RULES: dict[str, FamilyRule] = {
                       "DEISMultistepScheduler")},
         "LTXEulerAncestralRFScheduler": ("QwenImagePipeline hands set_timesteps its sigmas as a "
                                          "numpy array, which this class refuses (TypeError)")}),
+    "zimage": FamilyRule(Space.FLOW, unit_init_noise=False, refused={
+        **{name: (f"ZImagePipeline always sets the timesteps from sigmas, and {name}'s "
+                  "set_timesteps takes none (ValueError)") for name in (
+            "FlowMatchHeunDiscreteScheduler", "SASolverScheduler", "DPMSolverMultistepScheduler",
+            "DPMSolverSinglestepScheduler", "DEISMultistepScheduler")},
+        "UniPCMultistepScheduler": ("ZImagePipeline hands set_timesteps its sigmas as a list, "
+                                    "which this class's flow shift cannot scale (TypeError)")}),
 }
 
 FLOW_CONFIG: dict[str, Any] = {"use_flow_sigmas": True, "prediction_type": "flow_prediction"}
