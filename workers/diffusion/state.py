@@ -73,6 +73,30 @@ def _own(tensor: torch.Tensor, dev: torch.device) -> torch.Tensor:
     return tensor.to(dev, copy=True)
 
 
+def memory_orders(tensors: Tensors) -> dict[str, list[int]]:
+    """Each tensor laid out in memory other than row-major (a channels-last latent, as a VAE
+    encoding or ``scale_noise`` leaves it), with its dimensions from the outermost in memory.
+    The checkpoint's bytes are row-major; kernels choose their paths by layout, so a resumed
+    tensor must be laid out as the uninterrupted run's was to round alike."""
+    orders = {}
+    for key, tensor in tensors.items():
+        if tensor.dim() > 1 and not tensor.is_contiguous():
+            strides = tensor.stride()
+            order = sorted(range(tensor.dim()), key=lambda d: (-strides[d], d))
+            if tensor.permute(order).is_contiguous():
+                orders[key] = order
+    return orders
+
+
+def laid_out(tensors: Tensors, orders: dict[str, list[int]]) -> Tensors:
+    """``tensors`` with each one named in ``orders`` copied into that memory order."""
+    out = dict(tensors)
+    for key, order in orders.items():
+        inverse = sorted(range(len(order)), key=order.__getitem__)
+        out[key] = tensors[key].permute(order).contiguous().permute(inverse)
+    return out
+
+
 def _take_group(tensors: Tensors, prefix: str, keys: list[str], dev: torch.device) -> Tensors:
     return {key: _own(tensors[f"{prefix}{key}"], dev) for key in keys}
 
@@ -112,6 +136,8 @@ def state_to_checkpoint(s: JobState, baseline: Any) -> Checkpoint:
         "next_chunk": s.next_chunk, "cond_keys": cond_keys, "scheduler_state": sched_meta,
         "partial": None if s.progress is None else _progress_to(s.progress, tensors),
     }
+    if orders := memory_orders(tensors):
+        meta["memory_orders"] = orders
     if s.adapters:
         meta["adapters"] = [[name, scale] for name, scale in s.adapters]
     if s.step_cache is not None:
@@ -123,7 +149,7 @@ def state_to_checkpoint(s: JobState, baseline: Any) -> Checkpoint:
 def state_from_checkpoint(ck: Checkpoint, fresh_scheduler: Any, dev: torch.device) -> JobState:
     """Decode a checkpoint written by :func:`state_to_checkpoint` onto ``dev``;
     ``fresh_scheduler`` is a copy of the same baseline, the saved state is set on it."""
-    m, t = ck.meta, ck.tensors
+    m, t = ck.meta, laid_out(ck.tensors, ck.meta.get("memory_orders", {}))
     if m.get("version") not in (STATE_VERSION, STEP_CACHE_STATE_VERSION):
         raise CheckpointError(f"diffusion state version {m.get('version')!r} is not "
                               f"{STATE_VERSION} or {STEP_CACHE_STATE_VERSION}")
