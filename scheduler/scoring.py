@@ -119,7 +119,7 @@ def score_jobs(jobs: Sequence[JobView], remaining_s: Sequence[float], policy: Po
                now_s: float) -> list[float]:
     """Scores of many jobs at once: :func:`score_dimensions` and :func:`weighted_score` fused,
     with every constant hoisted. The tick itself scores in :func:`scheduler.survey.survey_jobs`,
-    the same formula inlined into its one pass over the jobs."""
+    the same formula inlined into its walk of the live jobs."""
     t = ScoreTerms.from_policy(policy)
     w_gold, w_rt, w_ia, w_mem = t.gold, t.realtime, t.interactive, t.memory
     w_slack, w_wait_max, w_wait, w_prog = t.slack, t.wait_max, t.wait_per_s, t.progress

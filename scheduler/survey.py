@@ -1,9 +1,10 @@
-"""One pass over the snapshot's jobs: estimates and the partition by state that a tick needs."""
+"""Two walks of the snapshot's jobs: the partition by state and the estimates that a tick
+needs, then the live jobs' scores and values."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from scheduler.admission import paid_load_share
@@ -65,6 +66,11 @@ JOB_VALUE: Mapping[tuple[SloClass, Tier], float] = MappingProxyType({
 doubled for a gold tenant. The order weighs remaining work by it, and deferral drops the least
 value per second of work first."""
 
+_VALUE_BY_TIER: dict[Tier, dict[SloClass, float]] = {
+    tier: {cls: value for (cls, of), value in JOB_VALUE.items() if of is tier} for tier in Tier}
+""":data:`JOB_VALUE` by tier, then class, read only: two lookups of a member (whose hash its
+string keeps) cost less than building and hashing a pair, once per job and tick."""
+
 
 @dataclass(frozen=True, slots=True)
 class Survey:
@@ -105,72 +111,76 @@ class Survey:
 
 def survey_jobs(snapshot: ClusterSnapshot, alive: Sequence[WorkerView], policy: PolicyConfig,
                 now_s: float) -> Survey:
-    """Walk the jobs once, estimating, partitioning and scoring them (the tick's hot path: every
-    attribute read here costs 10 000 times, so each is read once into a local)."""
-    live: list[JobView] = []
-    remaining_s: list[float] = []
-    scores: list[float] = []
-    waiting_rt: list[int] = []
-    waiting_other: list[int] = []
-    inflight: list[int] = []
-    standby: list[int] = []
-    suspended_jobs: list[int] = []
-    with_deps: list[int] = []
-    aged: list[int] = []
-    late: list[int] = []
+    """Walk the jobs, estimating, partitioning and scoring them (the tick's hot path: every
+    attribute read here costs 10 000 times, so each of the two walks binds what it reads into
+    locals once per tick)."""
+    part = _estimate(snapshot, alive, policy, now_s)
+    live = part.live
+    scores, values = _score(live, part.remaining_s, policy, now_s)
+    return Survey(
+        live=tuple(live), remaining_s=tuple(part.remaining_s), values=tuple(values),
+        scores=tuple(scores), waiting_realtime=tuple(part.waiting_realtime),
+        waiting_other=tuple(part.waiting_other), suspended=tuple(part.suspended),
+        inflight=tuple(part.inflight), standby=tuple(part.standby), aged=tuple(part.aged),
+        late=tuple(part.late), with_deps=tuple(part.with_deps),
+        outstanding_s=part.outstanding_s, cold_s=part.cold_s,
+        paid_share=paid_load_share(alive, policy.load_window_s, now_s),
+        incumbent=part.incumbent)
+
+
+@dataclass(slots=True)
+class _Estimates:
+    """The live jobs in snapshot order, each one's remaining seconds, the survey's index lists
+    into them, and the demand within the load horizon (see :class:`Survey`)."""
+
+    live: list[JobView] = field(default_factory=list)
+    remaining_s: list[float] = field(default_factory=list)
+    waiting_realtime: list[int] = field(default_factory=list)
+    waiting_other: list[int] = field(default_factory=list)
+    inflight: list[int] = field(default_factory=list)
+    standby: list[int] = field(default_factory=list)
+    suspended: list[int] = field(default_factory=list)
+    aged: list[int] = field(default_factory=list)
+    late: list[int] = field(default_factory=list)
+    with_deps: list[int] = field(default_factory=list)
+    outstanding_s: float = 0.0
+    cold_s: float = 0.0
     incumbent: int | None = None
+
+
+def _estimate(snapshot: ClusterSnapshot, alive: Sequence[WorkerView], policy: PolicyConfig,
+              now_s: float) -> _Estimates:
+    """The live jobs partitioned by state, and what each is estimated to need, in one walk of
+    the snapshot's jobs."""
+    out = _Estimates()
     table = _RateTable(snapshot.cost, [w.device for w in alive], policy.cost_min_samples)
-    rates, confident = table.rates, table.confident
-    incumbent_id = snapshot.state.origin_id
+    rates, confident, incumbent_id = table.rates, table.confident, snapshot.state.origin_id
     bound_s, grace_s, hop_s = policy.aging_bound_s, policy.expire_grace_s, policy.hop_overhead_s
     horizon_s = policy.load_horizon_s
     pending, preempted, suspended = JobState.PENDING, JobState.PREEMPTED, JobState.SUSPENDED
     queued, running, realtime = JobState.QUEUED, JobState.RUNNING, SloClass.REALTIME
-    interactive, gold, memory = SloClass.INTERACTIVE, Tier.GOLD, ResourceProfile.MEMORY
     # bound appends: one attribute lookup per tick instead of one per job
-    add_live, add_remaining, add_score = live.append, remaining_s.append, scores.append
-    add_waiting_rt, add_waiting_other = waiting_rt.append, waiting_other.append
-    add_inflight, add_standby = inflight.append, standby.append
-    add_suspended, add_with_deps = suspended_jobs.append, with_deps.append
-    add_aged, add_late = aged.append, late.append
-    # score_jobs' formula, term for term (test_survey_scores_equal_score_jobs holds them equal)
-    t = ScoreTerms.from_policy(policy)
-    w_gold, w_rt, w_ia, w_mem = t.gold, t.realtime, t.interactive, t.memory
-    w_slack, w_wait_max, w_wait, w_prog = t.slack, t.wait_max, t.wait_per_s, t.progress
-    w_short, short_s, w_pre_max, w_pre = t.short, t.short_s, t.preemptions_max, t.per_preemption
-    max_pre, impact = t.max_preemptions, t.impact
+    add_live, add_remaining = out.live.append, out.remaining_s.append
+    add_waiting_rt, add_waiting_other = out.waiting_realtime.append, out.waiting_other.append
+    add_inflight, add_standby = out.inflight.append, out.standby.append
+    add_suspended, add_with_deps = out.suspended.append, out.with_deps.append
+    add_aged, add_late = out.aged.append, out.late.append
     outstanding = cold = 0.0
     index = -1
     for job in snapshot.jobs:
         state = job.state
         if state is pending or state is preempted:
             index += 1
-            waited = now_s - job.waiting_since_s
-            cls = job.slo_class
-            (add_waiting_rt if cls is realtime else add_waiting_other)(index)
-            if waited >= bound_s:
+            (add_waiting_rt if job.slo_class is realtime else add_waiting_other)(index)
+            if now_s - job.waiting_since_s >= bound_s:
                 add_aged(index)
-                wait_term = w_wait_max
-            else:
-                wait_term = w_wait * waited if waited > 0.0 else 0.0
         elif state is queued or state is running:
             index += 1
-            cls = job.slo_class
             if not job.preempt_requested:
                 (add_standby if job.queue == STANDBY_QUEUE else add_inflight)(index)
-            if state is running:
-                wait_term = 0.0
-            else:
-                waited = now_s - job.waiting_since_s
-                wait_term = w_wait_max if waited >= bound_s else (
-                    w_wait * waited if waited > 0.0 else 0.0)
         elif state is suspended:
             index += 1
-            cls = job.slo_class
             add_suspended(index)
-            waited = now_s - job.waiting_since_s
-            wait_term = w_wait_max if waited >= bound_s else (
-                w_wait * waited if waited > 0.0 else 0.0)
         else:
             continue
         if job.remaining_units_by_key:
@@ -188,7 +198,7 @@ def survey_jobs(snapshot: ClusterSnapshot, alive: Sequence[WorkerView], policy: 
             rem += load_s
         add_live(job)
         add_remaining(rem)
-        finish_s, deadline = now_s + rem, job.deadline_s
+        deadline = job.deadline_s
         if state is not suspended:
             # Demand within the horizon: work due later counts pro rata (a video due in five
             # minutes is not an overload of the next thirty seconds).
@@ -201,15 +211,37 @@ def survey_jobs(snapshot: ClusterSnapshot, alive: Sequence[WorkerView], policy: 
                 outstanding += rem * horizon_s / due_in_s
                 if load_s > 0.0:
                     cold += load_s * horizon_s / due_in_s
-        if finish_s > deadline + grace_s and sure:
+        if now_s + rem > deadline + grace_s and sure:
             add_late(index)
         if job.depends_on:
             add_with_deps(index)
         if job.job_id == incumbent_id:
-            incumbent = index
+            out.incumbent = index
+    out.outstanding_s, out.cold_s = outstanding, cold
+    return out
+
+
+def _score(live: list[JobView], remaining_s: list[float], policy: PolicyConfig,
+           now_s: float) -> tuple[list[float], list[float]]:
+    """Each live job's origin score (``score_jobs``' formula, term for term:
+    test_survey_scores_equal_score_jobs holds them equal) and its :data:`JOB_VALUE`, in one
+    walk of the live jobs."""
+    scores: list[float] = []
+    values: list[float] = []
+    add_score, add_value, value_by_tier = scores.append, values.append, _VALUE_BY_TIER
+    running, realtime, interactive = JobState.RUNNING, SloClass.REALTIME, SloClass.INTERACTIVE
+    gold, memory, bound_s = Tier.GOLD, ResourceProfile.MEMORY, policy.aging_bound_s
+    t = ScoreTerms.from_policy(policy)
+    w_gold, w_rt, w_ia, w_mem = t.gold, t.realtime, t.interactive, t.memory
+    w_slack, w_wait_max, w_wait, w_prog = t.slack, t.wait_max, t.wait_per_s, t.progress
+    w_short, short_s, w_pre_max, w_pre = t.short, t.short_s, t.preemptions_max, t.per_preemption
+    max_pre, impact = t.max_preemptions, t.impact
+    for job, rem in zip(live, remaining_s, strict=True):
+        cls, tier = job.slo_class, job.tier
+        add_value(value_by_tier[tier][cls])
         # Each term is >= 0.0 and x + 0.0 == x exactly: a zero term is skipped, not added, and
         # the sum is still score_jobs' float, term for term, in the same order.
-        score = w_gold if job.tier is gold else 0.0
+        score = w_gold if tier is gold else 0.0
         if cls is realtime:
             score += w_rt
         elif cls is interactive:
@@ -218,16 +250,21 @@ def survey_jobs(snapshot: ClusterSnapshot, alive: Sequence[WorkerView], policy: 
             score += w_mem
         score += impact[job.kind]
         sub = job.submitted_at_s
-        budget = deadline - sub
+        budget = job.deadline_s - sub
         if budget <= 0.0:
             score += w_slack
         else:
-            spent = (finish_s - sub) / budget
+            spent = (now_s + rem - sub) / budget
             if spent >= 1.0:
                 score += w_slack
             elif spent > 0.0:
                 score += w_slack * spent
-        score += wait_term
+        if job.state is not running:
+            waited = now_s - job.waiting_since_s
+            if waited >= bound_s:
+                score += w_wait_max
+            elif waited > 0.0:
+                score += w_wait * waited
         tail = w_short / (rem + short_s)
         done = job.next_chunk
         if done:
@@ -236,11 +273,4 @@ def survey_jobs(snapshot: ClusterSnapshot, alive: Sequence[WorkerView], policy: 
         if pre:
             tail += w_pre_max if pre >= max_pre else w_pre * pre
         add_score(score + tail)
-    return Survey(
-        live=tuple(live), remaining_s=tuple(remaining_s),
-        values=tuple([JOB_VALUE[job.slo_class, job.tier] for job in live]),
-        scores=tuple(scores), waiting_realtime=tuple(waiting_rt),
-        waiting_other=tuple(waiting_other), suspended=tuple(suspended_jobs),
-        inflight=tuple(inflight), standby=tuple(standby), aged=tuple(aged), late=tuple(late),
-        with_deps=tuple(with_deps), outstanding_s=outstanding, cold_s=cold,
-        paid_share=paid_load_share(alive, policy.load_window_s, now_s), incumbent=incumbent)
+    return scores, values

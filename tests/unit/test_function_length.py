@@ -17,11 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("scheduler", "workers", "tasks", "app")
 MEDIAN_MAX = 10
 LONGEST = 80
-ALLOWED_LONGER = {
-    # the tick's hot path over every job, inlined on purpose (locals bound once per tick);
-    # splitting it needs the tick benchmark beside it, so it stays until that is measured
-    "scheduler/survey.py:survey_jobs",
-}
+ALLOWED_LONGER: set[str] = set()
 """``path:name`` of the functions allowed over :data:`LONGEST`, each with its reason."""
 
 
