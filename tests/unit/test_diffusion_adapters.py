@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from diffusers import StableDiffusion3Pipeline, WanPipeline
+from diffusers import StableDiffusion3Pipeline, WanPipeline, ZImagePipeline
 from peft import LoraConfig, inject_adapter_in_model
 from peft.tuners.lora import LoraLayer
 from peft.utils import set_peft_model_state_dict
@@ -45,9 +45,12 @@ JOBS: dict[str, tuple[str, dict[str, Any]]] = {
     "wan-tiny": ("video", {"prompt": "waves at dusk", "num_frames": 9, "scheduler": "unipc"}),
     "sd35-tiny": ("image", {"prompt": "a lighthouse", "negative_prompt": "fog",
                             "scheduler": "flow_match_euler"}),
+    "zimage-tiny": ("image", {"prompt": "a lighthouse", "negative_prompt": "fog",
+                              "guidance_scale": 2.0}),
 }
 ADAPTERS = {"dit-tiny": ["dit-a"], "pixart-tiny": ["pixart-a", "pixart-b"],
-            "wan-tiny": ["wan-a", "wan-b"], "sd35-tiny": ["sd35-a", "sd35-b"]}
+            "wan-tiny": ["wan-a", "wan-b"], "sd35-tiny": ["sd35-a", "sd35-b"],
+            "zimage-tiny": ["zimage-a", "zimage-b"]}
 STEPS = 4
 
 
@@ -143,6 +146,9 @@ def reference(params: Mapping[str, Any], registry: AdapterRegistry) -> torch.Ten
             transformer=c.transformer, scheduler=None, vae=c.vae, text_encoder=c.text_encoder,
             tokenizer=c.tokenizer, text_encoder_2=c.text_encoder_2, tokenizer_2=c.tokenizer_2,
             text_encoder_3=c.text_encoder_3, tokenizer_3=c.tokenizer_3)
+    elif c.recipe.family == "zimage":
+        pipe = ZImagePipeline(scheduler=None, vae=c.vae, text_encoder=c.text_encoder,
+                              tokenizer=c.tokenizer, transformer=c.transformer)
     if pipe is not None:  # the pipeline's own LoRA loader, on the transformer it shares with c
         for spec, _ in specs:
             pipe.load_lora_weights(spec.source_dir, weight_name=spec.weights,
@@ -165,7 +171,8 @@ CASES = [("dit-tiny", [("dit-a", 1.0)]),
          ("pixart-tiny", [("pixart-a", 0.7), ("pixart-b", -0.4)]),
          ("wan-tiny", [("wan-b", 0.8)]),
          ("wan-tiny", [("wan-a", 1.0), ("wan-b", 0.5)]),
-         ("sd35-tiny", [("sd35-a", 0.9), ("sd35-b", -0.5)])]
+         ("sd35-tiny", [("sd35-a", 0.9), ("sd35-b", -0.5)]),
+         ("zimage-tiny", [("zimage-a", 0.9), ("zimage-b", -0.5)])]
 
 
 @pytest.mark.parametrize(("model", "adapters"), CASES)
