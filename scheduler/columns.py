@@ -206,18 +206,8 @@ class Columns:
         i["state"][at] = [_STATE_CODE.get(s, _NOT_LIVE) for s in states]
         classes = [j.slo_class for j in views]
         i["cls_rank"][at] = [c.rank for c in classes]
-        key_of, names = self.key_of, self.key_names
-        for j in views:
-            if j.cost_key not in key_of:
-                key_of[j.cost_key] = len(names)
-                names.append(j.cost_key)
-        i["key"][at] = [key_of[j.cost_key] for j in views]
-        tenant_of, tenants = self.tenant_of, self.tenant_names
-        for j in views:
-            if j.tenant not in tenant_of:
-                tenant_of[j.tenant] = len(tenants)
-                tenants.append(j.tenant)
-        i["tenant"][at] = [tenant_of[j.tenant] for j in views]
+        i["key"][at] = _codes([j.cost_key for j in views], self.key_of, self.key_names)
+        i["tenant"][at] = _codes([j.tenant for j in views], self.tenant_of, self.tenant_names)
         f["next_units"][at] = [j.next_chunk_cost_units for j in views]
         fair = self.policy.fair_share
         f["fair_weight"][at] = [fair.weight(j.tier.value) for j in views]
@@ -289,3 +279,13 @@ def same_bits(a: Floats | Ints, b: Floats | Ints) -> bool:
     if a.dtype == np.float64:
         return bool(np.array_equal(a.view(np.int64), b.view(np.int64)))
     return bool(np.array_equal(a, b))
+
+
+def _codes(values: list[str], code_of: dict[str, int], names: list[str]) -> list[int]:
+    """Each value's code, a value not seen before getting the next one (kept in ``code_of``
+    and ``names``, so codes stay stable across ticks)."""
+    for value in values:
+        if value not in code_of:
+            code_of[value] = len(names)
+            names.append(value)
+    return [code_of[value] for value in values]
