@@ -3,6 +3,7 @@ recipe with ``weights:`` loads a local save_pretrained folder instead."""
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import inspect
 import subprocess
@@ -59,6 +60,23 @@ def test_given_two_processes_when_they_build_a_recipe_then_the_weights_are_ident
 def test_given_a_built_recipe_when_loaded_again_then_the_process_cache_answers() -> None:
     recipe = diffusion_recipe("dit-tiny")
     assert load_components(recipe) is load_components(recipe)
+
+
+def test_a_registry_made_after_another_is_collected_never_answers_with_its_recipes(
+    tmp_path: Path,
+) -> None:
+    # given many short-lived registries, each naming a different recipe "local" (CPython hands a
+    # collected object's address, and so its id(), to the next one of its size)
+    families = []
+    for i, model in enumerate(["dit-tiny", "pixart-tiny"] * 10):
+        spec = yaml.safe_load((DEFAULT_MODELS_DIR / f"{model}.yaml").read_text())
+        (tmp_path / str(i)).mkdir()
+        (tmp_path / str(i) / "local.yaml").write_text(yaml.safe_dump({**spec, "name": "local"}))
+        # when each one's "local" is parsed and the registry then dropped
+        families.append(diffusion_recipe("local", ModelRegistry(tmp_path / str(i))).family)
+        gc.collect()
+    # then every registry answered with its own folder's recipe
+    assert families == [diffusion_recipe(m).family for m in ["dit-tiny", "pixart-tiny"] * 10]
 
 
 def test_given_an_unknown_component_class_when_built_then_the_error_names_it(

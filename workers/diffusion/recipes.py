@@ -5,6 +5,7 @@ Torch-free: the API validates job parameters against these without loading a mod
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 from typing import Any, Literal
 
@@ -214,19 +215,22 @@ def _check_text_parts(r: DiffusionRecipe, path: Path) -> None:
                                "text_encoder_2 (its two CLIP encoders)")
 
 
-_PARSED: dict[tuple[int, str], DiffusionRecipe] = {}
+_PARSED: weakref.WeakKeyDictionary[ModelRegistry, dict[str, DiffusionRecipe]] = (
+    weakref.WeakKeyDictionary())
+"""Parsed recipes per registry, dropped with it: keyed by the object, never by ``id()``, which a
+later registry may reuse once this one is collected."""
 
 
 def diffusion_recipe(name: str, registry: ModelRegistry | None = None) -> DiffusionRecipe:
     """The parsed recipe called ``name`` (cached per registry)."""
     reg = registry or default_registry()
-    key = (id(reg), name)
-    if key not in _PARSED:
+    parsed = _PARSED.setdefault(reg, {})
+    if name not in parsed:
         entry = reg.get(name)
         if entry.kind not in DIFFUSION_KINDS:
             raise ModelConfigError(f"model {name!r} is a {entry.kind} model, not image or video")
-        _PARSED[key] = parse_recipe(entry)
-    return _PARSED[key]
+        parsed[name] = parse_recipe(entry)
+    return parsed[name]
 
 
 def diffusion_recipes(kind: str, registry: ModelRegistry | None = None) -> list[DiffusionRecipe]:
