@@ -54,12 +54,30 @@ def bench(
     degradation: Annotated[bool, typer.Option(
         help="Degradation mode (simulated, 8 workers, 600 jobs a trace): sweep effective loads "
              "0.8-1.6 with and without quality floors; writes degradation.json.")] = False,
+    families: Annotated[bool, typer.Option(
+        help="Families mode (CPU, tiny configs): every image and video recipe's own diffusers "
+             "pipeline against Stepline's chunked runner, First Block Cache's block evaluations "
+             "and each family's code lines; writes families.json.")] = False,
+    family_steps: Annotated[int, typer.Option(min=1, max=200,
+                                              help="Families mode: steps of a timed job.")] = 8,
+    repetitions: Annotated[int, typer.Option(min=1, max=100,
+                                             help="Families mode: timed repetitions.")] = 9,
+    cache_steps: Annotated[int, typer.Option(
+        min=2, max=500, help="Families mode: steps of a step-cache job.")] = 28,
+    models: Annotated[Optional[str], typer.Option(
+        help="Families mode: comma-separated recipes (default: every image and video one).")
+    ] = None,
     run_dir: RunDir = None,
 ) -> None:
     """Replay one trace under each policy on the same real workers; write report.json + plots.
     With --gentd26: the production-trace benchmark (simulated and live), gentd26.json. With
     --overload: the effective-load sweep in the simulator, overload.json; --degradation: the
     same with and without degradation, degradation.json."""
+    if families:
+        _family_bench(out, steps=family_steps, repetitions=repetitions, cache_steps=cache_steps,
+                      models=None if models is None else
+                      [m.strip() for m in models.split(",") if m.strip()])
+        return
     if overload or degradation:
         _overload_bench(out, seeds=seeds, degradation=degradation)
         return
@@ -104,6 +122,33 @@ def _overload_bench(out: Path, *, seeds: int, degradation: bool = False) -> None
     out.mkdir(parents=True, exist_ok=True)
     path = out / ("degradation.json" if degradation else "overload.json")
     path.write_text(json.dumps(report, indent=1))
+    console().print(f"report: {path} ({report['wall_s']:.0f} s)")
+
+
+def _family_bench(out: Path, *, steps: int, repetitions: int, cache_steps: int,
+                  models: list[str] | None) -> None:
+    """``stepline bench --families`` (app.bench.family_bench), printed and written."""
+    import json  # deferred with the bench
+
+    from app.bench.family_bench import (  # deferred: the bench
+        family_table,
+        quiet_libraries,
+        run_family_bench,
+    )
+    from app.bench.family_lines import family_lines, lines_table  # deferred: the bench
+
+    quiet_libraries()
+    try:
+        report = run_family_bench(steps=steps, repetitions=repetitions, cache_steps=cache_steps,
+                                  models=models, progress=console().print)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--models") from exc
+    report["code_lines"] = family_lines()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "families.json"
+    path.write_text(json.dumps(report, indent=1))
+    console().print(family_table(report), soft_wrap=True)
+    console().print(lines_table(report["code_lines"]))
     console().print(f"report: {path} ({report['wall_s']:.0f} s)")
 
 
