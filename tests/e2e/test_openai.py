@@ -418,6 +418,28 @@ def test_an_image_edit_with_a_mask_that_does_not_fit_is_a_400_naming_why(
                            mask=("m.png", mask, "image/png"), model="flux-tiny")
 
 
+def test_the_cli_submits_an_inpaint_job_with_image_and_mask_files(api: str,
+                                                                  tmp_path: Path) -> None:
+    # given an image and a one-channel mask of its size on disk
+    (tmp_path / "in.png").write_bytes(_png(32))
+    (tmp_path / "m.png").write_bytes(_png(32, "L"))
+    env = {"STEPLINE_API_URL": api, "STEPLINE_API_KEY": KEY,
+           "STEPLINE_RUN_DIR": str(tmp_path / "run")}
+    try:
+        # when `stepline submit --image --mask` sends them to a model that inpaints, and waits
+        done = CliRunner().invoke(cli, [
+            "submit", "--kind", "image", "--prompt", "a fox", "--steps", "2",
+            "--image", str(tmp_path / "in.png"), "--mask", str(tmp_path / "m.png"),
+            "-p", "model=sd35-tiny", "-p", "height=32", "-p", "width=32", "--json"], env=env)
+    finally:
+        current_settings.cache_clear()  # the CLI loaded this test's environment
+    # then the job is DONE, its params naming both inputs by digest
+    assert done.exit_code == 0, done.output
+    record = json.loads(done.output)
+    assert record["state"] == "DONE"
+    assert record["params"]["mask"].startswith("sha256:")
+
+
 def test_models_say_which_inputs_each_recipe_takes(client: openai.OpenAI) -> None:
     # when the models are listed, then each says what it takes
     inputs = {m.id: (m.model_extra or {})["stepline"]["inputs"] for m in client.models.list()}
