@@ -386,10 +386,65 @@ def test_an_image_edit_with_a_mask_on_a_model_without_inpainting_is_a_400_naming
                            mask=("m.png", _png(32, "L"), "image/png"), model=IMAGE_MODEL)
 
 
+@pytest.mark.parametrize("model", ["flux-tiny", "sd35-tiny"])
+def test_an_image_edit_with_a_mask_through_the_sdk_inpaints_the_stored_image(
+        client: openai.OpenAI, api: str, model: str) -> None:
+    # given an input image and a mask of its size by its alpha channel (OpenAI's convention)
+    image, mask = _png(32), _png(32, "RGBA")
+    # when the official SDK sends both to images.edit of a model that inpaints
+    answer = client.images.edit(image=("in.png", image, "image/png"), prompt="a red fox",
+                                mask=("m.png", mask, "image/png"), model=model, size="32x32",
+                                response_format="b64_json")
+    # then the answer is a PNG of the finished job, whose params name image and mask by digest
+    assert answer.data and answer.data[0].b64_json is not None
+    assert base64.b64decode(answer.data[0].b64_json).startswith(PNG_MAGIC)
+    report = (answer.model_extra or {})["stepline"]
+    job = httpx.get(f"{api}/v1/jobs/{report['job_id']}", headers={"X-API-Key": KEY}).json()
+    assert job["state"] == "DONE"
+    assert job["params"]["mask"].startswith("sha256:") and job["params"]["mask"] != \
+        job["params"]["image"]
+
+
+@pytest.mark.parametrize(("mask", "problem"), [
+    (_png(16, "L"), "mask: 16x16 is not the image's size"),
+    (_png(32), "mask: mode RGB has 3 colour channels"),
+])
+def test_an_image_edit_with_a_mask_that_does_not_fit_is_a_400_naming_why(
+        client: openai.OpenAI, mask: bytes, problem: str) -> None:
+    # given an image and a mask of another size or of colour channels, when the edit goes to a
+    # model that inpaints, then the SDK raises a 400 that says what is wrong with the mask
+    with pytest.raises(openai.BadRequestError, match=problem):
+        client.images.edit(image=("in.png", _png(32), "image/png"), prompt="a fox",
+                           mask=("m.png", mask, "image/png"), model="flux-tiny")
+
+
+def test_the_cli_submits_an_inpaint_job_with_image_and_mask_files(api: str,
+                                                                  tmp_path: Path) -> None:
+    # given an image and a one-channel mask of its size on disk
+    (tmp_path / "in.png").write_bytes(_png(32))
+    (tmp_path / "m.png").write_bytes(_png(32, "L"))
+    env = {"STEPLINE_API_URL": api, "STEPLINE_API_KEY": KEY,
+           "STEPLINE_RUN_DIR": str(tmp_path / "run")}
+    try:
+        # when `stepline submit --image --mask` sends them to a model that inpaints, and waits
+        done = CliRunner().invoke(cli, [
+            "submit", "--kind", "image", "--prompt", "a fox", "--steps", "2",
+            "--image", str(tmp_path / "in.png"), "--mask", str(tmp_path / "m.png"),
+            "-p", "model=sd35-tiny", "-p", "height=32", "-p", "width=32", "--json"], env=env)
+    finally:
+        current_settings.cache_clear()  # the CLI loaded this test's environment
+    # then the job is DONE, its params naming both inputs by digest
+    assert done.exit_code == 0, done.output
+    record = json.loads(done.output)
+    assert record["state"] == "DONE"
+    assert record["params"]["mask"].startswith("sha256:")
+
+
 def test_models_say_which_inputs_each_recipe_takes(client: openai.OpenAI) -> None:
     # when the models are listed, then each says what it takes
     inputs = {m.id: (m.model_extra or {})["stepline"]["inputs"] for m in client.models.list()}
-    assert inputs[IMAGE_MODEL] == inputs["flux-tiny"] == inputs["sd35-tiny"] == ["text", "image"]
+    assert inputs[IMAGE_MODEL] == ["text", "image"]
+    assert inputs["flux-tiny"] == inputs["sd35-tiny"] == ["text", "image", "mask"]
     assert inputs["dit-tiny"] == ["class"]
     assert inputs[TEXT_MODEL] == ["text"]
 

@@ -1,7 +1,7 @@
 """How to call each family's own diffusers pipeline, uninterrupted: the reference every
 exactness test compares Stepline's chunked runs against. A new family is one entry in CALLS;
 a family with an img2img pipeline of its own one in IMAGE_CALLS too (an image-conditioned job
-is compared with that)."""
+is compared with that), and one with an inpaint pipeline one in MASK_CALLS (a job with a mask)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,12 @@ import torch
 from diffusers import (
     DiTPipeline,
     FluxImg2ImgPipeline,
+    FluxInpaintPipeline,
     FluxPipeline,
     PixArtSigmaPipeline,
     QwenImagePipeline,
     StableDiffusion3Img2ImgPipeline,
+    StableDiffusion3InpaintPipeline,
     StableDiffusion3Pipeline,
     WanPipeline,
     ZImagePipeline,
@@ -124,6 +126,23 @@ def _sd3_img2img(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
     return _kept(pipe, "images", **_text(c, p), **common)
 
 
+def _flux_inpaint(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
+                  common: dict[str, Any]) -> Reference:
+    pipe = _quiet(FluxInpaintPipeline(scheduler=scheduler, vae=c.vae, text_encoder=c.text_encoder,
+                                      tokenizer=c.tokenizer, text_encoder_2=c.text_encoder_2,
+                                      tokenizer_2=c.tokenizer_2, transformer=c.transformer))
+    return _kept(pipe, "images", true_cfg_scale=p["true_cfg_scale"], **_text(c, p), **common)
+
+
+def _sd3_inpaint(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
+                 common: dict[str, Any]) -> Reference:
+    pipe = _quiet(StableDiffusion3InpaintPipeline(
+        transformer=c.transformer, scheduler=scheduler, vae=c.vae, text_encoder=c.text_encoder,
+        tokenizer=c.tokenizer, text_encoder_2=c.text_encoder_2, tokenizer_2=c.tokenizer_2,
+        text_encoder_3=c.text_encoder_3, tokenizer_3=c.tokenizer_3))
+    return _kept(pipe, "images", **_text(c, p), **common)
+
+
 def _qwen_image(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
                 common: dict[str, Any]) -> Reference:
     pipe = _quiet(QwenImagePipeline(scheduler=scheduler, vae=c.vae, text_encoder=c.text_encoder,
@@ -163,6 +182,12 @@ IMAGE_CALLS: dict[str, Call] = {
 }
 """Each family's img2img pipeline ``__call__``, for a job with an input image (PixArt has
 none in the library: its img2img reference is assembled in ``test_diffusion_img2img``)."""
+MASK_CALLS: dict[str, Call] = {
+    "flux": _flux_inpaint,
+    "sd3": _sd3_inpaint,
+}
+"""Each family's inpaint pipeline ``__call__``, for a job with an input image and a mask (an
+``L`` mask, handed to the pipeline as the job's bytes decode)."""
 
 
 def _as_built(scheduler: Any, _gen: torch.Generator) -> Any:
@@ -182,5 +207,9 @@ def reference_run(c: DiffusionComponents, p: Mapping[str, Any],
         return CALLS[c.recipe.family](c, p, scheduler, common)
     with Image.open(io.BytesIO(p[INPUT_BYTES]["image"])) as opened:
         image = opened.convert("RGB")
-    return IMAGE_CALLS[c.recipe.family](c, p, scheduler,
-                                        {**common, "image": image, "strength": p["strength"]})
+    conditioned = {**common, "image": image, "strength": p["strength"]}
+    if p.get("mask") is None:
+        return IMAGE_CALLS[c.recipe.family](c, p, scheduler, conditioned)
+    with Image.open(io.BytesIO(p[INPUT_BYTES]["mask"])) as opened:
+        mask = opened.convert("L")
+    return MASK_CALLS[c.recipe.family](c, p, scheduler, {**conditioned, "mask_image": mask})

@@ -118,6 +118,18 @@ class ImageFamily(Protocol):
         ...
 
 
+@runtime_checkable
+class MaskFamily(Protocol):
+    """A family with an inpaint pipeline (Flux, SD3): an inpainting job's initial latents, and
+    what its every step blends with (:mod:`workers.diffusion.inpainting`)."""
+
+    def inpaint_latents(self, c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
+                        gen: torch.Generator) -> tuple[torch.Tensor, Tensors]:
+        """The initial latents (as :meth:`ImageFamily.image_latents` makes them) and the blend
+        inputs: clean image latents, initial noise and mask, laid out as the latents."""
+        ...
+
+
 def decode_job(family: PipelineFamily, c: DiffusionComponents, p: Mapping[str, Any],
                latents: torch.Tensor) -> torch.Tensor:
     """One job's pixels from its final latents, as the pipeline decodes them."""

@@ -18,8 +18,9 @@ from diffusers.pipelines.flux.pipeline_flux import (
 from diffusers.utils.torch_utils import randn_tensor
 
 from workers.diffusion.components import DiffusionComponents
-from workers.diffusion.conditioning import noised_to_start, shifted_image_latents
+from workers.diffusion.conditioning import image_pixels, noised_to_start, shifted_image_latents
 from workers.diffusion.families import PixArtFamily, Tensors
+from workers.diffusion.inpainting import Inpaint, encode_masked_image, mask_condition
 
 _PACK = 2
 """Latent cells per packed token, each way (FluxPipeline's ``_pack_latents``)."""
@@ -116,6 +117,12 @@ class FluxFamily(PixArtFamily):
                       gen: torch.Generator) -> torch.Tensor:
         """``FluxImg2ImgPipeline.prepare_latents``: the image (sized to the packing's multiple)
         encoded and shifted, noised by ``scale_noise`` with noise drawn next, then packed."""
+        return self._noised_parts(c, p, scheduler, gen)[0]
+
+    def _noised_parts(self, c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
+                      gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The packed noised latents, image latents and noise of ``prepare_latents`` (the
+        img2img and inpaint pipelines' alike)."""
         assert c.text_encoder_2 is not None  # the prompt embeddings' dtype
         dtype = c.text_encoder_2.dtype
         image = shifted_image_latents(c, p, gen, c.recipe.vae_scale_factor * _PACK, dtype)
@@ -123,9 +130,26 @@ class FluxFamily(PixArtFamily):
         channels = c.transformer.config.in_channels // (_PACK * _PACK)
         noise = randn_tensor((1, channels, h, w), generator=gen, device=c.device, dtype=dtype)
         noised = noised_to_start(scheduler, p, c.recipe.family, image, noise)
+        pack = FluxPipeline._pack_latents
+        return (pack(noised, 1, channels, h, w), pack(image, 1, channels, h, w),  # type: ignore[no-untyped-call]
+                pack(noise, 1, channels, h, w))  # type: ignore[no-untyped-call]
+
+    def inpaint_latents(self, c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
+                        gen: torch.Generator) -> tuple[torch.Tensor, Inpaint]:
+        """``FluxInpaintPipeline``'s ``prepare_latents`` then ``prepare_mask_latents``: the
+        mask (at the packing's multiple) resized to the latent grid, its channels repeated and
+        packed; the masked image encoded with the generator."""
+        latents, image, noise = self._noised_parts(c, p, scheduler, gen)
+        assert c.text_encoder_2 is not None
+        dtype, multiple = c.text_encoder_2.dtype, c.recipe.vae_scale_factor * _PACK
+        condition = mask_condition(p, multiple)
+        encode_masked_image(c, image_pixels(c, p, multiple, torch.float32), condition, gen, dtype)
+        h, w = _packed_hw(c, p)
+        channels = c.transformer.config.in_channels // (_PACK * _PACK)
+        mask = torch.nn.functional.interpolate(condition, size=(h, w)).to(c.device, dtype)
         packed: torch.Tensor = FluxPipeline._pack_latents(  # type: ignore[no-untyped-call]
-            noised, 1, channels, h, w)
-        return packed
+            mask.repeat(1, channels, 1, 1), 1, channels, h, w)
+        return latents, {"image_latents": image, "noise": noise, "mask": packed}
 
     def passes(
         self, c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any, latents: torch.Tensor,

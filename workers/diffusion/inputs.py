@@ -23,9 +23,10 @@ and the timesteps cut by ``int(steps - steps * strength)`` (the product not floo
 NOISE_SCALING_SCHEDULERS = frozenset({"FlowMatchEulerDiscreteScheduler",
                                       "FlowMatchHeunDiscreteScheduler", "FlowMatchLCMScheduler"})
 """Scheduler classes with the ``scale_noise`` a flow-matching img2img pipeline calls."""
-MASK_FAMILIES: frozenset[str] = frozenset()
-"""Families that inpaint with a ``mask`` (none yet: a mask is validated and stored, and a job
-on a model that does not take one is refused)."""
+MASK_FAMILIES = frozenset({"flux", "sd3"})
+"""Families that inpaint with a ``mask`` of their input image, as their inpaint pipelines do
+(``FluxInpaintPipeline``, ``StableDiffusion3InpaintPipeline``; see
+:mod:`workers.diffusion.inpainting`); a job with a mask on any other model is refused."""
 INPUT_BYTES = "input_bytes"
 """The parameter under which a worker hands a job's chunk the bytes of its inputs (role →
 bytes), read from the artifact store by digest; never stored with the job."""

@@ -308,7 +308,8 @@ def _check_inputs(p: DiffusionParams, r: DiffusionRecipe, steps: int, scheduler:
                           f"of the families {', '.join(sorted(IMAGE_FAMILIES))} do")
     if p.mask is not None and r.family not in MASK_FAMILIES:
         raise ParamsError(f"model {r.name!r} takes no mask (it does image-to-image, not "
-                          "inpainting); leave mask out")
+                          "inpainting); leave mask out, or use a model of the families "
+                          f"{', '.join(sorted(MASK_FAMILIES))}")
     strength = DEFAULT_STRENGTH if p.strength is None else float(p.strength)
     check_strength(steps, strength, r.family)
     check_image_sampler(r.family, scheduler, {n: s.class_name for n, s in r.schedulers.items()})

@@ -47,10 +47,12 @@ from workers.diffusion.conditioning import image_latents, pipeline_layout, skipp
 from workers.diffusion.families import (
     ExpertFamily,
     ImageFamily,
+    MaskFamily,
     PipelineFamily,
     SizedScheduleFamily,
     decode_job,
 )
+from workers.diffusion.inpainting import blend, is_masked
 from workers.diffusion.inputs import is_conditioned
 from workers.diffusion.lora import apply_adapters, loaded_adapters
 from workers.diffusion.pipelines import ADAPTERS, FAMILIES
@@ -189,6 +191,11 @@ class DiffusionRunner:
     def _timestep(self, params: Mapping[str, Any], scheduler: Any, step: int) -> Any:
         """The timestep of the job's denoise step ``step`` (0: its first)."""
         return scheduler.timesteps[self._skipped(params) + step]
+
+    def _next_timestep(self, params: Mapping[str, Any], scheduler: Any, step: int) -> Any:
+        """The timestep after the job's denoise step ``step``; None after its last."""
+        return None if step + 1 >= self.evaluations(params) else \
+            self._timestep(params, scheduler, step + 1)
 
     def plan(self, params: Mapping[str, Any]) -> ChunkPlan:
         r = self.recipe(params)
@@ -341,24 +348,29 @@ class DiffusionRunner:
             raise ParamsError(
                 f"scheduler {params['scheduler']!r} made {len(scheduler.timesteps)} timesteps, not "
                 f"the {self.evaluations(params)} this job was planned with; resubmit it")
-        latents = self._init_latents(params, scheduler, generator)
+        latents, inpaint = self._init_latents(params, scheduler, generator)
         job = JobState(model=str(params["model"]), scheduler_name=str(params["scheduler"]),
                        next_chunk=1, latents=latents, cond=cond, scheduler=scheduler,
                        generator=generator, adapters=adapter_set(params),
-                       step_cache=new_step_cache(params))
+                       step_cache=new_step_cache(params), inpaint=inpaint)
         return ChunkResult(state=self._save(params, job))
 
     def _init_latents(self, params: Mapping[str, Any], scheduler: Any,
-                      generator: torch.Generator) -> torch.Tensor:
-        """Pure noise, or for an image-conditioned job its image noised to its first step."""
+                      generator: torch.Generator) -> tuple[torch.Tensor, Tensors | None]:
+        """Pure noise, or for an image-conditioned job its image noised to its first step; and
+        for an inpainting job what each of its steps blends with (None for any other)."""
         c, family = self.components(params), self._family(params)
         if not is_conditioned(params):
-            return family.init_latents(c, params, scheduler, generator)
+            return family.init_latents(c, params, scheduler, generator), None
         start_at(scheduler, params, c.recipe.family)
+        if is_masked(params):
+            if not isinstance(family, MaskFamily):
+                raise ParamsError(f"model {c.recipe.name!r} takes no mask; leave mask out")
+            return family.inpaint_latents(c, params, scheduler, generator)
         if isinstance(family, ImageFamily):
-            return family.image_latents(c, params, scheduler, generator)
+            return family.image_latents(c, params, scheduler, generator), None
         dtype = c.text_encoder.dtype if c.text_encoder is not None else c.transformer_dtype
-        return image_latents(c, params, scheduler, generator, dtype)
+        return image_latents(c, params, scheduler, generator, dtype), None
 
     def _start_step(self, params: Mapping[str, Any], job: JobState) -> StepProgress:
         step = job.next_chunk - 1
@@ -423,6 +435,9 @@ class DiffusionRunner:
             params = family.step_params(c.recipe, params, job.scheduler, t)
         output = family.combine(c, params, progress.outputs)
         job.latents = family.step(job.scheduler, output, t, progress.sample, job.generator)
+        if job.inpaint is not None:
+            job.latents = blend(job.scheduler, job.inpaint, job.latents,
+                                self._next_timestep(params, job.scheduler, progress.step))
         job.progress, job.next_chunk = None, job.next_chunk + 1
         return ChunkResult(state=self._save(params, job))
 

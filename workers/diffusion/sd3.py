@@ -12,8 +12,9 @@ from diffusers.utils.torch_utils import randn_tensor
 
 from workers.diffusion.blockwise import Tensors
 from workers.diffusion.components import DiffusionComponents
-from workers.diffusion.conditioning import noised_to_start, shifted_image_latents
+from workers.diffusion.conditioning import image_pixels, noised_to_start, shifted_image_latents
 from workers.diffusion.families import PixArtFamily, _latent_hw, _text_rows, uses_cfg
+from workers.diffusion.inpainting import Inpaint, encode_masked_image, is_masked, mask_condition
 
 
 def _encode_prompt(c: DiffusionComponents, prompts: list[str], negatives: list[str] | None
@@ -67,6 +68,23 @@ class SD3Family(PixArtFamily):
         noise = randn_tensor(image.shape, generator=gen, device=c.device, dtype=dtype)
         return noised_to_start(scheduler, p, c.recipe.family, image, noise).to(dtype)
 
+    def inpaint_latents(self, c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
+                        gen: torch.Generator) -> tuple[torch.Tensor, Inpaint]:
+        """``StableDiffusion3InpaintPipeline``'s ``prepare_latents`` (the image latents
+        ``repeat``-ed, so contiguous; pure noise at strength 1) then ``prepare_mask_latents``
+        (the mask resized to the latent grid, one channel; the masked image encoded)."""
+        assert c.text_encoder is not None  # the prompt embeddings' dtype
+        dtype, multiple = c.text_encoder.dtype, c.recipe.vae_scale_factor
+        image = shifted_image_latents(c, p, gen, multiple, dtype).repeat(1, 1, 1, 1)
+        noise = randn_tensor(image.shape, generator=gen, device=c.device, dtype=dtype)
+        latents = noise if float(p["strength"]) == 1.0 else \
+            noised_to_start(scheduler, p, c.recipe.family, image, noise)
+        condition = mask_condition(p, multiple)
+        encode_masked_image(c, image_pixels(c, p, multiple, torch.float32), condition, gen, dtype)
+        mask = torch.nn.functional.interpolate(condition, size=_latent_hw(c, p))
+        return latents, {"image_latents": image, "noise": noise,
+                         "mask": mask.to(device=c.device, dtype=dtype)}
+
     def passes(
         self, c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any, latents: torch.Tensor,
         t: torch.Tensor, cond: Tensors,
@@ -78,6 +96,12 @@ class SD3Family(PixArtFamily):
 
     def vae_input(self, c: DiffusionComponents, p: Mapping[str, Any], latents: torch.Tensor
                   ) -> torch.Tensor:
+        """The latents unscaled and unshifted; an inpainting job's only unscaled, as
+        ``StableDiffusion3InpaintPipeline`` decodes them (its decode leaves the VAE's
+        ``shift_factor`` out, though it shifted the image latents by it)."""
+        if is_masked(p):
+            unscaled: torch.Tensor = latents / c.vae.config.scaling_factor
+            return unscaled
         shifted: torch.Tensor = (latents / c.vae.config.scaling_factor) + c.vae.config.shift_factor
         return shifted
 

@@ -25,6 +25,11 @@ STEP_CACHE_STATE_VERSION = 3
 """3: version 2 plus the job's step cache (settings and tensors), written only for a job with one:
 a worker that predates step caches refuses it rather than resume the job uncached, and every
 uncached checkpoint stays version 2 (read as a job without a step cache)."""
+INPAINT_STATE_VERSION = 4
+"""4: an inpainting job's state, its blend inputs (image latents, initial noise, mask) under
+``inpaint.``, with or without a step cache: a worker that predates inpainting refuses it rather
+than resume the job unblended, and every other checkpoint keeps its version (2 or 3)."""
+VERSIONS = (STATE_VERSION, STEP_CACHE_STATE_VERSION, INPAINT_STATE_VERSION)
 
 
 @dataclass(slots=True)
@@ -58,6 +63,9 @@ class JobState:
     under another adapter set is refused rather than blended."""
     step_cache: StepCache | None = None
     """The job's step cache and what it keeps between steps (None: every block runs)."""
+    inpaint: Tensors | None = None
+    """An inpainting job's blend inputs after each step (image latents, initial noise, mask;
+    :mod:`workers.diffusion.inpainting`); None for any other job."""
 
 
 def _put_group(tensors: Tensors, prefix: str, group: Tensors) -> list[str]:
@@ -136,12 +144,15 @@ def state_to_checkpoint(s: JobState, baseline: Any) -> Checkpoint:
         "next_chunk": s.next_chunk, "cond_keys": cond_keys, "scheduler_state": sched_meta,
         "partial": None if s.progress is None else _progress_to(s.progress, tensors),
     }
+    if s.inpaint is not None:  # before the memory orders: an image latent's layout is kept
+        meta["version"] = INPAINT_STATE_VERSION
+        meta["inpaint_keys"] = _put_group(tensors, "inpaint.", s.inpaint)
     if orders := memory_orders(tensors):
         meta["memory_orders"] = orders
     if s.adapters:
         meta["adapters"] = [[name, scale] for name, scale in s.adapters]
     if s.step_cache is not None:
-        meta["version"] = STEP_CACHE_STATE_VERSION
+        meta["version"] = max(meta["version"], STEP_CACHE_STATE_VERSION)
         meta["step_cache"] = cache_to_checkpoint(s.step_cache, tensors)
     return Checkpoint(tensors=tensors, meta=meta)
 
@@ -150,10 +161,10 @@ def state_from_checkpoint(ck: Checkpoint, fresh_scheduler: Any, dev: torch.devic
     """Decode a checkpoint written by :func:`state_to_checkpoint` onto ``dev``;
     ``fresh_scheduler`` is a copy of the same baseline, the saved state is set on it."""
     m, t = ck.meta, laid_out(ck.tensors, ck.meta.get("memory_orders", {}))
-    if m.get("version") not in (STATE_VERSION, STEP_CACHE_STATE_VERSION):
-        raise CheckpointError(f"diffusion state version {m.get('version')!r} is not "
-                              f"{STATE_VERSION} or {STEP_CACHE_STATE_VERSION}")
-    cached = m["version"] == STEP_CACHE_STATE_VERSION
+    if m.get("version") not in VERSIONS:
+        raise CheckpointError(f"diffusion state version {m.get('version')!r} is not one of "
+                              f"{', '.join(map(str, VERSIONS))}")
+    cached = m["version"] == STEP_CACHE_STATE_VERSION or "step_cache" in m
     try:
         generator = torch.Generator(device="cpu")
         generator.set_state(t["rng"])
@@ -165,6 +176,8 @@ def state_from_checkpoint(ck: Checkpoint, fresh_scheduler: Any, dev: torch.devic
             progress=None if m["partial"] is None else _progress_from(m["partial"], t, dev),
             adapters=[(str(name), float(scale)) for name, scale in m.get("adapters", [])],
             step_cache=cache_from_checkpoint(m["step_cache"], t, dev) if cached else None,
+            inpaint=_take_group(t, "inpaint.", m["inpaint_keys"], dev)
+            if m["version"] == INPAINT_STATE_VERSION else None,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"diffusion checkpoint is incomplete: {exc!r}") from exc
