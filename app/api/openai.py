@@ -60,7 +60,7 @@ from app.tenants import Tenant
 from scheduler.lifecycle import JobState, SloClass
 from tasks.record import JobRecord
 from workers.diffusion.adapters import adapter_registry
-from workers.diffusion.inputs import accepted_inputs
+from workers.diffusion.inputs import accepted_inputs, required_inputs
 from workers.errors import ModelConfigError
 from workers.limits import MAX_NEW_TOKENS
 from workers.registry import RecipeFile, default_registry
@@ -142,8 +142,8 @@ _IMAGE_FIELDS = {"prompt": "prompt", "model": "model", "height": "size", "width"
 
 # models ---------------------------------------------------------------------------------------
 def _card(ctx: ApiContext, recipe: RecipeFile) -> ModelCard:
-    """The recipe's card: what it takes (``inputs``); a diffusion recipe's lists the adapters
-    that fit it."""
+    """The recipe's card: what it takes (``inputs``) and, for an edit model, what it cannot run
+    without (``requires``); a diffusion recipe's lists the adapters that fit it."""
     description = recipe.spec.get("description")
     extra: dict[str, Any] = {"description": description} if description else {}
     extra["inputs"] = ["text"]
@@ -152,6 +152,8 @@ def _card(ctx: ApiContext, recipe: RecipeFile) -> ModelCard:
             recipe.name)
         family = str(recipe.spec.get("family"))
         extra["inputs"] = accepted_inputs(family, "class" if family == "dit" else "text")
+        if required := required_inputs(family):
+            extra["requires"] = required  # an edit model refuses a job without its image
     return ModelCard(id=recipe.name, created=int(recipe.path.stat().st_mtime),
                      stepline={"kind": recipe.kind, **extra})
 

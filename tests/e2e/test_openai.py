@@ -359,13 +359,13 @@ def _png(side: int, mode: str = "RGB") -> bytes:
     return out.getvalue()
 
 
-@pytest.mark.parametrize("model", [IMAGE_MODEL, "flux-tiny", "sd35-tiny"])
+@pytest.mark.parametrize("model", [IMAGE_MODEL, "flux-tiny", "sd35-tiny", "flux-kontext-tiny"])
 def test_an_image_edit_through_the_sdk_answers_with_a_png_made_from_the_stored_image(
         client: openai.OpenAI, api: str, model: str) -> None:
     # given an input image
     image = _png(32)
-    # when the official SDK sends it to images.edit of a model that does img2img, inline
-    # answer asked
+    # when the official SDK sends it to images.edit of a model that does img2img (or edits:
+    # Flux Kontext), inline answer asked
     answer = client.images.edit(image=("in.png", image, "image/png"), prompt="a red fox",
                                 model=model, size="32x32", response_format="b64_json")
     # then the answer is a PNG of the finished job, whose params name the image by digest
@@ -373,7 +373,9 @@ def test_an_image_edit_through_the_sdk_answers_with_a_png_made_from_the_stored_i
     assert base64.b64decode(answer.data[0].b64_json).startswith(PNG_MAGIC)
     report = (answer.model_extra or {})["stepline"]
     job = httpx.get(f"{api}/v1/jobs/{report['job_id']}", headers={"X-API-Key": KEY}).json()
-    assert (job["state"], job["params"]["strength"]) == ("DONE", 0.8)
+    # (an edit model's image conditions every step: it has no strength)
+    strength = None if model == "flux-kontext-tiny" else 0.8
+    assert (job["state"], job["params"].get("strength")) == ("DONE", strength)
     assert job["params"]["image"].startswith("sha256:")
 
 
@@ -445,6 +447,10 @@ def test_models_say_which_inputs_each_recipe_takes(client: openai.OpenAI) -> Non
     inputs = {m.id: (m.model_extra or {})["stepline"]["inputs"] for m in client.models.list()}
     assert inputs[IMAGE_MODEL] == ["text", "image"]
     assert inputs["flux-tiny"] == inputs["sd35-tiny"] == ["text", "image", "mask"]
+    # and an edit model says it cannot run without its image
+    kontext = next(m for m in client.models.list() if m.id == "flux-kontext-tiny")
+    assert (kontext.model_extra or {})["stepline"]["requires"] == ["image"]
+    assert inputs["flux-kontext-tiny"] == ["text", "image"]
     assert inputs["dit-tiny"] == ["class"]
     assert inputs[TEXT_MODEL] == ["text"]
 

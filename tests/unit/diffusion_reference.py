@@ -15,6 +15,7 @@ from diffusers import (
     DiTPipeline,
     FluxImg2ImgPipeline,
     FluxInpaintPipeline,
+    FluxKontextPipeline,
     FluxPipeline,
     PixArtSigmaPipeline,
     QwenImagePipeline,
@@ -143,6 +144,20 @@ def _sd3_inpaint(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
     return _kept(pipe, "images", **_text(c, p), **common)
 
 
+def _flux_kontext(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
+                  common: dict[str, Any]) -> Reference:
+    """The edit pipeline on the image resized to the job's size (what Stepline encodes), with
+    ``_auto_resize=False`` (its preferred resolutions are the full-size model's) and
+    ``max_area`` the job's area (which keeps the job's size, not 1024²)."""
+    pipe = _quiet(FluxKontextPipeline(scheduler=scheduler, vae=c.vae, text_encoder=c.text_encoder,
+                                      tokenizer=c.tokenizer, text_encoder_2=c.text_encoder_2,
+                                      tokenizer_2=c.tokenizer_2, transformer=c.transformer))
+    common = {**common, "image": pipe.image_processor.resize(common["image"], p["height"],
+                                                             p["width"])}
+    return _kept(pipe, "images", true_cfg_scale=p["true_cfg_scale"], _auto_resize=False,
+                 max_area=p["height"] * p["width"], **_text(c, p), **common)
+
+
 def _qwen_image(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
                 common: dict[str, Any]) -> Reference:
     pipe = _quiet(QwenImagePipeline(scheduler=scheduler, vae=c.vae, text_encoder=c.text_encoder,
@@ -171,6 +186,7 @@ CALLS: dict[str, Call] = {
     "wan": _wan,
     "wan22": _wan,  # WanPipeline with transformer_2 and boundary_ratio
     "flux": _flux,
+    "flux_kontext": _flux_kontext,  # an edit model: every job has an image (IMAGE_CALLS too)
     "sd3": _sd3,
     "qwen_image": _qwen_image,
     "zimage": _zimage,
@@ -178,6 +194,7 @@ CALLS: dict[str, Call] = {
 """Each family's pipeline ``__call__`` on the recipe's own modules."""
 IMAGE_CALLS: dict[str, Call] = {
     "flux": _flux_img2img,
+    "flux_kontext": _flux_kontext,
     "sd3": _sd3_img2img,
 }
 """Each family's img2img pipeline ``__call__``, for a job with an input image (PixArt has
@@ -207,7 +224,8 @@ def reference_run(c: DiffusionComponents, p: Mapping[str, Any],
         return CALLS[c.recipe.family](c, p, scheduler, common)
     with Image.open(io.BytesIO(p[INPUT_BYTES]["image"])) as opened:
         image = opened.convert("RGB")
-    conditioned = {**common, "image": image, "strength": p["strength"]}
+    strength = {"strength": p["strength"]} if "strength" in p else {}  # none on an edit model
+    conditioned = {**common, "image": image, **strength}
     if p.get("mask") is None:
         return IMAGE_CALLS[c.recipe.family](c, p, scheduler, conditioned)
     with Image.open(io.BytesIO(p[INPUT_BYTES]["mask"])) as opened:

@@ -11,6 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
+from tests.unit.test_diffusion_exactness import EDIT_IMAGE_DIGEST, with_inputs
 from workers.checkpoint import Checkpoint
 from workers.diffusion import validate_params
 from workers.diffusion.batching import batch_groups, decode_together
@@ -69,6 +70,12 @@ MIXED_JOBS: dict[str, tuple[str, list[dict[str, Any]]]] = {
         # prompts of one length: their embeddings (unpadded) share a forward
         {"prompt": "a cat"}, {"prompt": "a dog", "negative_prompt": "fog", "true_cfg_scale": 2.0},
         {"prompt": "a car", "scheduler": "unipc"}, {"prompt": "a sky"})]),
+    "flux-kontext-tiny": ("image", [  # an edit model: each job with its input image
+        {"model": "flux-kontext-tiny", "image": EDIT_IMAGE_DIGEST, **raw} for raw in (
+            {"prompt": "a cat"},
+            {"prompt": "a dog", "negative_prompt": "fog", "true_cfg_scale": 2.0},
+            {"prompt": "a red car", "scheduler": "unipc", "guidance_scale": 5.0},
+            {"prompt": "sky"})]),
 }
 
 
@@ -77,7 +84,7 @@ def _never() -> bool:
 
 
 def _params(kind: str, raw: dict[str, Any], seed: int, steps: int = 2) -> dict[str, Any]:
-    return validate_params(kind, {**raw, "seed": seed, "num_inference_steps": steps})
+    return with_inputs(validate_params(kind, {**raw, "seed": seed, "num_inference_steps": steps}))
 
 
 def _wire(state: Checkpoint) -> Checkpoint:
@@ -168,7 +175,8 @@ def test_given_integer_or_float_timesteps_when_run_then_the_forward_is_identical
 
 
 @pytest.mark.parametrize("model", ["dit-tiny", "pixart-tiny", "wan-tiny", "sd35-tiny",
-                                   "flux-tiny", "zimage-tiny", "qwen-image-tiny"])
+                                   "flux-tiny", "zimage-tiny", "qwen-image-tiny",
+                                   "flux-kontext-tiny"])
 def test_given_mixed_jobs_when_batched_then_each_stays_close_to_its_alone_run(model: str) -> None:
     # given four jobs: CFG on and off, three schedulers, one a step ahead of the others
     kind, raws = MIXED_JOBS[model]
@@ -281,7 +289,8 @@ def test_given_more_jobs_than_max_batch_when_batched_then_they_split_in_order() 
 
 
 @pytest.mark.parametrize("model", ["dit-tiny", "pixart-tiny", "wan-tiny", "sd35-tiny",
-                                   "flux-tiny", "zimage-tiny", "qwen-image-tiny"])
+                                   "flux-tiny", "zimage-tiny", "qwen-image-tiny",
+                                   "flux-kontext-tiny"])
 def test_given_jobs_encoded_together_then_conditioning_is_close_and_noise_is_their_own(
         model: str) -> None:
     # given four jobs of one model: CFG on and off, several prompts and schedulers
@@ -304,7 +313,8 @@ def test_given_jobs_encoded_together_then_conditioning_is_close_and_noise_is_the
 
 
 @pytest.mark.parametrize("model", ["dit-tiny", "pixart-tiny", "wan-tiny", "sd35-tiny",
-                                   "flux-tiny", "zimage-tiny", "qwen-image-tiny"])
+                                   "flux-tiny", "zimage-tiny", "qwen-image-tiny",
+                                   "flux-kontext-tiny"])
 def test_given_final_latents_decoded_together_then_each_job_gets_its_lone_pixels(
         model: str) -> None:
     # given four denoised jobs of one model, CFG on and off

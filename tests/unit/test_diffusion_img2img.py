@@ -172,6 +172,8 @@ def test_a_chunk_without_its_input_bytes_is_refused_by_name() -> None:
     ({"model": "flux-tiny", "prompt": "x", "scheduler": "unipc"},
      "'unipc' .* has no scale_noise.*use one of flow_match_euler, flow_match_lcm$"),
     ({"model": "sd35-tiny", "prompt": "x", "scheduler": "flow_match_euler_a"}, "no scale_noise"),
+    ({"model": "flux-kontext-tiny", "prompt": "x", "strength": 0.5}, "edit model.*no strength"),
+    ({"model": "flux-kontext-tiny", "prompt": "x", "mask": True}, "edit model.*no mask"),
 ])
 def test_an_input_a_model_cannot_use_is_refused_naming_why(params: dict[str, Any],
                                                            problem: str) -> None:
@@ -188,3 +190,32 @@ def test_a_job_without_an_image_carries_no_input_fields() -> None:
     params = validate_params("image", {"model": "pixart-tiny", "prompt": "x"})
     # then it has none of the input fields (stored jobs and their plans are as before)
     assert not {"image", "mask", "strength"} & set(params)
+
+
+def test_an_edit_model_refuses_a_job_without_an_image_and_says_to_pass_one() -> None:
+    # given a job on the edit model with no input image, when it is validated
+    # then it is refused: an edit model makes nothing without the image it edits
+    with pytest.raises(ParamsError, match=r"edit model.*pass image"):
+        validate_params("image", {"model": "flux-kontext-tiny", "prompt": "make it dusk"})
+
+
+def edit_params(image: bytes, seed: int = 11) -> dict[str, Any]:
+    params = validate_params("image", {
+        "model": "flux-kontext-tiny", "prompt": "make it dusk", "height": 32, "width": 48,
+        "num_inference_steps": 3, "seed": seed, "image": digest(image)})
+    return {**params, INPUT_BYTES: {"image": image}}
+
+
+def test_an_edit_job_runs_every_step_checkpoints_its_image_latents_and_sees_the_image() -> None:
+    # given two edit jobs alike but for their input image
+    outputs = []
+    for seed in (1, 2):
+        params = edit_params(png_bytes(48, 32, seed))
+        # when each runs chunk by chunk, preempted and moved between workers
+        state, runner = run_preempted_job(params, random.Random(seed))
+        # then it ran every step (no strength), its checkpoint carries the packed image latents
+        # (one token per 2x2 latent cell, beside the noise's), and the image shaped its pixels
+        assert runner.evaluations(params) == 3 and "strength" not in params
+        assert state.tensors["cond.image_latents"].shape == state.tensors["latents"].shape
+        outputs.append(runner.decode_pixels(params, state))
+    assert not torch.equal(*outputs)

@@ -17,6 +17,7 @@ import torch
 import yaml
 from diffusers import StableDiffusion3Pipeline
 
+from tests.unit.test_diffusion_exactness import EDIT_IMAGE_DIGEST, with_inputs
 from workers.checkpoint import Checkpoint
 from workers.diffusion import get_runner, validate_params
 from workers.diffusion.components import (
@@ -48,7 +49,8 @@ def test_every_diffusion_recipe_parses_with_image_and_video_kinds() -> None:
     names = {r.name: r.kind for r in diffusion_recipes("image") + diffusion_recipes("video")}
     assert names == {"dit-tiny": "image", "pixart-tiny": "image", "wan-tiny": "video",
                      "wan22-tiny": "video", "sd35-tiny": "image", "flux-tiny": "image",
-                     "qwen-image-tiny": "image", "zimage-tiny": "image"}
+                     "qwen-image-tiny": "image", "zimage-tiny": "image",
+                     "flux-kontext-tiny": "image"}
 
 
 def test_given_two_processes_when_they_build_a_recipe_then_the_weights_are_identical() -> None:
@@ -107,8 +109,10 @@ JOBS: dict[str, dict[str, Any]] = {
     "flux-tiny": {"prompt": "a lighthouse", "negative_prompt": "fog", "true_cfg_scale": 2.0},
     "qwen-image-tiny": {"prompt": "a lighthouse", "negative_prompt": "fog",
                         "true_cfg_scale": 2.0},
+    "flux-kontext-tiny": {"prompt": "make it dusk", "image": EDIT_IMAGE_DIGEST},
 }
-"""A job per recipe (default: a prompt, two steps); Wan 2.2's four steps cross its boundary."""
+"""A job per recipe (default: a prompt, two steps); Wan 2.2's four steps cross its boundary;
+an edit model's with its input image (``with_inputs`` hands the job its bytes)."""
 
 
 def save_pipeline(c: DiffusionComponents, folder: Path) -> None:
@@ -144,8 +148,9 @@ def test_every_recipe_saved_with_save_pretrained_loads_back_and_gives_the_same_o
     raw = {"num_inference_steps": 2, "seed": 3, **JOBS.get(model, {"prompt": "a lighthouse"})}
     # when the same job runs on both recipes
     loaded = build_components(diffusion_recipe("local", local))
-    ours = _run_job(validate_params(kind, {**raw, "model": "local"}, local), local, kind)
-    ref = _run_job(validate_params(kind, {**raw, "model": model}), None, kind)
+    ours = _run_job(with_inputs(validate_params(kind, {**raw, "model": "local"}, local)), local,
+                    kind)
+    ref = _run_job(with_inputs(validate_params(kind, {**raw, "model": model})), None, kind)
     # then every module's weights (each text encoder, both experts) and the output are equal
     mine, theirs = _weights(loaded), _weights(c)
     assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)

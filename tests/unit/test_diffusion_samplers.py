@@ -25,6 +25,7 @@ import yaml
 from diffusers.schedulers import KarrasDiffusionSchedulers
 
 from tests.unit.diffusion_reference import reference_run
+from tests.unit.test_diffusion_exactness import EDIT_IMAGE_DIGEST, with_inputs
 from workers.checkpoint import Checkpoint
 from workers.diffusion import get_runner, samplers, validate_params
 from workers.diffusion.components import DiffusionComponents, clear_component_cache
@@ -61,6 +62,8 @@ JOBS: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen-image-tiny": ("image", {"prompt": "a lighthouse at dawn", "negative_prompt": "fog",
                                   "true_cfg_scale": 1.5}),
     "zimage-tiny": ("image", {"prompt": "a lighthouse at dawn", "negative_prompt": "fog"}),
+    "flux-kontext-tiny": ("image", {"prompt": "make it dusk", "negative_prompt": "fog",
+                                    "true_cfg_scale": 1.5, "image": EDIT_IMAGE_DIGEST}),
 }
 
 
@@ -84,7 +87,7 @@ def exported_scheduler_classes() -> set[str]:
 def _params(model: str, scheduler: str, seed: int, **overrides: Any) -> dict[str, Any]:
     kind, extra = JOBS[model]
     raw = {"model": model, "scheduler": scheduler, "seed": seed, "num_inference_steps": STEPS}
-    return validate_params(kind, {**raw, **extra, **overrides})
+    return with_inputs(validate_params(kind, {**raw, **extra, **overrides}))
 
 
 def _yield_once_at(call: int) -> Callable[[], bool]:

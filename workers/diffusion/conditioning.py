@@ -19,6 +19,10 @@ pipeline instead: ``t_start = int(max(steps - steps * strength, 0))``, the image
 scheduler's ``scale_noise`` (:func:`noised_to_start`); the family lays them out
 (``image_latents`` on the family: Flux packs them).
 
+An edit model (:data:`EDIT_FAMILIES`: Flux Kontext) takes its image as conditioning instead:
+the job requires one, runs every step from pure noise, and its family encodes the image with
+the prompt (``workers.diffusion.flux_kontext``).
+
 Nothing here knows a family by name: a family takes images when it is in
 :data:`IMAGE_FAMILIES`, and the runner calls the family's ``image_latents``, or where it has
 none :func:`image_latents`, for a conditioned job's initial latents.
@@ -37,6 +41,7 @@ from PIL import Image
 
 from workers.diffusion.components import DiffusionComponents
 from workers.diffusion.inputs import (
+    EDIT_FAMILIES,
     FLOW_IMAGE_FAMILIES,
     INPUT_BYTES,
     first_timestep,
@@ -47,8 +52,9 @@ from workers.errors import ParamsError
 
 def skipped(p: Mapping[str, Any], order: int, family: str) -> int:
     """Timesteps (model evaluations) of the scheduler a job of ``family`` skips:
-    ``t_start * order`` for an image-conditioned job, 0 otherwise."""
-    if not is_conditioned(p):
+    ``t_start * order`` for an image-conditioned job, 0 otherwise (an edit model's job too:
+    its image conditions every step and is not noised, so it has no strength)."""
+    if not is_conditioned(p) or family in EDIT_FAMILIES:
         return 0
     return first_timestep(int(p["num_inference_steps"]), float(p["strength"]), family) * order
 
@@ -89,11 +95,14 @@ def image_pixels(c: DiffusionComponents, p: Mapping[str, Any], multiple: int | N
     return pixels.to(dtype=torch.float32).to(device=c.device, dtype=dtype or c.vae.dtype)
 
 
-def shifted_image_latents(c: DiffusionComponents, p: Mapping[str, Any], gen: torch.Generator,
-                          multiple: int, dtype: torch.dtype) -> torch.Tensor:
+def shifted_image_latents(c: DiffusionComponents, p: Mapping[str, Any],
+                          gen: torch.Generator | None, multiple: int, dtype: torch.dtype
+                          ) -> torch.Tensor:
     """The input image's VAE latents as a flow-matching img2img pipeline takes them: sampled
-    with the job's generator, ``(sample - shift_factor) * scaling_factor``."""
-    sample = c.vae.encode(image_pixels(c, p, multiple, dtype)).latent_dist.sample(gen)
+    with the job's generator, ``(sample - shift_factor) * scaling_factor``; with no generator
+    the distribution's mode (an edit pipeline's ``sample_mode="argmax"``)."""
+    dist = c.vae.encode(image_pixels(c, p, multiple, dtype)).latent_dist
+    sample = dist.sample(gen) if gen is not None else dist.mode()
     cfg = c.vae.config
     latents: torch.Tensor = (sample - cfg.shift_factor) * cfg.scaling_factor
     return torch.cat([latents], dim=0)

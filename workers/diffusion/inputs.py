@@ -12,9 +12,13 @@ from workers.errors import ParamsError
 DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
 """How a job names an input: the SHA-256 of its bytes (the artifact store keeps it by that)."""
 
-IMAGE_FAMILIES = frozenset({"pixart", "flux", "sd3"})
+IMAGE_FAMILIES = frozenset({"pixart", "flux", "sd3", "flux_kontext"})
 """Families whose jobs may start from an input image: PixArt (its VAE latents denoised as they
-are, ``StableDiffusionImg2ImgPipeline``'s arithmetic) and the :data:`FLOW_IMAGE_FAMILIES`."""
+are, ``StableDiffusionImg2ImgPipeline``'s arithmetic), the :data:`FLOW_IMAGE_FAMILIES`, and the
+:data:`EDIT_FAMILIES`."""
+EDIT_FAMILIES = frozenset({"flux_kontext"})
+"""Edit models (``FluxKontextPipeline``): every job requires an input image, which conditions
+each step (its latents beside the noise) rather than being noised; so no ``strength``."""
 FLOW_IMAGE_FAMILIES = frozenset({"flux", "sd3"})
 """Families with a flow-matching img2img pipeline of their own (``FluxImg2ImgPipeline``,
 ``StableDiffusion3Img2ImgPipeline``): the image latents shifted by the VAE's ``shift_factor``,
@@ -45,13 +49,22 @@ def accepted_inputs(family: str, conditioning: str) -> list[str]:
     return inputs
 
 
+def required_inputs(family: str) -> list[str]:
+    """What a model of ``family`` cannot run without besides its condition: an edit model's
+    ``image`` (``/v1/models`` lists these as ``requires``)."""
+    return ["image"] if family in EDIT_FAMILIES else []
+
+
 def is_conditioned(p: Mapping[str, Any]) -> bool:
     """The job starts from an input image."""
     return p.get("image") is not None
 
 
 def first_timestep(steps: int, strength: float, family: str) -> int:
-    """``t_start`` of the family's img2img strength rule: the scheduler steps a job skips."""
+    """``t_start`` of the family's img2img strength rule: the scheduler steps a job skips
+    (none on an edit model)."""
+    if family in EDIT_FAMILIES:
+        return 0
     if family in FLOW_IMAGE_FAMILIES:
         return int(max(steps - min(steps * strength, steps), 0))
     init = min(int(steps * strength), steps)
@@ -65,8 +78,6 @@ def check_strength(steps: int, strength: float, family: str) -> None:
         raise ParamsError(f"strength={strength:g} with num_inference_steps={steps} runs no step "
                           f"(int(steps * strength) is 0); use strength >= {1 / steps:g} or more "
                           "steps")
-
-
 
 
 def check_image_sampler(family: str, scheduler: str, offered: Mapping[str, str]) -> None:

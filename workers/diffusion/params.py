@@ -22,6 +22,7 @@ from workers.diffusion.cache_params import REFUSED_FAMILIES, StepCacheParams
 from workers.diffusion.inputs import (
     DEFAULT_STRENGTH,
     DIGEST_PATTERN,
+    EDIT_FAMILIES,
     IMAGE_FAMILIES,
     MASK_FAMILIES,
     check_image_sampler,
@@ -41,9 +42,10 @@ from workers.registry import ModelRegistry
 IMAGE_FORMATS = ("png", "webp")
 VIDEO_FORMATS = ("mp4", "gif", "webp")
 _CLASS_NAME_SETS = {"imagenet": "ImageNet"}
-_TRUE_CFG_FAMILIES = ("flux", "qwen_image")
+_TRUE_CFG_FAMILIES = ("flux", "flux_kontext", "qwen_image")
 """Families whose CFG is ``true_cfg_scale`` (a negative pass above 1): guidance-distilled ones
-(Flux), whose ``guidance_scale`` is embedded, and Qwen-Image, which has no ``guidance_scale``."""
+(Flux, Flux Kontext), whose ``guidance_scale`` is embedded, and Qwen-Image, which has no
+``guidance_scale``."""
 
 
 class DiffusionParams(BaseModel):
@@ -298,7 +300,10 @@ def _true_cfg(p: DiffusionParams, r: DiffusionRecipe) -> dict[str, float]:
 def _check_inputs(p: DiffusionParams, r: DiffusionRecipe, steps: int, scheduler: str
                   ) -> dict[str, Any]:
     """The job's input image, mask and strength, each refused on a model that takes none; a
-    job without an image carries none of them, as before inputs existed."""
+    job without an image carries none of them, as before inputs existed. An edit model
+    requires the image and takes neither mask nor strength."""
+    if r.family in EDIT_FAMILIES:
+        return _check_edit_inputs(p, r)
     if p.image is None:
         if p.mask is not None or p.strength is not None:
             raise ParamsError("mask and strength condition an input image; pass image too")
@@ -315,3 +320,15 @@ def _check_inputs(p: DiffusionParams, r: DiffusionRecipe, steps: int, scheduler:
     check_image_sampler(r.family, scheduler, {n: s.class_name for n, s in r.schedulers.items()})
     kept = {"image": p.image, "strength": strength}
     return kept if p.mask is None else {**kept, "mask": p.mask}
+
+
+def _check_edit_inputs(p: DiffusionParams, r: DiffusionRecipe) -> dict[str, Any]:
+    """An edit model's job: its image required (the model edits it), no mask, no strength."""
+    if p.image is None:
+        raise ParamsError(f"model {r.name!r} is an edit model: it edits an input image and "
+                          "makes nothing without one; pass image (images.edit, or an uploaded "
+                          "image's digest)")
+    if p.mask is not None or p.strength is not None:
+        raise ParamsError(f"model {r.name!r} is an edit model: its image conditions every step "
+                          "whole, so it takes no mask and no strength; leave them out")
+    return {"image": p.image}

@@ -15,6 +15,7 @@ from workers.diffusion.blockwise import (
 )
 from workers.diffusion.families import DiTFamily, PipelineFamily, PixArtFamily, WanFamily
 from workers.diffusion.flux import FluxBlockwise, FluxFamily
+from workers.diffusion.flux_kontext import FluxKontextFamily
 from workers.diffusion.qwen_image import QwenImageBlockwise, QwenImageFamily
 from workers.diffusion.sd3 import SD3Blockwise, SD3Family
 from workers.diffusion.wan22 import Wan22Family
@@ -27,6 +28,7 @@ FAMILIES: dict[str, PipelineFamily] = {
     "wan22": Wan22Family(),
     "sd3": SD3Family(),
     "flux": FluxFamily(),
+    "flux_kontext": FluxKontextFamily(),
     "qwen_image": QwenImageFamily(),
     "zimage": ZImageFamily(),
 }
@@ -39,6 +41,7 @@ ADAPTERS: dict[str, BlockwiseForward] = {
     "wan22": WanBlockwise(),  # both experts are WanTransformer3DModel
     "sd3": SD3Blockwise(),
     "flux": FluxBlockwise(),
+    "flux_kontext": FluxBlockwise(),  # the image tokens ride in the image stream
     "qwen_image": QwenImageBlockwise(),
     "zimage": ZImageBlockwise(),
 }

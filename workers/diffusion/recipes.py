@@ -61,10 +61,12 @@ class DiffusionRecipe(BaseModel):
 
     name: str
     kind: Literal["image", "video"]
-    family: Literal["dit", "pixart", "wan", "wan22", "sd3", "flux", "qwen_image", "zimage"]
+    family: Literal["dit", "pixart", "wan", "wan22", "sd3", "flux", "flux_kontext", "qwen_image",
+                    "zimage"]
     """Which pipeline's arithmetic the runner reproduces (DiTPipeline, PixArt, WanPipeline;
     ``wan22``: WanPipeline with two expert transformers; ``sd3``: StableDiffusion3Pipeline;
-    ``flux``: FluxPipeline; ``qwen_image``: QwenImagePipeline; ``zimage``: ZImagePipeline)."""
+    ``flux``: FluxPipeline; ``flux_kontext``: FluxKontextPipeline; ``qwen_image``:
+    QwenImagePipeline; ``zimage``: ZImagePipeline)."""
     description: str = ""
     default: bool = False
     """The default recipe of its kind for its conditioning (class label or prompt)."""

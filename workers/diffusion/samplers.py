@@ -226,6 +226,11 @@ FAMILY_RULES: dict[str, FamilyRule] = {
         "UniPCMultistepScheduler": ("ZImagePipeline hands set_timesteps its sigmas as a list, "
                                     "which this class's flow shift cannot scale (TypeError)")}),
 }
+FAMILY_RULES["flux_kontext"] = FamilyRule(Space.FLOW, unit_init_noise=False, refused={
+    name: reason.replace("QwenImagePipeline", "FluxKontextPipeline")
+    for name, reason in FAMILY_RULES["qwen_image"].refused.items()})
+"""FluxKontextPipeline hands its sigmas to every scheduler, as QwenImagePipeline does (not
+FluxPipeline, which leaves them out in flow mode): the same classes are refused."""
 
 FLOW_CONFIG: dict[str, Any] = {"use_flow_sigmas": True, "prediction_type": "flow_prediction"}
 """What makes a DDPM-schedule solver step a flow-matching model."""
