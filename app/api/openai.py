@@ -60,7 +60,7 @@ from app.tenants import Tenant
 from scheduler.lifecycle import JobState, SloClass
 from tasks.record import JobRecord
 from workers.diffusion.adapters import adapter_registry
-from workers.diffusion.inputs import accepted_inputs
+from workers.diffusion.inputs import accepted_inputs, required_inputs
 from workers.errors import ModelConfigError
 from workers.limits import MAX_NEW_TOKENS
 from workers.registry import RecipeFile, default_registry
@@ -142,16 +142,19 @@ _IMAGE_FIELDS = {"prompt": "prompt", "model": "model", "height": "size", "width"
 
 # models ---------------------------------------------------------------------------------------
 def _card(ctx: ApiContext, recipe: RecipeFile) -> ModelCard:
-    """The recipe's card: what it takes (``inputs``); a diffusion recipe's lists the adapters
-    that fit it."""
+    """The recipe's card: what it takes (``inputs``) and what every job of it must carry
+    (``requires``: an image-to-video model's first frame besides its prompt); a diffusion
+    recipe's lists the adapters that fit it."""
     description = recipe.spec.get("description")
     extra: dict[str, Any] = {"description": description} if description else {}
-    extra["inputs"] = ["text"]
+    extra["inputs"] = extra["requires"] = ["text"]
     if recipe.kind in ("image", "video"):
         extra["adapters"] = adapter_registry(ctx.settings.diffusion.adapters_dir).for_base(
             recipe.name)
         family = str(recipe.spec.get("family"))
-        extra["inputs"] = accepted_inputs(family, "class" if family == "dit" else "text")
+        conditioning = "class" if family == "dit" else "text"
+        extra["inputs"] = accepted_inputs(family, conditioning)
+        extra["requires"] = required_inputs(family, conditioning)
     return ModelCard(id=recipe.name, created=int(recipe.path.stat().st_mtime),
                      stepline={"kind": recipe.kind, **extra})
 

@@ -1,15 +1,18 @@
 """How to call each family's own diffusers pipeline, uninterrupted: the reference every
 exactness test compares Stepline's chunked runs against. A new family is one entry in CALLS;
 a family with an img2img pipeline of its own one in IMAGE_CALLS too (an image-conditioned job
-is compared with that)."""
+is compared with that). A job that names :data:`FIRST_FRAME` (an image-to-video job's image)
+gets its bytes from :func:`with_inputs`, as a worker hands them to its encode chunk."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from diffusers import (
     DiTPipeline,
@@ -19,6 +22,7 @@ from diffusers import (
     QwenImagePipeline,
     StableDiffusion3Img2ImgPipeline,
     StableDiffusion3Pipeline,
+    WanImageToVideoPipeline,
     WanPipeline,
     ZImagePipeline,
 )
@@ -26,6 +30,25 @@ from PIL import Image
 
 from workers.diffusion.components import DiffusionComponents
 from workers.diffusion.inputs import INPUT_BYTES, is_conditioned
+
+
+def _random_png(width: int, height: int, seed: int) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG")
+    return out.getvalue()
+
+
+FIRST_FRAME = _random_png(40, 24, seed=5)
+"""An image-to-video job's input: random RGB (not flat), of another size than the job's."""
+FIRST_FRAME_DIGEST = "sha256:" + hashlib.sha256(FIRST_FRAME).hexdigest()
+
+
+def with_inputs(p: Mapping[str, Any]) -> dict[str, Any]:
+    """Validated params ``p`` with the bytes of :data:`FIRST_FRAME` where they name it."""
+    if p.get("image") != FIRST_FRAME_DIGEST:
+        return dict(p)
+    return {**p, INPUT_BYTES: {"image": FIRST_FRAME}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +113,28 @@ def _wan(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
     return _kept(pipe, "frames", num_frames=p["num_frames"], **_text(c, p), **common)
 
 
+def _wan_i2v(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
+             common: dict[str, Any]) -> Reference:
+    """Wan 2.2 image-to-video. Its ``prompt_clean`` calls ftfy unguarded (diffusers 0.42.1),
+    which is not installed; its prompt encoding is otherwise WanPipeline's line for line, so the
+    prompt and negative embeddings come from ``WanPipeline.encode_prompt``."""
+    text = WanPipeline(tokenizer=c.tokenizer, text_encoder=c.text_encoder, vae=c.vae,
+                       transformer=c.transformer, scheduler=scheduler)
+    embeds, negative = text.encode_prompt(p["prompt"], p["negative_prompt"],
+                                          float(p["guidance_scale"]) > 1.0,
+                                          max_sequence_length=c.recipe.text_max_length)
+    pipe = _quiet(WanImageToVideoPipeline(
+        tokenizer=c.tokenizer, text_encoder=c.text_encoder, vae=c.vae, scheduler=scheduler,
+        transformer=c.transformer, transformer_2=c.transformer_2,
+        boundary_ratio=c.recipe.boundary_ratio))
+    with Image.open(io.BytesIO(p[INPUT_BYTES]["image"])) as opened:
+        image = opened.convert("RGB")
+    return _kept(pipe, "frames", image=image, prompt_embeds=embeds,
+                 negative_prompt_embeds=negative, height=p["height"], width=p["width"],
+                 num_frames=p["num_frames"], output_type="pt",
+                 guidance_scale_2=p["guidance_scale_2"], **common)
+
+
 def _flux(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
           common: dict[str, Any]) -> Reference:
     pipe = _quiet(FluxPipeline(scheduler=scheduler, vae=c.vae, text_encoder=c.text_encoder,
@@ -151,6 +196,7 @@ CALLS: dict[str, Call] = {
     "pixart": _pixart,
     "wan": _wan,
     "wan22": _wan,  # WanPipeline with transformer_2 and boundary_ratio
+    "wan22_i2v": _wan_i2v,  # WanImageToVideoPipeline, the same, no image encoder
     "flux": _flux,
     "sd3": _sd3,
     "qwen_image": _qwen_image,

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.unit.diffusion_reference import CALLS, reference_run
+from tests.unit.diffusion_reference import CALLS, FIRST_FRAME_DIGEST, reference_run, with_inputs
 from workers.checkpoint import Checkpoint
 from workers.diffusion import get_runner, validate_params
 from workers.diffusion.blockwise import full_forward
@@ -37,6 +37,9 @@ JOBS: dict[str, tuple[str, dict[str, Any], tuple[str, ...]]] = {
     "wan22-tiny": ("video", {"prompt": "a kite over dunes", "negative_prompt": "static",
                              "num_frames": 9, "guidance_scale": 5.0, "guidance_scale_2": 3.0},
                    ("unipc", "flow_match_heun")),
+    "wan22-i2v-tiny": ("video", {"prompt": "a kite over dunes", "negative_prompt": "static",
+                                 "num_frames": 9, "guidance_scale": 5.0, "guidance_scale_2": 3.0,
+                                 "image": FIRST_FRAME_DIGEST}, ("unipc", "flow_match_euler")),
     "flux-tiny": ("image", {"prompt": "a lighthouse at dawn", "negative_prompt": "fog",
                             "height": 32, "width": 48, "guidance_scale": 3.5,
                             "true_cfg_scale": 2.0}, ("flow_match_euler", "unipc")),
@@ -59,7 +62,7 @@ STEPS = 5
 def _params(model: str, scheduler: str, seed: int = 7) -> dict[str, Any]:
     kind, extra, _ = JOBS[model]
     raw = {"model": model, "scheduler": scheduler, "seed": seed, "num_inference_steps": STEPS}
-    return validate_params(kind, {**raw, **extra})
+    return with_inputs(validate_params(kind, {**raw, **extra}))
 
 
 def _yield_once_at(call: int) -> Callable[[], bool]:
@@ -178,7 +181,7 @@ def test_every_family_has_a_job_here_and_a_pipeline_call_to_compare_with() -> No
 def test_blockwise_forward_equals_the_models_own_forward(model: str) -> None:
     # given the transformer inputs of the first step of a job
     kind, extra, _ = JOBS[model]
-    params = validate_params(kind, {"model": model, **extra})
+    params = with_inputs(validate_params(kind, {"model": model, **extra}))
     runner = get_runner(kind)
     state = Checkpoint.decode(runner.run_chunk(params, 0, None, lambda: False).state.encode())
     job = runner._restore(params, 1, state)

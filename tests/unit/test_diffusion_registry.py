@@ -17,6 +17,7 @@ import torch
 import yaml
 from diffusers import StableDiffusion3Pipeline
 
+from tests.unit.diffusion_reference import FIRST_FRAME_DIGEST, with_inputs
 from workers.checkpoint import Checkpoint
 from workers.diffusion import get_runner, validate_params
 from workers.diffusion.components import (
@@ -47,8 +48,8 @@ def _digest(name: str) -> str:
 def test_every_diffusion_recipe_parses_with_image_and_video_kinds() -> None:
     names = {r.name: r.kind for r in diffusion_recipes("image") + diffusion_recipes("video")}
     assert names == {"dit-tiny": "image", "pixart-tiny": "image", "wan-tiny": "video",
-                     "wan22-tiny": "video", "sd35-tiny": "image", "flux-tiny": "image",
-                     "qwen-image-tiny": "image", "zimage-tiny": "image"}
+                     "wan22-tiny": "video", "wan22-i2v-tiny": "video", "sd35-tiny": "image",
+                     "flux-tiny": "image", "qwen-image-tiny": "image", "zimage-tiny": "image"}
 
 
 def test_given_two_processes_when_they_build_a_recipe_then_the_weights_are_identical() -> None:
@@ -104,11 +105,14 @@ RECIPES = [r.name for kind in ("image", "video") for r in diffusion_recipes(kind
 JOBS: dict[str, dict[str, Any]] = {
     "dit-tiny": {"class_label": 207},
     "wan22-tiny": {"prompt": "a kite", "num_inference_steps": 4, "guidance_scale_2": 2.0},
+    "wan22-i2v-tiny": {"prompt": "a kite", "num_inference_steps": 4, "guidance_scale_2": 2.0,
+                       "image": FIRST_FRAME_DIGEST},
     "flux-tiny": {"prompt": "a lighthouse", "negative_prompt": "fog", "true_cfg_scale": 2.0},
     "qwen-image-tiny": {"prompt": "a lighthouse", "negative_prompt": "fog",
                         "true_cfg_scale": 2.0},
 }
-"""A job per recipe (default: a prompt, two steps); Wan 2.2's four steps cross its boundary."""
+"""A job per recipe (default: a prompt, two steps); Wan 2.2's four steps cross its boundary;
+its image-to-video model's job names its first frame (``diffusion_reference.FIRST_FRAME``)."""
 
 
 def save_pipeline(c: DiffusionComponents, folder: Path) -> None:
@@ -144,8 +148,9 @@ def test_every_recipe_saved_with_save_pretrained_loads_back_and_gives_the_same_o
     raw = {"num_inference_steps": 2, "seed": 3, **JOBS.get(model, {"prompt": "a lighthouse"})}
     # when the same job runs on both recipes
     loaded = build_components(diffusion_recipe("local", local))
-    ours = _run_job(validate_params(kind, {**raw, "model": "local"}, local), local, kind)
-    ref = _run_job(validate_params(kind, {**raw, "model": model}), None, kind)
+    ours = _run_job(with_inputs(validate_params(kind, {**raw, "model": "local"}, local)), local,
+                    kind)
+    ref = _run_job(with_inputs(validate_params(kind, {**raw, "model": model})), None, kind)
     # then every module's weights (each text encoder, both experts) and the output are equal
     mine, theirs = _weights(loaded), _weights(c)
     assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)

@@ -24,7 +24,7 @@ import torch
 import yaml
 from diffusers.schedulers import KarrasDiffusionSchedulers
 
-from tests.unit.diffusion_reference import reference_run
+from tests.unit.diffusion_reference import FIRST_FRAME_DIGEST, reference_run, with_inputs
 from workers.checkpoint import Checkpoint
 from workers.diffusion import get_runner, samplers, validate_params
 from workers.diffusion.components import DiffusionComponents, clear_component_cache
@@ -54,6 +54,9 @@ JOBS: dict[str, tuple[str, dict[str, Any]]] = {
                            "num_frames": 5, "height": 16, "width": 32}),
     "wan22-tiny": ("video", {"prompt": "a kite over dunes", "negative_prompt": "static",
                              "num_frames": 5, "height": 16, "width": 32, "guidance_scale_2": 2.0}),
+    "wan22-i2v-tiny": ("video", {"prompt": "a kite over dunes", "negative_prompt": "static",
+                                 "num_frames": 5, "height": 16, "width": 32,
+                                 "guidance_scale_2": 2.0, "image": FIRST_FRAME_DIGEST}),
     "sd35-tiny": ("image", {"prompt": "A lighthouse at dawn", "negative_prompt": "blurry",
                             "height": 32, "width": 64}),
     "flux-tiny": ("image", {"prompt": "a lighthouse at dawn", "negative_prompt": "fog",
@@ -84,7 +87,7 @@ def exported_scheduler_classes() -> set[str]:
 def _params(model: str, scheduler: str, seed: int, **overrides: Any) -> dict[str, Any]:
     kind, extra = JOBS[model]
     raw = {"model": model, "scheduler": scheduler, "seed": seed, "num_inference_steps": STEPS}
-    return validate_params(kind, {**raw, **extra, **overrides})
+    return with_inputs(validate_params(kind, {**raw, **extra, **overrides}))
 
 
 def _yield_once_at(call: int) -> Callable[[], bool]:

@@ -23,6 +23,10 @@ and the timesteps cut by ``int(steps - steps * strength)`` (the product not floo
 NOISE_SCALING_SCHEDULERS = frozenset({"FlowMatchEulerDiscreteScheduler",
                                       "FlowMatchHeunDiscreteScheduler", "FlowMatchLCMScheduler"})
 """Scheduler classes with the ``scale_noise`` a flow-matching img2img pipeline calls."""
+FIRST_FRAME_FAMILIES = frozenset({"wan22_i2v"})
+"""Video families whose every job takes an input image as its first frame (image-to-video,
+``WanImageToVideoPipeline``): a condition beside the noise, not a start to noise, so no
+``strength``."""
 MASK_FAMILIES: frozenset[str] = frozenset()
 """Families that inpaint with a ``mask`` (none yet: a mask is validated and stored, and a job
 on a model that does not take one is refused)."""
@@ -35,18 +39,26 @@ DEFAULT_STRENGTH = 0.8
 
 def accepted_inputs(family: str, conditioning: str) -> list[str]:
     """What a model of ``family`` takes: its condition (``text`` or ``class``), then ``image``
-    and ``mask`` where it takes them (``/v1/models`` lists these)."""
+    and ``mask`` where it takes them (``/v1/models`` lists these; see :func:`required_inputs`)."""
     inputs = [conditioning]
-    if family in IMAGE_FAMILIES:
+    if family in IMAGE_FAMILIES | FIRST_FRAME_FAMILIES:
         inputs.append("image")
     if family in MASK_FAMILIES:
         inputs.append("mask")
     return inputs
 
 
+def required_inputs(family: str, conditioning: str) -> list[str]:
+    """Those of :func:`accepted_inputs` every job of a ``family`` model must carry: its
+    condition, and the first frame of an image-to-video model."""
+    return [conditioning, *(["image"] if family in FIRST_FRAME_FAMILIES else [])]
+
+
 def is_conditioned(p: Mapping[str, Any]) -> bool:
-    """The job starts from an input image."""
-    return p.get("image") is not None
+    """The job starts from an input image (image-to-image: it carries the ``strength`` it runs
+    at). An image-to-video job's image is its first frame, a condition beside pure noise: its
+    job starts from noise, as a text-to-video job does."""
+    return p.get("image") is not None and p.get("strength") is not None
 
 
 def first_timestep(steps: int, strength: float, family: str) -> int:

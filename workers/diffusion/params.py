@@ -22,6 +22,7 @@ from workers.diffusion.cache_params import REFUSED_FAMILIES, StepCacheParams
 from workers.diffusion.inputs import (
     DEFAULT_STRENGTH,
     DIGEST_PATTERN,
+    FIRST_FRAME_FAMILIES,
     IMAGE_FAMILIES,
     MASK_FAMILIES,
     check_image_sampler,
@@ -83,8 +84,9 @@ class DiffusionParams(BaseModel):
     """A step cache (``{"kind": "first_block", "threshold": 0.05}``): faster steps whose output
     differs from the uncached run's; none: every block of every step runs."""
     image: str | None = Field(default=None, pattern=DIGEST_PATTERN)
-    """Input image to start from (image-to-image), by the digest the artifact store keeps it
-    under (``sha256:<hex>``; the API turns an uploaded or base64 image into it)."""
+    """Input image to start from (image-to-image), or the first frame of an image-to-video
+    model's video (which needs one), by the digest the artifact store keeps it under
+    (``sha256:<hex>``; the API turns an uploaded or base64 image into it)."""
     mask: str | None = Field(default=None, pattern=DIGEST_PATTERN)
     """Inpainting mask of ``image`` (same size, one channel), by digest."""
     strength: float | None = Field(default=None, gt=0, le=1)
@@ -116,7 +118,9 @@ def _default_model(
     kind: str, p: DiffusionParams, registry: ModelRegistry | None
 ) -> DiffusionRecipe:
     wanted = "class" if p.class_label is not None and p.prompt is None else "text"
-    candidates = [r for r in diffusion_recipes(kind, registry) if r.conditioning == wanted]
+    first_frame = kind == "video" and p.image is not None  # image-to-video: a model that needs one
+    candidates = [r for r in diffusion_recipes(kind, registry) if r.conditioning == wanted
+                  and (r.family in FIRST_FRAME_FAMILIES) == first_frame]
     if not candidates:
         raise ParamsError(f"no {kind} model takes a {wanted} condition; pass model= explicitly")
     return sorted(candidates, key=lambda r: (not r.default, r.name))[0]
@@ -299,13 +303,17 @@ def _check_inputs(p: DiffusionParams, r: DiffusionRecipe, steps: int, scheduler:
                   ) -> dict[str, Any]:
     """The job's input image, mask and strength, each refused on a model that takes none; a
     job without an image carries none of them, as before inputs existed."""
+    if r.family in FIRST_FRAME_FAMILIES:
+        return _check_first_frame(p, r)
     if p.image is None:
         if p.mask is not None or p.strength is not None:
             raise ParamsError("mask and strength condition an input image; pass image too")
         return {}
     if r.family not in IMAGE_FAMILIES:
         raise ParamsError(f"model {r.name!r} takes no input image (family {r.family}); models "
-                          f"of the families {', '.join(sorted(IMAGE_FAMILIES))} do")
+                          f"of the families {', '.join(sorted(IMAGE_FAMILIES))} do "
+                          f"(image-to-image), and of {', '.join(sorted(FIRST_FRAME_FAMILIES))} "
+                          "(image-to-video)")
     if p.mask is not None and r.family not in MASK_FAMILIES:
         raise ParamsError(f"model {r.name!r} takes no mask (it does image-to-image, not "
                           "inpainting); leave mask out")
@@ -314,3 +322,16 @@ def _check_inputs(p: DiffusionParams, r: DiffusionRecipe, steps: int, scheduler:
     check_image_sampler(r.family, scheduler, {n: s.class_name for n, s in r.schedulers.items()})
     kept = {"image": p.image, "strength": strength}
     return kept if p.mask is None else {**kept, "mask": p.mask}
+
+
+def _check_first_frame(p: DiffusionParams, r: DiffusionRecipe) -> dict[str, Any]:
+    """An image-to-video job's first frame: required; no mask, no strength (the image is a
+    condition of every step, not a start that the steps noise)."""
+    if p.image is None:
+        raise ParamsError(f"model {r.name!r} makes video from an input image (image-to-video): "
+                          "pass image, its first frame (PNG, JPEG or WebP; CLI --image)")
+    if p.mask is not None or p.strength is not None:
+        raise ParamsError(f"model {r.name!r} takes its image as the video's first frame: it "
+                          "takes no mask and no strength (those are image-to-image's); leave "
+                          "them out")
+    return {"image": p.image}
