@@ -172,7 +172,8 @@ class Client:
         """Submit ``spec`` (or one built from the keywords); returns the job as stored.
         ``adapters``: (name, scale) LoRA adapters of an image or video job, in order;
         ``image``, ``mask``: its input image and inpainting mask (PNG, JPEG or WebP bytes,
-        sent as base64 and stored by the API under their digest)."""
+        sent as base64 and stored by the API under their digest); ``image`` is also the first
+        frame of an image-to-video model's video job (which needs one)."""
         if spec is None:
             params = dict(params or {})
             for role, data in (("image", image), ("mask", mask)):

@@ -201,7 +201,7 @@ class WorkerContext:
         for job in warm_jobs():
             try:
                 runner = self.text_runner() if job.kind == "text" else self.runner(job.kind)
-                seconds = run_to_end(runner, job.params)
+                seconds = run_to_end(runner, job.chunk_params)
             except Exception:
                 log.warning("worker %s: warm-up of %s failed; its first job builds it",
                             self.name, job.recipe, exc_info=True)

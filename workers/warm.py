@@ -4,11 +4,16 @@ loaded, and the first real job runs as fast as the ones after it."""
 
 from __future__ import annotations
 
+import hashlib
+import io
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from PIL import Image
+
+from workers.diffusion.inputs import FIRST_FRAME_FAMILIES, INPUT_BYTES
 from workers.diffusion.params import validate_params
 from workers.diffusion.recipes import DIFFUSION_KINDS, diffusion_recipe
 from workers.registry import ModelRegistry, default_registry
@@ -25,6 +30,15 @@ class WarmJob:
     recipe: str
     kind: str
     params: dict[str, Any]
+    """Its validated parameters, as a submit would store them."""
+    inputs: dict[str, bytes] = field(default_factory=dict)
+    """The bytes of its inputs by role (an image-to-video model's first frame), which a worker
+    would read from the artifact store for the encode chunk."""
+
+    @property
+    def chunk_params(self) -> dict[str, Any]:
+        """``params`` as its chunks take them: with the inputs' bytes (``INPUT_BYTES``)."""
+        return {**self.params, INPUT_BYTES: self.inputs} if self.inputs else self.params
 
 
 def warm_jobs(registry: ModelRegistry | None = None,
@@ -36,18 +50,31 @@ def warm_jobs(registry: ModelRegistry | None = None,
     for name in registry.names():
         kind = registry.get(name).kind
         if kind in kinds:
-            jobs.append(WarmJob(name, kind, _params(name, kind, registry)))
+            inputs = _inputs(name, kind, registry)
+            jobs.append(WarmJob(name, kind, _params(name, kind, registry, inputs), inputs))
     return jobs
 
 
-def _params(name: str, kind: str, registry: ModelRegistry) -> dict[str, Any]:
+def _inputs(name: str, kind: str, registry: ModelRegistry) -> dict[str, bytes]:
+    """A first frame (a small grey PNG) for an image-to-video recipe, which needs one."""
+    if kind not in DIFFUSION_KINDS or diffusion_recipe(name, registry).family not in \
+            FIRST_FRAME_FAMILIES:
+        return {}
+    out = io.BytesIO()
+    Image.new("RGB", (16, 16), (128, 128, 128)).save(out, format="PNG")
+    return {"image": out.getvalue()}
+
+
+def _params(name: str, kind: str, registry: ModelRegistry, inputs: dict[str, bytes]
+            ) -> dict[str, Any]:
     if kind not in DIFFUSION_KINDS:
         return {"prompt": "warm up", "max_new_tokens": WARM_STEPS, "chunk_tokens": 1,
                 "model": name}
     conditioned = diffusion_recipe(name, registry).conditioning
     condition = {"class_label": 0} if conditioned == "class" else {"prompt": "warm up"}
+    digests = {role: "sha256:" + hashlib.sha256(data).hexdigest() for role, data in inputs.items()}
     return validate_params(kind, {"model": name, "num_inference_steps": WARM_STEPS,
-                                  **condition}, registry)
+                                  **condition, **digests}, registry)
 
 
 def run_to_end(runner: JobRunner, params: dict[str, Any]) -> float:

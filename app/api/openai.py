@@ -142,18 +142,19 @@ _IMAGE_FIELDS = {"prompt": "prompt", "model": "model", "height": "size", "width"
 
 # models ---------------------------------------------------------------------------------------
 def _card(ctx: ApiContext, recipe: RecipeFile) -> ModelCard:
-    """The recipe's card: what it takes (``inputs``) and, for an edit model, what it cannot run
-    without (``requires``); a diffusion recipe's lists the adapters that fit it."""
+    """The recipe's card: what it takes (``inputs``) and what every job of it must carry
+    (``requires``: its condition, and an edit or image-to-video model's input image); a
+    diffusion recipe's lists the adapters that fit it."""
     description = recipe.spec.get("description")
     extra: dict[str, Any] = {"description": description} if description else {}
-    extra["inputs"] = ["text"]
+    extra["inputs"] = extra["requires"] = ["text"]
     if recipe.kind in ("image", "video"):
         extra["adapters"] = adapter_registry(ctx.settings.diffusion.adapters_dir).for_base(
             recipe.name)
         family = str(recipe.spec.get("family"))
-        extra["inputs"] = accepted_inputs(family, "class" if family == "dit" else "text")
-        if required := required_inputs(family):
-            extra["requires"] = required  # an edit model refuses a job without its image
+        conditioning = "class" if family == "dit" else "text"
+        extra["inputs"] = accepted_inputs(family, conditioning)
+        extra["requires"] = required_inputs(family, conditioning)
     return ModelCard(id=recipe.name, created=int(recipe.path.stat().st_mtime),
                      stepline={"kind": recipe.kind, **extra})
 

@@ -28,7 +28,9 @@ def submit(
         "stepline adapter list); repeat to apply several in order.")] = None,
     deadline_s: Annotated[Optional[float], typer.Option(help="Deadline, seconds from now.")] = None,
     image: Annotated[Optional[Path], typer.Option(help="Input image (PNG, JPEG, WebP): image-to-"
-                                                  "image.", exists=True, dir_okay=False)] = None,
+                                                  "image, or the first frame of an image-to-video "
+                                                  "model's video (kind video, which needs one).",
+                                                  exists=True, dir_okay=False)] = None,
     mask: Annotated[Optional[Path], typer.Option(help="Inpainting mask of --image.", exists=True,
                                                  dir_okay=False)] = None,
     shed_if_late: Annotated[bool, typer.Option(

@@ -449,10 +449,13 @@ def test_models_say_which_inputs_each_recipe_takes(client: openai.OpenAI) -> Non
     assert inputs["flux-tiny"] == inputs["sd35-tiny"] == ["text", "image", "mask"]
     # and an edit model says it cannot run without its image
     kontext = next(m for m in client.models.list() if m.id == "flux-kontext-tiny")
-    assert (kontext.model_extra or {})["stepline"]["requires"] == ["image"]
+    assert (kontext.model_extra or {})["stepline"]["requires"] == ["text", "image"]
     assert inputs["flux-kontext-tiny"] == ["text", "image"]
     assert inputs["dit-tiny"] == ["class"]
     assert inputs[TEXT_MODEL] == ["text"]
+    assert inputs["wan22-i2v-tiny"] == ["text", "image"]  # image-to-video: the first frame
+    requires = {m.id: (m.model_extra or {})["stepline"]["requires"] for m in client.models.list()}
+    assert requires["wan22-i2v-tiny"] == ["text", "image"] and requires[IMAGE_MODEL] == ["text"]
 
 
 def test_an_uploaded_input_is_named_by_digest_and_a_json_job_may_carry_it_or_base64(

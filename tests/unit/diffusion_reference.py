@@ -1,15 +1,19 @@
 """How to call each family's own diffusers pipeline, uninterrupted: the reference every
 exactness test compares Stepline's chunked runs against. A new family is one entry in CALLS;
 a family with an img2img pipeline of its own one in IMAGE_CALLS too (an image-conditioned job
-is compared with that), and one with an inpaint pipeline one in MASK_CALLS (a job with a mask)."""
+is compared with that), and one with an inpaint pipeline one in MASK_CALLS (a job with a mask).
+A job that names :data:`INPUT_IMAGE` (an edit or image-to-video job's image) gets its bytes
+from :func:`with_inputs`, as a worker hands them to its chunks."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from diffusers import (
     DiTPipeline,
@@ -22,6 +26,7 @@ from diffusers import (
     StableDiffusion3Img2ImgPipeline,
     StableDiffusion3InpaintPipeline,
     StableDiffusion3Pipeline,
+    WanImageToVideoPipeline,
     WanPipeline,
     ZImagePipeline,
 )
@@ -29,6 +34,25 @@ from PIL import Image
 
 from workers.diffusion.components import DiffusionComponents
 from workers.diffusion.inputs import INPUT_BYTES, is_conditioned
+
+
+def _random_png(width: int, height: int, seed: int) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG")
+    return out.getvalue()
+
+
+INPUT_IMAGE = _random_png(40, 24, seed=5)
+"""An edit or image-to-video job's input: random RGB (not flat), of another size than the job's."""
+INPUT_IMAGE_DIGEST = "sha256:" + hashlib.sha256(INPUT_IMAGE).hexdigest()
+
+
+def with_inputs(p: Mapping[str, Any]) -> dict[str, Any]:
+    """Validated params ``p`` with the bytes of :data:`INPUT_IMAGE` where they name it."""
+    if p.get("image") != INPUT_IMAGE_DIGEST:
+        return dict(p)
+    return {**p, INPUT_BYTES: {"image": INPUT_IMAGE}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +115,33 @@ def _wan(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
     pipe = _quiet(WanPipeline(tokenizer=c.tokenizer, text_encoder=c.text_encoder, vae=c.vae,
                               transformer=c.transformer, scheduler=scheduler, **experts))
     return _kept(pipe, "frames", num_frames=p["num_frames"], **_text(c, p), **common)
+
+
+def _input_image(p: Mapping[str, Any]) -> Image.Image:
+    """The job's input image as the pipeline takes it (an edit or image-to-video job's image
+    conditions every step; it is not in ``common``)."""
+    with Image.open(io.BytesIO(p[INPUT_BYTES]["image"])) as opened:
+        return opened.convert("RGB")
+
+
+def _wan_i2v(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
+             common: dict[str, Any]) -> Reference:
+    """Wan 2.2 image-to-video. Its ``prompt_clean`` calls ftfy unguarded (diffusers 0.42.1),
+    which is not installed; its prompt encoding is otherwise WanPipeline's line for line, so the
+    prompt and negative embeddings come from ``WanPipeline.encode_prompt``."""
+    text = WanPipeline(tokenizer=c.tokenizer, text_encoder=c.text_encoder, vae=c.vae,
+                       transformer=c.transformer, scheduler=scheduler)
+    embeds, negative = text.encode_prompt(p["prompt"], p["negative_prompt"],
+                                          float(p["guidance_scale"]) > 1.0,
+                                          max_sequence_length=c.recipe.text_max_length)
+    pipe = _quiet(WanImageToVideoPipeline(
+        tokenizer=c.tokenizer, text_encoder=c.text_encoder, vae=c.vae, scheduler=scheduler,
+        transformer=c.transformer, transformer_2=c.transformer_2,
+        boundary_ratio=c.recipe.boundary_ratio))
+    return _kept(pipe, "frames", image=_input_image(p), prompt_embeds=embeds,
+                 negative_prompt_embeds=negative, height=p["height"], width=p["width"],
+                 num_frames=p["num_frames"], output_type="pt",
+                 guidance_scale_2=p["guidance_scale_2"], **common)
 
 
 def _flux(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
@@ -185,8 +236,9 @@ CALLS: dict[str, Call] = {
     "pixart": _pixart,
     "wan": _wan,
     "wan22": _wan,  # WanPipeline with transformer_2 and boundary_ratio
+    "wan22_i2v": _wan_i2v,  # WanImageToVideoPipeline, the same, no image encoder
     "flux": _flux,
-    "flux_kontext": _flux_kontext,  # an edit model: every job has an image (IMAGE_CALLS too)
+    "flux_kontext": _flux_kontext,  # an edit model: every job has an image
     "sd3": _sd3,
     "qwen_image": _qwen_image,
     "zimage": _zimage,
@@ -194,7 +246,6 @@ CALLS: dict[str, Call] = {
 """Each family's pipeline ``__call__`` on the recipe's own modules."""
 IMAGE_CALLS: dict[str, Call] = {
     "flux": _flux_img2img,
-    "flux_kontext": _flux_kontext,
     "sd3": _sd3_img2img,
 }
 """Each family's img2img pipeline ``__call__``, for a job with an input image (PixArt has
@@ -224,8 +275,7 @@ def reference_run(c: DiffusionComponents, p: Mapping[str, Any],
         return CALLS[c.recipe.family](c, p, scheduler, common)
     with Image.open(io.BytesIO(p[INPUT_BYTES]["image"])) as opened:
         image = opened.convert("RGB")
-    strength = {"strength": p["strength"]} if "strength" in p else {}  # none on an edit model
-    conditioned = {**common, "image": image, **strength}
+    conditioned = {**common, "image": image, "strength": p["strength"]}
     if p.get("mask") is None:
         return IMAGE_CALLS[c.recipe.family](c, p, scheduler, conditioned)
     with Image.open(io.BytesIO(p[INPUT_BYTES]["mask"])) as opened:

@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.unit.test_diffusion_exactness import EDIT_IMAGE_DIGEST, with_inputs
+from tests.unit.test_diffusion_exactness import INPUT_IMAGE_DIGEST, with_inputs
 from workers.checkpoint import Checkpoint
 from workers.diffusion import validate_params
 from workers.diffusion.batching import batch_groups, decode_together
@@ -71,7 +71,7 @@ MIXED_JOBS: dict[str, tuple[str, list[dict[str, Any]]]] = {
         {"prompt": "a cat"}, {"prompt": "a dog", "negative_prompt": "fog", "true_cfg_scale": 2.0},
         {"prompt": "a car", "scheduler": "unipc"}, {"prompt": "a sky"})]),
     "flux-kontext-tiny": ("image", [  # an edit model: each job with its input image
-        {"model": "flux-kontext-tiny", "image": EDIT_IMAGE_DIGEST, **raw} for raw in (
+        {"model": "flux-kontext-tiny", "image": INPUT_IMAGE_DIGEST, **raw} for raw in (
             {"prompt": "a cat"},
             {"prompt": "a dog", "negative_prompt": "fog", "true_cfg_scale": 2.0},
             {"prompt": "a red car", "scheduler": "unipc", "guidance_scale": 5.0},

@@ -9,23 +9,18 @@ one chunk lost to a crash and rerun. The reference is the family's pipeline ``__
 
 from __future__ import annotations
 
-import hashlib
-import io
 import random
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 
-from tests.unit.diffusion_reference import CALLS, reference_run
+from tests.unit.diffusion_reference import CALLS, INPUT_IMAGE_DIGEST, reference_run, with_inputs
 from workers.checkpoint import Checkpoint
 from workers.diffusion import get_runner, validate_params
 from workers.diffusion.blockwise import full_forward
 from workers.diffusion.components import DiffusionComponents, clear_component_cache
-from workers.diffusion.inputs import INPUT_BYTES
 from workers.diffusion.pipelines import ADAPTERS, FAMILIES
 from workers.diffusion.recipes import diffusion_recipe
 from workers.diffusion.runner import DiffusionRunner
@@ -33,25 +28,6 @@ from workers.diffusion.zimage import model_inputs
 
 pytestmark = pytest.mark.timeout(180)
 
-
-def _edit_image() -> bytes:
-    """A random RGB PNG of another size than its job's (the edit model resizes it)."""
-    pixels = np.random.default_rng(5).integers(0, 256, (24, 40, 3), dtype=np.uint8)
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, format="PNG")
-    return out.getvalue()
-
-
-EDIT_IMAGE = _edit_image()
-"""The input image of an edit model's job here (an edit model makes nothing without one)."""
-EDIT_IMAGE_DIGEST = "sha256:" + hashlib.sha256(EDIT_IMAGE).hexdigest()
-
-
-def with_inputs(params: Mapping[str, Any]) -> dict[str, Any]:
-    """``params`` with the bytes of its input image, as a worker hands them to its chunks."""
-    if params.get("image") != EDIT_IMAGE_DIGEST:
-        return dict(params)
-    return {**params, INPUT_BYTES: {"image": EDIT_IMAGE}}
 
 JOBS: dict[str, tuple[str, dict[str, Any], tuple[str, ...]]] = {
     "dit-tiny": ("image", {"class_label": 207, "guidance_scale": 4.0}, ("ddim", "dpmpp_2m")),
@@ -62,6 +38,9 @@ JOBS: dict[str, tuple[str, dict[str, Any], tuple[str, ...]]] = {
     "wan22-tiny": ("video", {"prompt": "a kite over dunes", "negative_prompt": "static",
                              "num_frames": 9, "guidance_scale": 5.0, "guidance_scale_2": 3.0},
                    ("unipc", "flow_match_heun")),
+    "wan22-i2v-tiny": ("video", {"prompt": "a kite over dunes", "negative_prompt": "static",
+                                 "num_frames": 9, "guidance_scale": 5.0, "guidance_scale_2": 3.0,
+                                 "image": INPUT_IMAGE_DIGEST}, ("unipc", "flow_match_euler")),
     "flux-tiny": ("image", {"prompt": "a lighthouse at dawn", "negative_prompt": "fog",
                             "height": 32, "width": 48, "guidance_scale": 3.5,
                             "true_cfg_scale": 2.0}, ("flow_match_euler", "unipc")),
@@ -72,7 +51,7 @@ JOBS: dict[str, tuple[str, dict[str, Any], tuple[str, ...]]] = {
                         ("flow_match_euler", "unipc")),
     "flux-kontext-tiny": ("image", {"prompt": "make it dusk", "negative_prompt": "fog",
                                     "height": 32, "width": 48, "guidance_scale": 2.5,
-                                    "true_cfg_scale": 2.0, "image": EDIT_IMAGE_DIGEST},
+                                    "true_cfg_scale": 2.0, "image": INPUT_IMAGE_DIGEST},
                           ("flow_match_euler", "unipc")),
     "zimage-tiny": ("image", {"prompt": "a lighthouse at dawn", "negative_prompt": "fog",
                               "height": 32, "width": 48, "guidance_scale": 3.0},

@@ -17,7 +17,7 @@ import torch
 import yaml
 from diffusers import StableDiffusion3Pipeline
 
-from tests.unit.test_diffusion_exactness import EDIT_IMAGE_DIGEST, with_inputs
+from tests.unit.diffusion_reference import INPUT_IMAGE_DIGEST, with_inputs
 from workers.checkpoint import Checkpoint
 from workers.diffusion import get_runner, validate_params
 from workers.diffusion.components import (
@@ -48,8 +48,8 @@ def _digest(name: str) -> str:
 def test_every_diffusion_recipe_parses_with_image_and_video_kinds() -> None:
     names = {r.name: r.kind for r in diffusion_recipes("image") + diffusion_recipes("video")}
     assert names == {"dit-tiny": "image", "pixart-tiny": "image", "wan-tiny": "video",
-                     "wan22-tiny": "video", "sd35-tiny": "image", "flux-tiny": "image",
-                     "qwen-image-tiny": "image", "zimage-tiny": "image",
+                     "wan22-tiny": "video", "wan22-i2v-tiny": "video", "sd35-tiny": "image",
+                     "flux-tiny": "image", "qwen-image-tiny": "image", "zimage-tiny": "image",
                      "flux-kontext-tiny": "image"}
 
 
@@ -106,13 +106,16 @@ RECIPES = [r.name for kind in ("image", "video") for r in diffusion_recipes(kind
 JOBS: dict[str, dict[str, Any]] = {
     "dit-tiny": {"class_label": 207},
     "wan22-tiny": {"prompt": "a kite", "num_inference_steps": 4, "guidance_scale_2": 2.0},
+    "wan22-i2v-tiny": {"prompt": "a kite", "num_inference_steps": 4, "guidance_scale_2": 2.0,
+                       "image": INPUT_IMAGE_DIGEST},
     "flux-tiny": {"prompt": "a lighthouse", "negative_prompt": "fog", "true_cfg_scale": 2.0},
     "qwen-image-tiny": {"prompt": "a lighthouse", "negative_prompt": "fog",
                         "true_cfg_scale": 2.0},
-    "flux-kontext-tiny": {"prompt": "make it dusk", "image": EDIT_IMAGE_DIGEST},
+    "flux-kontext-tiny": {"prompt": "make it dusk", "image": INPUT_IMAGE_DIGEST},
 }
 """A job per recipe (default: a prompt, two steps); Wan 2.2's four steps cross its boundary;
-an edit model's with its input image (``with_inputs`` hands the job its bytes)."""
+an edit model's and the image-to-video model's with their input image (``with_inputs`` hands
+the job its bytes)."""
 
 
 def save_pipeline(c: DiffusionComponents, folder: Path) -> None:

@@ -24,8 +24,7 @@ import torch
 import yaml
 from diffusers.schedulers import KarrasDiffusionSchedulers
 
-from tests.unit.diffusion_reference import reference_run
-from tests.unit.test_diffusion_exactness import EDIT_IMAGE_DIGEST, with_inputs
+from tests.unit.diffusion_reference import INPUT_IMAGE_DIGEST, reference_run, with_inputs
 from workers.checkpoint import Checkpoint
 from workers.diffusion import get_runner, samplers, validate_params
 from workers.diffusion.components import DiffusionComponents, clear_component_cache
@@ -55,6 +54,9 @@ JOBS: dict[str, tuple[str, dict[str, Any]]] = {
                            "num_frames": 5, "height": 16, "width": 32}),
     "wan22-tiny": ("video", {"prompt": "a kite over dunes", "negative_prompt": "static",
                              "num_frames": 5, "height": 16, "width": 32, "guidance_scale_2": 2.0}),
+    "wan22-i2v-tiny": ("video", {"prompt": "a kite over dunes", "negative_prompt": "static",
+                                 "num_frames": 5, "height": 16, "width": 32,
+                                 "guidance_scale_2": 2.0, "image": INPUT_IMAGE_DIGEST}),
     "sd35-tiny": ("image", {"prompt": "A lighthouse at dawn", "negative_prompt": "blurry",
                             "height": 32, "width": 64}),
     "flux-tiny": ("image", {"prompt": "a lighthouse at dawn", "negative_prompt": "fog",
@@ -63,7 +65,7 @@ JOBS: dict[str, tuple[str, dict[str, Any]]] = {
                                   "true_cfg_scale": 1.5}),
     "zimage-tiny": ("image", {"prompt": "a lighthouse at dawn", "negative_prompt": "fog"}),
     "flux-kontext-tiny": ("image", {"prompt": "make it dusk", "negative_prompt": "fog",
-                                    "true_cfg_scale": 1.5, "image": EDIT_IMAGE_DIGEST}),
+                                    "true_cfg_scale": 1.5, "image": INPUT_IMAGE_DIGEST}),
 }
 
 

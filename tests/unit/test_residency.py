@@ -397,10 +397,11 @@ def test_a_load_never_measured_is_expected_as_long_as_this_workers_others_from_i
     assert seen == [{"model": "c", "since": 0.0, "expected_s": 2.0, "from": "disk"}]
 
 
-def test_both_wan22_experts_are_counted_in_the_models_bytes_and_move_with_it() -> None:
-    # given a residency with a host tier and the two-expert Wan 2.2 recipe
+@pytest.mark.parametrize("model", ["wan22-tiny", "wan22-i2v-tiny"])
+def test_both_wan22_experts_are_counted_in_the_models_bytes_and_move_with_it(model: str) -> None:
+    # given a residency with a host tier and a two-expert Wan 2.2 recipe (text- or image-to-video)
     r = ModelResidency(host_budget_bytes=None)
-    recipe = diffusion_recipe("wan22-tiny")
+    recipe = diffusion_recipe(model)
     key = component_key(recipe)
     # when the model is acquired, then evicted to host memory by a budget too small for it
     c = r.acquire(key, lambda: build_components(recipe), DIFFUSION_RESIDENT)

@@ -48,11 +48,6 @@ class FluxKontextFamily(FluxFamily):
         return [{**cond, "image_latents": _image_latents(c, p)}
                 for cond, p in zip(conds, ps, strict=True)]
 
-    def image_latents(self, c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
-                      gen: torch.Generator) -> torch.Tensor:
-        """Pure noise, as for a text-to-image job: the image conditions, it is not noised."""
-        return self.init_latents(c, p, scheduler, gen)
-
     def passes(
         self, c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any, latents: torch.Tensor,
         t: torch.Tensor, cond: Tensors,

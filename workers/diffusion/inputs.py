@@ -31,6 +31,10 @@ MASK_FAMILIES = frozenset({"flux", "sd3"})
 """Families that inpaint with a ``mask`` of their input image, as their inpaint pipelines do
 (``FluxInpaintPipeline``, ``StableDiffusion3InpaintPipeline``; see
 :mod:`workers.diffusion.inpainting`); a job with a mask on any other model is refused."""
+FIRST_FRAME_FAMILIES = frozenset({"wan22_i2v"})
+"""Video families whose every job takes an input image as its first frame (image-to-video,
+``WanImageToVideoPipeline``): a condition beside the noise, not a start to noise, so no
+``strength``."""
 INPUT_BYTES = "input_bytes"
 """The parameter under which a worker hands a job's chunk the bytes of its inputs (role →
 bytes), read from the artifact store by digest; never stored with the job."""
@@ -40,24 +44,28 @@ DEFAULT_STRENGTH = 0.8
 
 def accepted_inputs(family: str, conditioning: str) -> list[str]:
     """What a model of ``family`` takes: its condition (``text`` or ``class``), then ``image``
-    and ``mask`` where it takes them (``/v1/models`` lists these)."""
+    and ``mask`` where it takes them (``/v1/models`` lists these; see :func:`required_inputs`)."""
     inputs = [conditioning]
-    if family in IMAGE_FAMILIES:
+    if family in IMAGE_FAMILIES | FIRST_FRAME_FAMILIES:
         inputs.append("image")
     if family in MASK_FAMILIES:
         inputs.append("mask")
     return inputs
 
 
-def required_inputs(family: str) -> list[str]:
-    """What a model of ``family`` cannot run without besides its condition: an edit model's
-    ``image`` (``/v1/models`` lists these as ``requires``)."""
-    return ["image"] if family in EDIT_FAMILIES else []
+def required_inputs(family: str, conditioning: str) -> list[str]:
+    """Those of :func:`accepted_inputs` every job of a ``family`` model must carry: its
+    condition, and the input image of an edit model or an image-to-video model
+    (``/v1/models`` lists these as ``requires``)."""
+    needs_image = family in EDIT_FAMILIES or family in FIRST_FRAME_FAMILIES
+    return [conditioning, *(["image"] if needs_image else [])]
 
 
 def is_conditioned(p: Mapping[str, Any]) -> bool:
-    """The job starts from an input image."""
-    return p.get("image") is not None
+    """The job starts from an input image (image-to-image: it carries the ``strength`` it runs
+    at). An image-to-video job's image is its first frame, a condition beside pure noise: its
+    job starts from noise, as a text-to-video job does."""
+    return p.get("image") is not None and p.get("strength") is not None
 
 
 def first_timestep(steps: int, strength: float, family: str) -> int:

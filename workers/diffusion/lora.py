@@ -34,7 +34,8 @@ from workers.errors import ParamsError
 from workers.residency import adapters_to_unload
 
 PIPELINES = {"dit": "DiTPipeline", "pixart": "PixArtSigmaPipeline", "wan": "WanPipeline",
-             "wan22": "WanPipeline", "sd3": "StableDiffusion3Pipeline",
+             "wan22": "WanPipeline", "wan22_i2v": "WanImageToVideoPipeline",
+             "sd3": "StableDiffusion3Pipeline",
              "flux": "FluxPipeline", "flux_kontext": "FluxKontextPipeline",
              "qwen_image": "QwenImagePipeline",
              "zimage": "ZImagePipeline"}

@@ -23,6 +23,7 @@ from workers.diffusion.inputs import (
     DEFAULT_STRENGTH,
     DIGEST_PATTERN,
     EDIT_FAMILIES,
+    FIRST_FRAME_FAMILIES,
     IMAGE_FAMILIES,
     MASK_FAMILIES,
     check_image_sampler,
@@ -85,8 +86,9 @@ class DiffusionParams(BaseModel):
     """A step cache (``{"kind": "first_block", "threshold": 0.05}``): faster steps whose output
     differs from the uncached run's; none: every block of every step runs."""
     image: str | None = Field(default=None, pattern=DIGEST_PATTERN)
-    """Input image to start from (image-to-image), by the digest the artifact store keeps it
-    under (``sha256:<hex>``; the API turns an uploaded or base64 image into it)."""
+    """Input image to start from (image-to-image), or the first frame of an image-to-video
+    model's video (which needs one), by the digest the artifact store keeps it under
+    (``sha256:<hex>``; the API turns an uploaded or base64 image into it)."""
     mask: str | None = Field(default=None, pattern=DIGEST_PATTERN)
     """Inpainting mask of ``image`` (same size, one channel), by digest."""
     strength: float | None = Field(default=None, gt=0, le=1)
@@ -118,7 +120,9 @@ def _default_model(
     kind: str, p: DiffusionParams, registry: ModelRegistry | None
 ) -> DiffusionRecipe:
     wanted = "class" if p.class_label is not None and p.prompt is None else "text"
-    candidates = [r for r in diffusion_recipes(kind, registry) if r.conditioning == wanted]
+    first_frame = kind == "video" and p.image is not None  # image-to-video: a model that needs one
+    candidates = [r for r in diffusion_recipes(kind, registry) if r.conditioning == wanted
+                  and (r.family in FIRST_FRAME_FAMILIES) == first_frame]
     if not candidates:
         raise ParamsError(f"no {kind} model takes a {wanted} condition; pass model= explicitly")
     return sorted(candidates, key=lambda r: (not r.default, r.name))[0]
@@ -300,17 +304,21 @@ def _true_cfg(p: DiffusionParams, r: DiffusionRecipe) -> dict[str, float]:
 def _check_inputs(p: DiffusionParams, r: DiffusionRecipe, steps: int, scheduler: str
                   ) -> dict[str, Any]:
     """The job's input image, mask and strength, each refused on a model that takes none; a
-    job without an image carries none of them, as before inputs existed. An edit model
-    requires the image and takes neither mask nor strength."""
+    job without an image carries none of them, as before inputs existed. An edit model and an
+    image-to-video model require the image and take neither mask nor strength."""
     if r.family in EDIT_FAMILIES:
         return _check_edit_inputs(p, r)
+    if r.family in FIRST_FRAME_FAMILIES:
+        return _check_first_frame(p, r)
     if p.image is None:
         if p.mask is not None or p.strength is not None:
             raise ParamsError("mask and strength condition an input image; pass image too")
         return {}
     if r.family not in IMAGE_FAMILIES:
         raise ParamsError(f"model {r.name!r} takes no input image (family {r.family}); models "
-                          f"of the families {', '.join(sorted(IMAGE_FAMILIES))} do")
+                          f"of the families {', '.join(sorted(IMAGE_FAMILIES))} do "
+                          f"(image-to-image), and of {', '.join(sorted(FIRST_FRAME_FAMILIES))} "
+                          "(image-to-video)")
     if p.mask is not None and r.family not in MASK_FAMILIES:
         raise ParamsError(f"model {r.name!r} takes no mask (it does image-to-image, not "
                           "inpainting); leave mask out, or use a model of the families "
@@ -331,4 +339,17 @@ def _check_edit_inputs(p: DiffusionParams, r: DiffusionRecipe) -> dict[str, Any]
     if p.mask is not None or p.strength is not None:
         raise ParamsError(f"model {r.name!r} is an edit model: its image conditions every step "
                           "whole, so it takes no mask and no strength; leave them out")
+    return {"image": p.image}
+
+
+def _check_first_frame(p: DiffusionParams, r: DiffusionRecipe) -> dict[str, Any]:
+    """An image-to-video job's first frame: required; no mask, no strength (the image is a
+    condition of every step, not a start that the steps noise)."""
+    if p.image is None:
+        raise ParamsError(f"model {r.name!r} makes video from an input image (image-to-video): "
+                          "pass image, its first frame (PNG, JPEG or WebP; CLI --image)")
+    if p.mask is not None or p.strength is not None:
+        raise ParamsError(f"model {r.name!r} takes its image as the video's first frame: it "
+                          "takes no mask and no strength (those are image-to-image's); leave "
+                          "them out")
     return {"image": p.image}

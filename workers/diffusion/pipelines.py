@@ -19,6 +19,7 @@ from workers.diffusion.flux_kontext import FluxKontextFamily
 from workers.diffusion.qwen_image import QwenImageBlockwise, QwenImageFamily
 from workers.diffusion.sd3 import SD3Blockwise, SD3Family
 from workers.diffusion.wan22 import Wan22Family
+from workers.diffusion.wan22_i2v import Wan22ImageToVideoFamily
 from workers.diffusion.zimage import ZImageBlockwise, ZImageFamily
 
 FAMILIES: dict[str, PipelineFamily] = {
@@ -26,6 +27,7 @@ FAMILIES: dict[str, PipelineFamily] = {
     "pixart": PixArtFamily(),
     "wan": WanFamily(),
     "wan22": Wan22Family(),
+    "wan22_i2v": Wan22ImageToVideoFamily(),
     "sd3": SD3Family(),
     "flux": FluxFamily(),
     "flux_kontext": FluxKontextFamily(),
@@ -39,6 +41,7 @@ ADAPTERS: dict[str, BlockwiseForward] = {
     "pixart": PixArtBlockwise(),
     "wan": WanBlockwise(),
     "wan22": WanBlockwise(),  # both experts are WanTransformer3DModel
+    "wan22_i2v": WanBlockwise(),  # the condition is in hidden_states: no image embedding
     "sd3": SD3Blockwise(),
     "flux": FluxBlockwise(),
     "flux_kontext": FluxBlockwise(),  # the image tokens ride in the image stream

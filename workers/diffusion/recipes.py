@@ -16,6 +16,8 @@ from workers.errors import ModelConfigError
 from workers.registry import ModelRegistry, RecipeFile, default_registry
 
 DIFFUSION_KINDS = ("image", "video")
+EXPERT_FAMILIES = frozenset({"wan22", "wan22_i2v"})
+"""Families of two expert transformers switched at a ``boundary_ratio`` (Wan 2.2)."""
 
 
 class ComponentSpec(BaseModel):
@@ -61,10 +63,11 @@ class DiffusionRecipe(BaseModel):
 
     name: str
     kind: Literal["image", "video"]
-    family: Literal["dit", "pixart", "wan", "wan22", "sd3", "flux", "flux_kontext", "qwen_image",
-                    "zimage"]
+    family: Literal["dit", "pixart", "wan", "wan22", "wan22_i2v", "sd3", "flux", "flux_kontext",
+                    "qwen_image", "zimage"]
     """Which pipeline's arithmetic the runner reproduces (DiTPipeline, PixArt, WanPipeline;
-    ``wan22``: WanPipeline with two expert transformers; ``sd3``: StableDiffusion3Pipeline;
+    ``wan22``: WanPipeline with two expert transformers; ``wan22_i2v``: Wan 2.2's
+    WanImageToVideoPipeline, two experts and no image encoder; ``sd3``: StableDiffusion3Pipeline;
     ``flux``: FluxPipeline; ``flux_kontext``: FluxKontextPipeline; ``qwen_image``:
     QwenImagePipeline; ``zimage``: ZImagePipeline)."""
     description: str = ""
@@ -195,13 +198,15 @@ def _check_dit_sizes(r: DiffusionRecipe, path: Path) -> None:
 
 
 def _check_experts(r: DiffusionRecipe, path: Path) -> None:
-    """A ``wan22`` recipe has both experts and their boundary; no other recipe has either."""
+    """A ``wan22`` or ``wan22_i2v`` recipe has both experts and their boundary; no other recipe
+    has either."""
     two = r.transformer_2 is not None and r.boundary_ratio is not None
-    if two != (r.family == "wan22") or (r.transformer_2 is None) != (r.boundary_ratio is None):
+    half = (r.transformer_2 is None) != (r.boundary_ratio is None)
+    if two != (r.family in EXPERT_FAMILIES) or half:
         raise ModelConfigError(
             f"model recipe {path}: family {r.family!r} with transformer_2 "
             f"{'set' if r.transformer_2 else 'unset'} and boundary_ratio {r.boundary_ratio}; "
-            "family wan22 takes both, every other family neither")
+            "families wan22 and wan22_i2v take both, every other family neither")
 
 
 def _check_text_parts(r: DiffusionRecipe, path: Path) -> None:

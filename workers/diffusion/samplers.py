@@ -203,6 +203,7 @@ FAMILY_RULES: dict[str, FamilyRule] = {
     "pixart": FamilyRule(Space.DDPM, unit_init_noise=False),
     "wan": FamilyRule(Space.FLOW, unit_init_noise=False),
     "wan22": FamilyRule(Space.FLOW, unit_init_noise=False),
+    "wan22_i2v": FamilyRule(Space.FLOW, unit_init_noise=False),
     "sd3": FamilyRule(Space.FLOW, unit_init_noise=False),
     "flux": FamilyRule(Space.FLOW, unit_init_noise=False, refused={
         **{name: (f"FluxPipeline sets the timesteps from sigmas and a shift mu, and {name}'s "
