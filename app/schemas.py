@@ -53,8 +53,10 @@ class JobDetail(JobSummary):
     )
     deadline_met: bool | None = Field(default=None, description="Finished by its deadline.")
     degraded: dict[str, Any] | None = Field(
-        default=None, description="Set when admission ran the job at fewer steps than asked "
-                                  "(its quality_floor allowed it): steps, full_steps, reason.")
+        default=None, description="Set when admission ran the job at a lower level than asked "
+                                  "(its quality_floor allowed it): steps, full_steps, reason, "
+                                  "meets, and step_cache, height, width, work_share when "
+                                  "they changed.")
     result_url: str | None = Field(default=None, description="Where the artifact is served.")
 
 

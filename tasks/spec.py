@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from scheduler.lifecycle import SloClass
+from workers.diffusion.cache_params import StepCacheParams
 
 JobKindName = Literal["simulated", "image", "video", "text"]
 
@@ -95,12 +96,32 @@ class SimulatedParams(BaseModel):
 class QualityFloor(BaseModel):
     """How far a job may be degraded under overload instead of missing its deadline
     (``scheduler.degradation``): an image or video job (``num_inference_steps``) or a
-    simulated one (``steps``) may then run at as few as ``min_steps`` steps."""
+    simulated one (``steps``) may then run at as few as ``min_steps`` steps; an image or video
+    job also with the ``step_cache`` it accepts, and at a size down to ``min_height`` x
+    ``min_width`` (on the model's size grid)."""
 
     model_config = ConfigDict(extra="forbid")
 
     min_steps: int = Field(ge=1, le=100_000,
                            description="The fewest steps the job accepts (1 to its own steps).")
+    step_cache: StepCacheParams | None = Field(
+        default=None,
+        description="A step cache the job accepts (e.g. {\"kind\": \"first_block\", "
+                    "\"threshold\": 0.1}); image and video jobs of a model that takes one, "
+                    "asked without a cache. Default: always uncached.")
+    min_height: int | None = Field(
+        default=None, ge=1, le=16_384,
+        description="The smallest height the job accepts (a multiple of the model's size "
+                    "step, at most its own height). Default: its own height.")
+    min_width: int | None = Field(
+        default=None, ge=1, le=16_384,
+        description="The smallest width the job accepts (as min_height). Default: its own "
+                    "width.")
+
+    def lowers_more_than_steps(self) -> bool:
+        """Whether the floor allows a cache or a smaller size (image and video jobs only)."""
+        return self.step_cache is not None or self.min_height is not None \
+            or self.min_width is not None
 
 
 class JobSpec(BaseModel):
@@ -130,8 +151,9 @@ class JobSpec(BaseModel):
     )
     quality_floor: QualityFloor | None = Field(
         default=None,
-        description="Under overload, allow running at fewer steps (down to min_steps) when "
-                    "the job would otherwise miss its deadline; the level chosen is in its "
+        description="Under overload, allow running at fewer steps (down to min_steps), with "
+                    "an accepted step cache or at a smaller size, when the job would otherwise "
+                    "miss its deadline; the level chosen is in its "
                     "events and its record. Default: never degraded.",
     )
     exact: bool | None = Field(

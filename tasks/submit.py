@@ -24,8 +24,8 @@ from scheduler import (
     Tier,
     decide_submit,
 )
-from scheduler.cost import CostModel, chunk_cost_key, chunk_kind
-from scheduler.degradation import Degradation, QualityLadder, choose_steps
+from scheduler.cost import CostModel
+from scheduler.degradation import Degradation, choose_level
 from scheduler.lifecycle import JobState, SloClass
 from tasks import keys
 from tasks.adapter import configured_policy
@@ -38,6 +38,7 @@ from tasks.dispatch import (
 )
 from tasks.errors import InvalidJob, Overloaded
 from tasks.load_estimates import LearnedLoads
+from tasks.quality_floor import check_floor, level_params, quality_ladder
 from tasks.record import JobRecord
 from tasks.script_batch import ScriptBatch
 from tasks.settings import Settings
@@ -82,41 +83,6 @@ def validate_params(kind: str, params: dict[str, Any],
     except ParamsError as exc:
         raise InvalidJob(f"invalid {kind} params: {exc}") from exc
     raise InvalidJob(f"unknown job kind {kind!r}; use simulated, image, video or text")
-
-
-STEPS_PARAM = {"image": "num_inference_steps", "video": "num_inference_steps",
-               "simulated": "steps"}
-"""The parameter a quality floor lowers, per kind that can be degraded."""
-
-
-def full_steps(kind: str, params: dict[str, Any], min_steps: int) -> int:
-    """The steps a job asked for (validated ``params``); :class:`InvalidJob` when its quality
-    floor cannot apply (a kind without steps, or a floor above them)."""
-    if kind not in STEPS_PARAM:
-        raise InvalidJob(f"quality_floor applies to {', '.join(STEPS_PARAM)} jobs, not {kind}")
-    steps = int(params[STEPS_PARAM[kind]])
-    if min_steps > steps:
-        raise InvalidJob(f"quality_floor.min_steps={min_steps} is more than the job's "
-                         f"{STEPS_PARAM[kind]}={steps}; use 1 to {steps}")
-    return steps
-
-
-def quality_ladder(plan: ChunkPlan, steps: int, min_steps: int, cost: CostModel
-                   ) -> QualityLadder:
-    """The job's levels priced by the cost model: its encode, decode and prefill chunks are run
-    at every level, its other chunks (the steps, all their evaluations) scale with the steps."""
-    fixed_s = step_total_s = 0.0
-    for name, units in zip(plan.names, plan.cost_units, strict=True):
-        seconds = cost.estimate_step_s(chunk_cost_key(plan.cost_key, name), units=units)
-        if chunk_kind(name) in FIXED_CHUNKS:
-            fixed_s += seconds
-        else:
-            step_total_s += seconds
-    return QualityLadder(full_steps=steps, min_steps=min_steps, step_s=step_total_s / steps,
-                         fixed_s=fixed_s)
-
-
-FIXED_CHUNKS = frozenset({"encode", "decode", "prefill"})
 
 
 def prepare_submits(jobs: Iterable[tuple[str, dict[str, Any]]]) -> None:
@@ -253,13 +219,13 @@ class JobService:
         for dep in spec.depends_on:
             self.store.state(dep)  # raises JobNotFound for an unknown dependency
         if spec.quality_floor is not None:
-            full_steps(spec.kind, params, spec.quality_floor.min_steps)  # refuses a bad floor
+            check_floor(spec.kind, params, spec.quality_floor)  # refuses a bad floor
         target_s = self.settings.scheduler.slo_classes[spec.slo.value].target_s
         return Prepared(spec, plan, group, spec.deadline_s or target_s)
 
     def _degrade_all(self, prepared: list[Prepared], policy: PolicyConfig,
                      admission: AdmissionStatus | None, now_s: float) -> list[Prepared]:
-        """Each job that gave a quality floor, at the level :func:`choose_steps` picks under the
+        """Each job that gave a quality floor, at the level :func:`choose_level` picks under the
         last tick's load (a fresh status only: a stale one degrades nothing)."""
         if admission is None or now_s - admission.measured_at_s > policy.admission_status_ttl_s \
                 or admission.load <= policy.degrade_load \
@@ -273,17 +239,18 @@ class JobService:
         floor, params = p.spec.quality_floor, dict(p.spec.params)
         if floor is None:
             return p
-        ladder = quality_ladder(p.plan, full_steps(p.spec.kind, params, floor.min_steps),
-                                floor.min_steps, cost)
-        chosen = choose_steps(ladder, p.deadline_s, load, policy)
+        ladder = quality_ladder(p.spec.kind, params, p.plan, floor, cost)
+        chosen = choose_level(ladder, p.deadline_s, load, policy)
         if chosen is None:
             return p
-        params[STEPS_PARAM[p.spec.kind]] = chosen.steps
-        params = validate_params(p.spec.kind, params, self.settings.diffusion.adapters_dir)
+        params = validate_params(p.spec.kind, level_params(p.spec.kind, params, floor, chosen),
+                                 self.settings.diffusion.adapters_dir)
         spec = p.spec.model_copy(update={"params": params})
-        plan = get_runner(spec.kind).plan(params)
+        runner = get_runner(spec.kind)
+        plan = runner.plan(params)
+        group = self._batch_group(spec, runner, params, plan, policy.policy.value)
         log.info("job degraded at submit: %s", chosen.reason)
-        return dataclasses.replace(p, spec=spec, plan=plan, degradation=chosen)
+        return dataclasses.replace(p, spec=spec, plan=plan, group=group, degradation=chosen)
 
     def _policy_and_admission(self) -> tuple[PolicyConfig, AdmissionStatus | None]:
         """The policy in force and the last tick's admission status, in one round trip."""

@@ -50,10 +50,14 @@ def overload_workload(load: float, seed: int, jobs: int, workers: int) -> Models
 def run_arm(workload: ModelsWorkload, measure: OverloadMeasure, placement: str = "stepline",
             floors: Callable[[Sequence[ModelJob]], Mapping[int, int]] | None = None,
             degrade_load: float | None = None,
+            levels: tuple[float | None, float | None] = (None, None),
+            degrade_queued_load: float | None = None,
             ) -> tuple[list[SimArrival], SimResult, float]:
     """One seeded trace under ``measure``: its arrivals, the result and the arrival span.
     ``floors``: the quality floors the trace's jobs give, from its jobs (None: none);
-    ``degrade_load``: the policy's gate for degrading them (None: the default)."""
+    ``degrade_load``: the policy's gate for degrading them (None: the default); ``levels``: the
+    cache share and smallest pixel share a job with a floor also allows; past
+    ``degrade_queued_load`` waiting jobs are degraded too (``ClusterSim``)."""
     catalog = model_catalog(workload)
     jobs = generate_jobs(workload, catalog)
     median = sorted(m.bytes for m in catalog.models)[len(catalog.models) // 2]
@@ -62,10 +66,13 @@ def run_arm(workload: ModelsWorkload, measure: OverloadMeasure, placement: str =
                               20.0 * workload.time_scale)
     config = models_config(workload, residency, jobs, 0.5 * workload.time_scale)
     trace = sim_trace(jobs, workload.seed, floors=None if floors is None else floors(jobs))
+    if levels != (None, None):
+        trace = [a if a.min_steps is None else replace(
+            a, cache_share=levels[0], min_pixel_share=levels[1]) for a in trace]
     policy = replace(sim_policy(config, "stepline"), overload_measure=measure)
     if degrade_load is not None:
         policy = replace(policy, degrade_load=degrade_load)
-    result = ClusterSim(config, trace, policy).run()
+    result = ClusterSim(config, trace, policy, degrade_queued_load=degrade_queued_load).run()
     return trace, result, max((a.arrival_s for a in trace), default=0.0)
 
 

@@ -185,3 +185,5 @@ class SimResult:
     (what its events would say)."""
     degraded: dict[int, int] = field(default_factory=dict)
     """Per job admission degraded, the steps it ran (``scheduler.degradation``)."""
+    level_share: dict[int, float] = field(default_factory=dict)
+    """Per degraded job, its level's predicted work over full quality's."""

@@ -121,6 +121,12 @@ class SimArrival:
     min_steps: int | None = None
     """Its quality floor (``JobSpec.quality_floor``): under overload it may run as few chunks
     (each chunk is a step); None: never degraded."""
+    cache_share: float | None = None
+    """With a floor, the step cache it also accepts: a cached step's share of a full one's time
+    (None: it runs uncached)."""
+    min_pixel_share: float | None = None
+    """With a floor, the smallest image it also accepts, as a share of its pixels (a 64 px
+    square's 8 px grid; None: its own size)."""
 
     @property
     def group(self) -> str:

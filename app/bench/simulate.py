@@ -44,7 +44,7 @@ from scheduler import (
     check_plan_invariants,
     decide_submit,
 )
-from scheduler.degradation import Degradation, QualityLadder, choose_steps
+from scheduler.degradation import Degradation, QualityLadder, choose_level
 from scheduler.fairness import ServiceLedger
 from scheduler.placement import place, slack_s
 from scheduler.plan import Release
@@ -60,8 +60,12 @@ class ClusterSim(SimPlacement):
     """The adapter, the queues and the workers on a virtual clock (one policy, one trace)."""
 
     def __init__(self, config: SimConfig, trace: Sequence[SimArrival], policy: PolicyConfig,
-                 check_invariants: bool = False) -> None:
+                 check_invariants: bool = False, degrade_queued_load: float | None = None
+                 ) -> None:
         self.config, self.trace, self.policy = config, trace, policy
+        self.degrade_queued_load = degrade_queued_load
+        """Past this load each tick also degrades the waiting jobs that allow it and have not
+        started, once full quality is predicted late (None: only admission degrades)."""
         self.check_invariants = check_invariants
         self.kind = policy.policy
         self.now = 0.0
@@ -169,27 +173,63 @@ class ClusterSim(SimPlacement):
         return decision
 
     def _degrade(self, job: SimJob) -> Degradation | None:
-        """The live submit path's degradation (:func:`scheduler.degradation.choose_steps` on a
+        """The live submit path's degradation (:func:`scheduler.degradation.choose_level` on a
         fresh admission status, the job priced by the cost model): its arrival cut to the
-        chosen steps, its reason kept as its first event's."""
+        chosen level, its reason kept as its first event's."""
         a, status = job.arrival, self.admission
         if a.min_steps is None or status is None \
                 or self.now - status.measured_at_s > self.policy.admission_status_ttl_s:
             return None
+        chosen = choose_level(self._ladder(a), a.deadline_s - self.now, status.load, self.policy)
+        if chosen is not None:
+            self._apply_level(job, chosen)
+        return chosen
+
+    def _degrade_queued(self) -> None:
+        """Past ``degrade_queued_load``, each waiting job that allows it, has not started and
+        was not degraded yet, at the level :func:`choose_level` picks for the time it has left
+        (a job whose deadline became unreachable while it waited)."""
+        status = self.admission
+        if self.degrade_queued_load is None or status is None:
+            return
+        policy = replace(self.policy, degrade_load=self.degrade_queued_load)
+        for job in self.live.values():
+            a = job.arrival
+            if a.min_steps is None or a.index in self.result.degraded or job.next_chunk \
+                    or job.state not in (JobState.QUEUED, JobState.SUSPENDED):
+                continue
+            chosen = choose_level(self._ladder(a), a.deadline_s - self.now, status.load, policy)
+            if chosen is not None:
+                self._apply_level(job, chosen)
+
+    def _ladder(self, a: SimArrival) -> QualityLadder:
+        """The levels of a job with a floor (a 64 px square when it allows smaller sizes)."""
         shape = a.shape
         step_s = shape.units_per_chunk * self.cost.seconds_per_unit(shape.cost_key, "cuda")
-        ladder = QualityLadder(full_steps=shape.chunks, min_steps=min(a.min_steps, shape.chunks),
-                               step_s=step_s)
-        chosen = choose_steps(ladder, a.deadline_s - self.now, status.load, self.policy)
-        if chosen is None:
-            return None
-        job.arrival = replace(a, shape=replace(shape, chunks=chosen.steps),
-                              chunk_s=a.chunk_s[:chosen.steps])
-        job.units_left = chosen.steps * shape.units_per_chunk
+        sizes: tuple[tuple[int, int], ...] = ()
+        if a.min_pixel_share is not None:
+            low = max(8, math.ceil(64 * math.sqrt(a.min_pixel_share) / 8) * 8)
+            sizes = tuple((side, side) for side in range(56, low - 1, -8))
+        return QualityLadder(full_steps=shape.chunks, min_steps=min(a.min_steps or 1, shape.chunks),
+                             step_s=step_s, cache=None if a.cache_share is None else "first_block",
+                             cache_fraction=a.cache_share or 1.0, full_size=(64, 64), sizes=sizes)
+
+    def _apply_level(self, job: SimJob, chosen: Degradation) -> None:
+        """The job's arrival cut to ``chosen``: its steps, each scaled by the cache's share and
+        the size's pixels."""
+        a = job.arrival
+        shape = a.shape
+        scale = (a.cache_share or 1.0) if chosen.cache is not None else 1.0
+        if chosen.size is not None:
+            scale *= chosen.size[0] * chosen.size[1] / 64 ** 2
+        job.arrival = replace(a, shape=replace(shape, chunks=chosen.steps,
+                                               units_per_chunk=shape.units_per_chunk * scale),
+                              chunk_s=tuple(c * scale for c in a.chunk_s[:chosen.steps]))
+        job.units_left = chosen.steps * shape.units_per_chunk * scale
         job.view = None
         self.result.degraded[a.index] = chosen.steps
+        self.result.level_share[a.index] = chosen.work_share
         self.result.reasons[a.index] = chosen.reason
-        return chosen
 
     # -- queues and workers -----------------------------------------------------------------
 
@@ -396,6 +436,7 @@ class ClusterSim(SimPlacement):
         if self.res is not None:
             for at_s, w, model in self._residency_tick(self.res):
                 self._push(at_s, _STAGED, (w, model))
+        self._degrade_queued()
         snapshot = ClusterSnapshot(tuple(j.job_view() for j in self.live.values()),
                                    self._worker_views(), self.cost, self.state)
         started = time.perf_counter()

@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler.degradation import QualityLadder, choose_steps, stretch
+from scheduler.degradation import Level, QualityLadder, choose_level, choose_steps, stretch
 from scheduler.policy import PolicyConfig
 
 POLICY = PolicyConfig()
@@ -88,3 +88,47 @@ def test_more_load_never_buys_a_job_more_steps(
              else c.steps for load in (low, high)]
     # then the higher load runs it at no more steps
     assert steps[1] <= steps[0]
+
+
+full_ladders = st.builds(
+    lambda full, floor_share, step_s, fixed_s, cache, fraction, sizes: QualityLadder(
+        full_steps=full, min_steps=max(1, round(floor_share * full)), step_s=step_s,
+        fixed_s=fixed_s, cache="first_block" if cache else None, cache_fraction=fraction,
+        full_size=(64, 64), sizes=tuple((64 - 8 * k, 64 - 8 * k) for k in range(1, sizes + 1))),
+    st.integers(1, 60), st.floats(0.0, 1.0), st.floats(1e-3, 10.0), st.floats(0.0, 20.0),
+    st.booleans(), st.floats(0.05, 1.0), st.integers(0, 4))
+
+
+@given(full_ladders, deadlines, loads)
+def test_the_level_chosen_is_never_below_the_floor_nor_outside_what_the_job_allows(
+        ladder: QualityLadder, deadline_s: float, load: float) -> None:
+    # given any job allowing fewer steps, possibly a cache and smaller sizes
+    # when admission chooses its level
+    chosen = choose_level(ladder, deadline_s, load, POLICY)
+    if chosen is None:
+        return
+    # then it keeps at least its floor of steps, uses only the cache and sizes it allows, is
+    # below full quality and costs no more than it
+    assert ladder.min_steps <= chosen.steps <= ladder.full_steps
+    assert chosen.cache in (None, ladder.cache)
+    assert chosen.size is None or chosen.size in ladder.sizes
+    assert chosen.level != Level(ladder.full_steps)
+    assert ladder.level_work_s(chosen.level) <= ladder.work_s(ladder.full_steps) * (1 + 1e-9)
+    # and a level predicted on time is the one of most work that is
+    factor = stretch(load)
+    if chosen.meets:
+        better = [lv for lv in ladder.levels()
+                  if ladder.level_work_s(lv) > ladder.level_work_s(chosen.level) * (1 + 1e-9)]
+        assert all(factor * ladder.level_work_s(lv) > deadline_s for lv in better)
+
+
+@given(st.integers(1, 60), st.floats(1e-3, 10.0), st.floats(0.0, 20.0), deadlines, loads)
+def test_a_job_without_a_floor_is_never_degraded(
+        steps: int, step_s: float, fixed_s: float, deadline_s: float, load: float) -> None:
+    # given a job that gave no floor: its ladder allows only what it asked (no fewer steps, no
+    # cache, no smaller size)
+    ladder = QualityLadder(full_steps=steps, min_steps=steps, step_s=step_s, fixed_s=fixed_s,
+                           full_size=(64, 64))
+    # then at any load and deadline it runs as asked
+    assert ladder.levels() == []
+    assert choose_level(ladder, deadline_s, load, POLICY) is None
