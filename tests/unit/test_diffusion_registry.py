@@ -48,7 +48,8 @@ def test_every_diffusion_recipe_parses_with_image_and_video_kinds() -> None:
     names = {r.name: r.kind for r in diffusion_recipes("image") + diffusion_recipes("video")}
     assert names == {"dit-tiny": "image", "pixart-tiny": "image", "wan-tiny": "video",
                      "wan22-tiny": "video", "sd35-tiny": "image", "flux-tiny": "image",
-                     "qwen-image-tiny": "image", "zimage-tiny": "image"}
+                     "qwen-image-tiny": "image", "zimage-tiny": "image",
+                     "flux2-klein-tiny": "image"}
 
 
 def test_given_two_processes_when_they_build_a_recipe_then_the_weights_are_identical() -> None:

@@ -36,7 +36,7 @@ from workers.residency import adapters_to_unload
 PIPELINES = {"dit": "DiTPipeline", "pixart": "PixArtSigmaPipeline", "wan": "WanPipeline",
              "wan22": "WanPipeline", "sd3": "StableDiffusion3Pipeline",
              "flux": "FluxPipeline", "qwen_image": "QwenImagePipeline",
-             "zimage": "ZImagePipeline"}
+             "zimage": "ZImagePipeline", "flux2_klein": "Flux2KleinPipeline"}
 """The diffusers pipeline of each family, whose LoRA loader (if it has one) loads adapters."""
 DEFAULT_TARGET_MODULES = ("to_q", "to_k", "to_v", "to_out.0")
 """The attention projections every family's transformer names alike."""

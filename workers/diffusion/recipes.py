@@ -61,10 +61,12 @@ class DiffusionRecipe(BaseModel):
 
     name: str
     kind: Literal["image", "video"]
-    family: Literal["dit", "pixart", "wan", "wan22", "sd3", "flux", "qwen_image", "zimage"]
+    family: Literal["dit", "pixart", "wan", "wan22", "sd3", "flux", "qwen_image", "zimage",
+                    "flux2_klein"]
     """Which pipeline's arithmetic the runner reproduces (DiTPipeline, PixArt, WanPipeline;
     ``wan22``: WanPipeline with two expert transformers; ``sd3``: StableDiffusion3Pipeline;
-    ``flux``: FluxPipeline; ``qwen_image``: QwenImagePipeline; ``zimage``: ZImagePipeline)."""
+    ``flux``: FluxPipeline; ``qwen_image``: QwenImagePipeline; ``zimage``: ZImagePipeline;
+    ``flux2_klein``: Flux2KleinPipeline)."""
     description: str = ""
     default: bool = False
     """The default recipe of its kind for its conditioning (class label or prompt)."""
