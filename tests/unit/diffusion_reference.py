@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from diffusers import (
     DiTPipeline,
+    Flux2KleinPipeline,
     FluxImg2ImgPipeline,
     FluxInpaintPipeline,
     FluxKontextPipeline,
@@ -223,6 +224,18 @@ def _zimage(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
     return _kept(pipe, "images", **_text(c, p), **common)
 
 
+def _flux2_klein(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
+                 common: dict[str, Any]) -> Reference:
+    """The pipeline's negative prompt is always "" (no argument takes one); a job's own is
+    handed in as ``negative_prompt_embeds`` from the pipeline's own ``encode_prompt``."""
+    pipe = _quiet(Flux2KleinPipeline(scheduler=scheduler, vae=c.vae, text_encoder=c.text_encoder,
+                                     tokenizer=c.tokenizer, transformer=c.transformer))
+    call = _text(c, p)
+    negative = pipe.encode_prompt(call.pop("negative_prompt"), device=c.device,
+                                  max_sequence_length=c.recipe.text_max_length)[0]
+    return _kept(pipe, "images", negative_prompt_embeds=negative, **call, **common)
+
+
 def _kept(pipe: Any, output: str, **call: Any) -> Reference:
     """``pipe(**call)`` keeping its last step's latents, with its ``output`` (images, frames)."""
     keep = _Keep()
@@ -242,6 +255,7 @@ CALLS: dict[str, Call] = {
     "sd3": _sd3,
     "qwen_image": _qwen_image,
     "zimage": _zimage,
+    "flux2_klein": _flux2_klein,
 }
 """Each family's pipeline ``__call__`` on the recipe's own modules."""
 IMAGE_CALLS: dict[str, Call] = {

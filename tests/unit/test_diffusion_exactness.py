@@ -56,6 +56,9 @@ JOBS: dict[str, tuple[str, dict[str, Any], tuple[str, ...]]] = {
     "zimage-tiny": ("image", {"prompt": "a lighthouse at dawn", "negative_prompt": "fog",
                               "height": 32, "width": 48, "guidance_scale": 3.0},
                     ("flow_match_euler",)),  # its other samplers draw noise
+    "flux2-klein-tiny": ("image", {"prompt": "a lighthouse at dawn", "negative_prompt": "fog",
+                                   "height": 32, "width": 48, "guidance_scale": 3.0},
+                         ("flow_match_euler", "unipc")),
 }
 """Per recipe: its kind, the job, and the samplers it is checked with; a new family is one
 entry here and one in ``diffusion_reference.CALLS``."""

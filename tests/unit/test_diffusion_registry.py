@@ -50,7 +50,7 @@ def test_every_diffusion_recipe_parses_with_image_and_video_kinds() -> None:
     assert names == {"dit-tiny": "image", "pixart-tiny": "image", "wan-tiny": "video",
                      "wan22-tiny": "video", "wan22-i2v-tiny": "video", "sd35-tiny": "image",
                      "flux-tiny": "image", "qwen-image-tiny": "image", "zimage-tiny": "image",
-                     "flux-kontext-tiny": "image"}
+                     "flux-kontext-tiny": "image", "flux2-klein-tiny": "image"}
 
 
 def test_given_two_processes_when_they_build_a_recipe_then_the_weights_are_identical() -> None:

@@ -66,6 +66,8 @@ JOBS: dict[str, tuple[str, dict[str, Any]]] = {
     "zimage-tiny": ("image", {"prompt": "a lighthouse at dawn", "negative_prompt": "fog"}),
     "flux-kontext-tiny": ("image", {"prompt": "make it dusk", "negative_prompt": "fog",
                                     "true_cfg_scale": 1.5, "image": INPUT_IMAGE_DIGEST}),
+    "flux2-klein-tiny": ("image", {"prompt": "a lighthouse at dawn", "negative_prompt": "fog",
+                                   "guidance_scale": 2.0}),
 }
 
 
@@ -281,6 +283,7 @@ def test_lcm_refuses_more_steps_than_its_original_schedule_has() -> None:
     ("wan-tiny", "flow_match_heun", 48, 32),
     ("flux-tiny", "dpmpp_2m", 64, 16),  # a shift mu of another size than the default's
     ("zimage-tiny", "flow_match_lcm", 16, 64),
+    ("flux2-klein-tiny", "dpmpp_2m", 64, 16),  # Flux.2's mu of another size than the default's
 ])
 def test_non_square_and_non_native_sizes_resume_exactly(
     model: str, scheduler: str, height: int, width: int

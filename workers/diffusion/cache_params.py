@@ -22,6 +22,10 @@ REFUSED_FAMILIES = {
     "zimage": "diffusers' First Block Cache hook fails on ZImageTransformerBlock (it asks for a "
               "hidden_states argument the block names x), so a cached job would have no library "
               "output to equal",
+    "flux2_klein": "diffusers' First Block Cache hook fails on Flux2Transformer2DModel (its tail "
+                   "single-stream block's tensor is subtracted from the head double-stream "
+                   "block's pair: TypeError), so a cached job would have no library output to "
+                   "equal",
 }
 """Families whose jobs may not ask for a step cache, and why."""
 

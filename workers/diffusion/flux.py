@@ -98,8 +98,14 @@ class FluxFamily(PixArtFamily):
         flow_mode = scheduler.config.get("use_flow_sigmas") and not self.sigmas_in_flow_mode
         sigmas = None if flow_mode else np.linspace(1.0, 1 / steps, steps)
         retrieve_timesteps(scheduler, steps, c.device, sigmas=sigmas,  # type: ignore[arg-type]
-                           mu=shift_mu(c, p, scheduler))
+                           mu=self.mu(c, p, scheduler, steps))
         scheduler.set_begin_index(0)
+
+    def mu(self, c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any, steps: int
+           ) -> float:
+        """The dynamic shift of the job's timesteps: :func:`shift_mu` (Flux.2 reads it off
+        the step count too)."""
+        return shift_mu(c, p, scheduler)
 
     def init_latents(
         self, c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any, gen: torch.Generator

@@ -15,6 +15,7 @@ from workers.diffusion.blockwise import (
 )
 from workers.diffusion.families import DiTFamily, PipelineFamily, PixArtFamily, WanFamily
 from workers.diffusion.flux import FluxBlockwise, FluxFamily
+from workers.diffusion.flux2_klein import Flux2KleinBlockwise, Flux2KleinFamily
 from workers.diffusion.flux_kontext import FluxKontextFamily
 from workers.diffusion.qwen_image import QwenImageBlockwise, QwenImageFamily
 from workers.diffusion.sd3 import SD3Blockwise, SD3Family
@@ -33,6 +34,7 @@ FAMILIES: dict[str, PipelineFamily] = {
     "flux_kontext": FluxKontextFamily(),
     "qwen_image": QwenImageFamily(),
     "zimage": ZImageFamily(),
+    "flux2_klein": Flux2KleinFamily(),
 }
 """The step arithmetic of each family (``DiffusionRecipe.family``)."""
 
@@ -47,5 +49,6 @@ ADAPTERS: dict[str, BlockwiseForward] = {
     "flux_kontext": FluxBlockwise(),  # the image tokens ride in the image stream
     "qwen_image": QwenImageBlockwise(),
     "zimage": ZImageBlockwise(),
+    "flux2_klein": Flux2KleinBlockwise(),
 }
 """The transformer forward of each family, replayed as prologue, blocks and epilogue."""

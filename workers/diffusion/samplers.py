@@ -219,6 +219,12 @@ FAMILY_RULES: dict[str, FamilyRule] = {
                       "DEISMultistepScheduler")},
         "LTXEulerAncestralRFScheduler": ("QwenImagePipeline hands set_timesteps its sigmas as a "
                                          "numpy array, which this class refuses (TypeError)")}),
+    "flux2_klein": FamilyRule(Space.FLOW, unit_init_noise=False, refused={
+        **{name: (f"Flux2KleinPipeline sets the timesteps from sigmas and a shift mu, and "
+                  f"{name}'s set_timesteps takes neither") for name in (
+                      "FlowMatchHeunDiscreteScheduler", "SASolverScheduler")},
+        "LTXEulerAncestralRFScheduler": ("Flux2KleinPipeline hands set_timesteps its sigmas as "
+                                         "a numpy array, which this class refuses (TypeError)")}),
     "zimage": FamilyRule(Space.FLOW, unit_init_noise=False, refused={
         **{name: (f"ZImagePipeline always sets the timesteps from sigmas, and {name}'s "
                   "set_timesteps takes none (ValueError)") for name in (
