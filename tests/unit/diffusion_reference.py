@@ -204,7 +204,7 @@ def _flux_kontext(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
     pipe = _quiet(FluxKontextPipeline(scheduler=scheduler, vae=c.vae, text_encoder=c.text_encoder,
                                       tokenizer=c.tokenizer, text_encoder_2=c.text_encoder_2,
                                       tokenizer_2=c.tokenizer_2, transformer=c.transformer))
-    common = {**common, "image": pipe.image_processor.resize(common["image"], p["height"],
+    common = {**common, "image": pipe.image_processor.resize(_input_image(p), p["height"],
                                                              p["width"])}
     return _kept(pipe, "images", true_cfg_scale=p["true_cfg_scale"], _auto_resize=False,
                  max_area=p["height"] * p["width"], **_text(c, p), **common)
