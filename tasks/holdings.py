@@ -20,7 +20,14 @@ from tasks.store import JobStore
 RESIDENT_PREFIXES = {JobKind.IMAGE: "diffusion", JobKind.VIDEO: "diffusion",
                      JobKind.SIMULATED: "simulated"}
 """Per kind whose jobs run on a model, the first part of its models' residency keys
-(``diffusion:<recipe>:<device>:<weights>``, ``simulated:<model>``)."""
+(``diffusion:<recipe>:<device>:<weights>``, with a suffix for a part held apart such as
+``:transformer_2``; ``simulated:<model>``)."""
+
+
+SHARED_PREFIXES = ("text_encoder",)
+"""First parts of residency keys of modules held once for several models (a text encoder
+shared by every recipe that names the same one, ``text_encoder:<identity>:<device>``): no model
+of their own to place, their bytes spread over the models held beside them."""
 
 
 def model_need(kind: JobKind | str, params: Mapping[str, Any]) -> ModelNeed | None:
@@ -48,8 +55,9 @@ def resident_model(key: str) -> str | None:
 def holding(name: str, beat: Heartbeat, free_in_s: float) -> Holding:
     """A worker as placement sees it, from its heartbeat's residency: models on its device (and
     the one it is loading) and in host memory, adapters loaded on them, its device budget's
-    free bytes (None: no budget) and how many models it holds (the budget over the mean bytes
-    of the models it holds; 0 when either is unknown)."""
+    free bytes (None: no budget; every item's bytes, a shared text encoder's once) and how many
+    models it holds (the budget over the mean bytes of the models it holds, as
+    :func:`model_sizes` counts them; 0 when either is unknown)."""
     r = beat.residency
     device_bytes = _tier(r, "device")
     loading = r.get("loading")
@@ -63,7 +71,7 @@ def holding(name: str, beat: Heartbeat, free_in_s: float) -> Holding:
     for key, names in (held.items() if isinstance(held, Mapping) else ()):
         if resident_model(str(key)) is not None and isinstance(names, list):
             adapters |= {f"{str(key).split(':')[0]}:{n}" for n in names}
-    sizes = [int(b) for k, b in device_bytes.items() if resident_model(k) is not None]
+    sizes = model_sizes(device_bytes)
     budget = r.get("budget_bytes")
     capacity, free_bytes = 0, None
     if isinstance(budget, int):
@@ -72,6 +80,21 @@ def holding(name: str, beat: Heartbeat, free_in_s: float) -> Holding:
             capacity = max(1, int(budget // (sum(sizes) / len(sizes))))
     return Holding(name, free_in_s, device, host - device, frozenset(adapters), capacity,
                    free_bytes)
+
+
+def model_sizes(tier_bytes: Mapping[str, int]) -> list[float]:
+    """The bytes of each model one tier holds: its keys' together (a model's own item and its
+    parts', e.g. Wan 2.2's second expert), plus an equal share of the shared parts' (text
+    encoders held once for several models)."""
+    per_model: dict[str, int] = {}
+    shared = 0
+    for key, size in tier_bytes.items():
+        if (model := resident_model(key)) is not None:
+            per_model[model] = per_model.get(model, 0) + int(size)
+        elif key.split(":")[0] in SHARED_PREFIXES:
+            shared += int(size)
+    share = shared / len(per_model) if per_model else 0.0
+    return [size + share for size in per_model.values()]
 
 
 def _tier(residency: Mapping[str, Any], tier: str) -> dict[str, int]:
@@ -118,9 +141,9 @@ def mean_model_bytes(beats: Iterable[Heartbeat], needs: Iterable[ModelNeed]) -> 
     """The size a model to stage is taken to have: the mean of the models the workers hold
     (measured), else of the waiting jobs' declared sizes; 0 when neither is known."""
     held = [b for beat in beats for tier in ("device", "host")
-            for k, b in _tier(beat.residency, tier).items() if resident_model(k) is not None]
+            for b in model_sizes(_tier(beat.residency, tier))]
     if not held:
-        held = [need.bytes for need in needs if need.bytes > 0]
+        held = [float(need.bytes) for need in needs if need.bytes > 0]
     return sum(held) / len(held) if held else 0.0
 
 

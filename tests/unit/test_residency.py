@@ -433,3 +433,26 @@ def test_each_of_sd35s_three_text_encoders_is_counted_in_the_models_bytes() -> N
     assert all(b > 0 for b in each)
     assert device_bytes == tensor_bytes(module_tensors([c.transformer, c.vae])) + sum(each)
     assert r.tier_of(key) == "host" and r.summary()["host"] == {key: device_bytes}
+
+
+def test_a_text_encoder_two_recipes_name_alike_is_held_once_and_outlives_either_model() -> None:
+    # given a residency and wan-tiny and wan22-tiny, whose UMT5 has one class, config and seed
+    from workers.diffusion.components import load_components, part_keys
+    r = ModelResidency()
+    wan, wan22 = diffusion_recipe("wan-tiny"), diffusion_recipe("wan22-tiny")
+    # when both models are loaded
+    a, b = load_components(wan, residency=r), load_components(wan22, residency=r)
+    # then the encoder is one item, counted once, the same modules as a fresh build
+    shared = part_keys(wan)["text_encoder"]
+    assert shared == part_keys(wan22)["text_encoder"] and a.text_encoder is b.text_encoder
+    device = r.summary()["device"]
+    assert sum(k.startswith("text_encoder:") for k in device) == 1
+    assert device[shared] == tensor_bytes(module_tensors([a.text_encoder]))
+    fresh = build_components(wan22).text_encoder.state_dict()
+    assert all(torch.equal(t, fresh[n]) for n, t in a.text_encoder.state_dict().items())
+    # and the second expert is an item of its own
+    assert device[part_keys(wan22)["transformer_2"]] == tensor_bytes(
+        module_tensors([b.transformer_2]))
+    # when one model is dropped, then the encoder stays for the other
+    r.forget(component_key(wan))
+    assert r.tier_of(component_key(wan)) == "disk" and r.tier_of(shared) == "device"

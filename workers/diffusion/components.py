@@ -7,9 +7,14 @@ between workers; nothing is ever downloaded.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import threading
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import diffusers
@@ -22,19 +27,25 @@ from transformers import PreTrainedModel, PreTrainedTokenizerFast
 from workers.diffusion.recipes import ComponentSpec, DiffusionRecipe, TokenizerSpec
 from workers.diffusion.samplers import seeded_key
 from workers.errors import ModelConfigError
-from workers.residency import Resident, module_tensors, process_residency
+from workers.residency import (
+    LoadSource,
+    ModelResidency,
+    Resident,
+    module_tensors,
+    process_residency,
+)
 
 _SPECIAL_TOKENS = ("<pad>", "</s>", "<unk>")
 _TEXT_PARTS = (("text_encoder", "tokenizer"), ("text_encoder_2", "tokenizer_2"),
                ("text_encoder_3", "tokenizer_3"))
 """Each text encoder with its tokenizer, by their diffusers component names (Stable Diffusion 3
-has all three); text encoder ``i`` is built from ``seed + 2 + i``."""
+has all three); text encoder ``i`` is built from ``seed + 2 + i`` unless it gives its own seed."""
 _MODULES = ("transformer", "vae", "transformer_2", *(encoder for encoder, _ in _TEXT_PARTS))
 """The parts that are torch modules: moved, measured and put in eval mode together."""
 _NO_TEXT: dict[str, Any] = {name: None for pair in _TEXT_PARTS for name in pair}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class DiffusionComponents:
     """The modules of one recipe, in eval mode, without gradients."""
 
@@ -122,6 +133,23 @@ def build_tokenizer(spec: TokenizerSpec, max_length: int) -> PreTrainedTokenizer
     )
 
 
+_SEED_OFFSETS = {"transformer": 0, "vae": 1, "text_encoder": 2, "text_encoder_2": 3,
+                 "text_encoder_3": 4, "transformer_2": 5}
+"""Each module's seed, as an offset from the recipe's (a text encoder may give its own)."""
+_TOKENIZER_OF = dict(_TEXT_PARTS)
+CORE_PARTS = ("transformer", "vae")
+"""The modules of a model's own residency item; each text encoder (with its tokenizer) and Wan
+2.2's low-noise expert are items of their own (:func:`load_components`)."""
+
+
+def part_seed(recipe: DiffusionRecipe, name: str) -> int:
+    """The seed module ``name`` of ``recipe`` is built from: a text encoder's own ``seed``,
+    else the recipe's plus the module's offset."""
+    spec = getattr(recipe, name)
+    own = getattr(spec, "seed", None)
+    return int(own) if own is not None else recipe.seed + _SEED_OFFSETS[name]
+
+
 def _seeded(seed: int, spec: ComponentSpec, base: type) -> Any:
     cls: Any = resolve_class(spec.class_name, base)
     with torch.random.fork_rng(devices=[]):
@@ -129,23 +157,6 @@ def _seeded(seed: int, spec: ComponentSpec, base: type) -> Any:
         if issubclass(cls, PreTrainedModel):
             return cls(cls.config_class(**spec.config))
         return cls(**spec.config)
-
-
-def _build_random(recipe: DiffusionRecipe) -> dict[str, Any]:
-    parts: dict[str, Any] = {
-        "transformer": _seeded(recipe.seed, recipe.transformer, ModelMixin),
-        "vae": _seeded(recipe.seed + 1, recipe.vae, ModelMixin),
-        **_NO_TEXT,
-    }
-    for offset, (encoder, tokenizer) in enumerate(_TEXT_PARTS):
-        spec, words = getattr(recipe, encoder), getattr(recipe, tokenizer)
-        if spec is not None:
-            parts[encoder] = _seeded(recipe.seed + 2 + offset, spec, PreTrainedModel)
-        if words is not None:
-            parts[tokenizer] = build_tokenizer(words, recipe.text_max_length)
-    if recipe.transformer_2 is not None:
-        parts["transformer_2"] = _seeded(recipe.seed + 5, recipe.transformer_2, ModelMixin)
-    return parts
 
 
 def _own_storage(module: torch.nn.Module) -> None:
@@ -162,46 +173,61 @@ def _own_storage(module: torch.nn.Module) -> None:
                     sub._buffers[name] = buffer.clone()
 
 
-def _load_local(recipe: DiffusionRecipe) -> dict[str, Any]:
+def _weights_folder(recipe: DiffusionRecipe) -> Path:
     folder = recipe.weights_dir
     if folder is None or not (folder / "model_index.json").is_file():
         raise ModelConfigError(
             f"model {recipe.name!r}: weights folder {folder} is not a saved pipeline "
             "(no model_index.json); write it with pipeline.save_pretrained(folder)"
         )
-    parts: dict[str, Any] = {
-        "transformer": resolve_class(recipe.transformer.class_name, ModelMixin).from_pretrained(
-            folder, subfolder="transformer"),
-        "vae": resolve_class(recipe.vae.class_name, ModelMixin).from_pretrained(
-            folder, subfolder="vae"),
-        **_NO_TEXT,
-    }
-    for encoder, tokenizer in _TEXT_PARTS:  # each in its subfolder, as save_pretrained writes
-        spec = getattr(recipe, encoder)
-        if spec is not None:
-            cls = resolve_class(spec.class_name, PreTrainedModel)
-            parts[encoder] = cls.from_pretrained(folder / encoder)
-        if getattr(recipe, tokenizer) is not None:
-            parts[tokenizer] = PreTrainedTokenizerFast.from_pretrained(folder / tokenizer)
-    if recipe.transformer_2 is not None:
-        parts["transformer_2"] = resolve_class(
-            recipe.transformer_2.class_name, ModelMixin).from_pretrained(
-                folder, subfolder="transformer_2")
-    for key in _MODULES:
-        if parts.get(key) is not None:
-            _own_storage(parts[key])
-    return parts
+    return folder
 
 
-def build_components(recipe: DiffusionRecipe, device: str = "cpu") -> DiffusionComponents:
-    """Build (never cached) the recipe's modules on ``device``."""
-    parts = _build_random(recipe) if recipe.weights is None else _load_local(recipe)
+def _module(recipe: DiffusionRecipe, name: str) -> Any:
+    """Module ``name`` of ``recipe``: seeded, or read from its ``weights:`` folder's subfolder
+    of that name (as ``save_pretrained`` writes it)."""
+    spec = getattr(recipe, name)
+    base = ModelMixin if name in ("transformer", "vae", "transformer_2") else PreTrainedModel
+    if recipe.weights is None:
+        return _seeded(part_seed(recipe, name), spec, base)
+    cls = resolve_class(spec.class_name, base)
+    folder = _weights_folder(recipe)
+    module = (cls.from_pretrained(folder, subfolder=name) if base is ModelMixin
+              else cls.from_pretrained(folder / name))
+    _own_storage(module)
+    return module
+
+
+def _tokenizer(recipe: DiffusionRecipe, name: str) -> PreTrainedTokenizerFast | None:
+    words = getattr(recipe, name)
+    if words is None:
+        return None
+    if recipe.weights is None:
+        return build_tokenizer(words, recipe.text_max_length)
+    loaded: PreTrainedTokenizerFast = PreTrainedTokenizerFast.from_pretrained(
+        _weights_folder(recipe) / name)
+    return loaded
+
+
+def _ready(module: Any, device: torch.device) -> Any:
+    return module.to(device).eval().requires_grad_(False)
+
+
+def build_components(recipe: DiffusionRecipe, device: str = "cpu",
+                     parts: Collection[str] | None = None) -> DiffusionComponents:
+    """Build (never cached) the recipe's modules on ``device``: all of them, or only those
+    named in ``parts`` (the others None)."""
     dev = torch.device(device)
-    for key in _MODULES:
-        if parts.get(key) is not None:
-            parts[key] = parts[key].to(dev).eval().requires_grad_(False)
-    return DiffusionComponents(recipe=recipe, device=dev, **parts,
-                               transformer_dtype=parts["transformer"].dtype)
+    built: dict[str, Any] = {"transformer": None, "vae": None, "transformer_2": None, **_NO_TEXT}
+    for name in ("transformer", "vae", "transformer_2", *_TOKENIZER_OF):
+        if getattr(recipe, name) is not None and (parts is None or name in parts):
+            built[name] = _ready(_module(recipe, name), dev)
+            if name in _TOKENIZER_OF:
+                built[_TOKENIZER_OF[name]] = _tokenizer(recipe, _TOKENIZER_OF[name])
+    transformer = built.pop("transformer")
+    dtype = transformer.dtype if transformer is not None else torch.float32
+    return DiffusionComponents(recipe=recipe, device=dev, transformer=transformer,
+                               transformer_dtype=dtype, **built)
 
 
 _CACHE_LOCK = threading.Lock()
@@ -248,34 +274,161 @@ DIFFUSION_RESIDENT = Resident(
 moved to host memory with ``.to("cpu")`` and back to their device."""
 
 
+@dataclass(frozen=True, slots=True)
+class HeldPart:
+    """A module held as its own residency item, bound for ``device``: a text encoder with its
+    tokenizer, or Wan 2.2's low-noise expert (no tokenizer)."""
+
+    module: Any
+    tokenizer: PreTrainedTokenizerFast | None
+    device: torch.device
+
+
+PART_RESIDENT = Resident(
+    tensors=lambda p: module_tensors([p.module]),
+    to_host=lambda p: p.module.to(torch.device("cpu")),
+    to_device=lambda p: p.module.to(p.device),
+)
+"""A held part in the residency: its module's parameters and buffers, moved like a model's."""
+
+
 def component_key(recipe: DiffusionRecipe, device: str = "cpu") -> str:
-    """The residency key of ``recipe``'s components on ``device``."""
+    """The residency key of ``recipe``'s own modules (transformer and VAE) on ``device``."""
     return f"diffusion:{recipe.name}:{device}:{recipe.weights_dir or 'seeded'}"
 
 
-def load_components(recipe: DiffusionRecipe, device: str = "cpu") -> DiffusionComponents:
+_DIGESTS: dict[str, tuple[tuple[tuple[str, int, int], ...], str]] = {}
+
+
+def folder_digest(folder: Path) -> str:
+    """SHA-256 over every file under ``folder`` (relative name and bytes), computed again only
+    when a file's size or modification time changes."""
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    stats = tuple((str(p.relative_to(folder)), (st := p.stat()).st_size, st.st_mtime_ns)
+                  for p in files)
+    with _CACHE_LOCK:
+        known = _DIGESTS.get(str(folder))
+    if known is not None and known[0] == stats:
+        return known[1]
+    digest = hashlib.sha256()
+    for path, (name, _, _) in zip(files, stats, strict=True):
+        digest.update(name.encode() + b"\0")
+        with path.open("rb") as f:
+            digest.update(hashlib.file_digest(f, "sha256").digest())
+    with _CACHE_LOCK:
+        _DIGESTS[str(folder)] = (stats, digest.hexdigest())
+    return digest.hexdigest()
+
+
+def text_encoder_identity(recipe: DiffusionRecipe, encoder: str) -> str:
+    """What a text encoder (with its tokenizer) of ``recipe`` is, by content: its class and,
+    seeded, its config, seed, tokenizer spec and prompt length (everything its build reads);
+    from a ``weights:`` folder, the digest of its and its tokenizer's files. Equal identities
+    build bit-identical modules (``test_residency.py`` checks it), so they are held once."""
+    spec, tokenizer = getattr(recipe, encoder), _TOKENIZER_OF[encoder]
+    body: dict[str, Any] = {"class": spec.class_name}
+    if recipe.weights is None:
+        words = getattr(recipe, tokenizer)
+        body.update(config=spec.config, seed=part_seed(recipe, encoder),
+                    tokenizer=None if words is None else words.model_dump(),
+                    max_length=recipe.text_max_length)
+    else:
+        folder = _weights_folder(recipe)
+        body.update(weights=folder_digest(folder / encoder),
+                    tokenizer=folder_digest(folder / tokenizer))
+    text = json.dumps(body, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def part_keys(recipe: DiffusionRecipe, device: str = "cpu") -> dict[str, str]:
+    """The residency keys of ``recipe``'s separately held modules on ``device``, by component
+    name: each text encoder's, keyed by its content identity (shared by every recipe that
+    names the same one), and a low-noise expert's, under the model's own key."""
+    keys = {encoder: f"text_encoder:{text_encoder_identity(recipe, encoder)}:{device}"
+            for encoder in _TOKENIZER_OF if getattr(recipe, encoder) is not None}
+    if recipe.transformer_2 is not None:
+        keys["transformer_2"] = f"{component_key(recipe, device)}:transformer_2"
+    return keys
+
+
+def build_part(recipe: DiffusionRecipe, name: str, device: str = "cpu",
+               bound_for: str | None = None) -> HeldPart:
+    """Module ``name`` of ``recipe`` (with its tokenizer, for a text encoder) built on
+    ``device``, bound for ``bound_for`` (default: ``device``); the same module
+    :func:`build_components` builds."""
+    c = build_components(recipe, device, parts=(name,))
+    tokenizer = getattr(c, _TOKENIZER_OF[name]) if name in _TOKENIZER_OF else None
+    return HeldPart(getattr(c, name), tokenizer, torch.device(bound_for or device))
+
+
+def _part_builder(recipe: DiffusionRecipe, name: str, device: str,
+                  bound_for: str | None = None) -> Callable[[], HeldPart]:
+    return lambda: build_part(recipe, name, device, bound_for)
+
+
+_ASSEMBLED: weakref.WeakValueDictionary[str, DiffusionComponents] = weakref.WeakValueDictionary()
+"""The last components handed out per model, reused while their parts are the resident ones
+(so a chunk gets the same object; dropped when no caller holds it)."""
+
+
+def load_components(recipe: DiffusionRecipe, device: str = "cpu",
+                    residency: ModelResidency | None = None) -> DiffusionComponents:
     """The recipe's modules on ``device``, held by the process's model residency (built on
-    first use, and again after an eviction; seeded, so bit-identical each time)."""
-    return process_residency().acquire(component_key(recipe, device),
-                                       lambda: build_components(recipe, device),
-                                       DIFFUSION_RESIDENT)
+    first use, and again after an eviction; seeded, so bit-identical each time): the model's
+    own item (transformer and VAE) and one item per separately held part (:func:`part_keys`),
+    acquired together and pinned for the caller's :meth:`~ModelResidency.in_use` bracket. A
+    load of any of them is announced as the model's, taking their expected seconds together."""
+    r = residency or process_residency()
+    key, keys = component_key(recipe, device), part_keys(recipe, device)
+    absent = [k for k in (key, *keys.values()) if r.tier_of(k) != "device"]
+    expected = sum(r.expected_load_s(k) for k in absent)
+    source: LoadSource = "disk" if any(r.tier_of(k) == "disk" for k in absent) else "host"
+    announce = r.loading(key, expected or None, source) if absent else contextlib.nullcontext()
+    with announce, r.in_use():
+        core = r.acquire(key, lambda: build_components(recipe, device, CORE_PARTS),
+                         DIFFUSION_RESIDENT)
+        held = {name: r.acquire(part, _part_builder(recipe, name, device), PART_RESIDENT)
+                for name, part in keys.items()}
+    return _assembled(key, core, held)
 
 
-def build_host_components(recipe: DiffusionRecipe, device: str = "cpu") -> DiffusionComponents:
-    """The recipe's modules built in host memory, bound for ``device``: what a move back from
-    host memory (``DIFFUSION_RESIDENT.to_device``) puts there. Never on the device itself, so
-    staging takes no device memory; the same seeded modules as :func:`build_components` (both
-    build on the CPU first)."""
-    return replace(build_components(recipe, "cpu"), device=torch.device(device))
+def _assembled(key: str, core: DiffusionComponents,
+               held: Mapping[str, HeldPart]) -> DiffusionComponents:
+    parts: dict[str, Any] = {name: part.module for name, part in held.items()}
+    parts.update({_TOKENIZER_OF[name]: part.tokenizer for name, part in held.items()
+                  if name in _TOKENIZER_OF})
+    with _CACHE_LOCK:
+        last = _ASSEMBLED.get(key)
+        if last is not None and last.transformer is core.transformer and all(
+                getattr(last, name) is value for name, value in parts.items()):
+            return last
+        c = replace(core, **parts)
+        _ASSEMBLED[key] = c
+        return c
+
+
+def build_host_components(recipe: DiffusionRecipe, device: str = "cpu",
+                          parts: Collection[str] | None = None) -> DiffusionComponents:
+    """The recipe's modules (or only ``parts``) built in host memory, bound for ``device``: what
+    a move back from host memory (``DIFFUSION_RESIDENT.to_device``) puts there. Never on the
+    device itself, so staging takes no device memory; the same seeded modules as
+    :func:`build_components` (both build on the CPU first)."""
+    return replace(build_components(recipe, "cpu", parts), device=torch.device(device))
 
 
 def stage_components(recipe: DiffusionRecipe, device: str = "cpu") -> bool:
-    """Build the recipe's modules into the residency's host tier ahead of its jobs
-    (:func:`build_host_components`; :func:`load_components` then moves them to ``device``);
-    False when nothing was staged (held already, no host tier or room)."""
-    return process_residency().stage(component_key(recipe, device),
-                                     lambda: build_host_components(recipe, device),
-                                     DIFFUSION_RESIDENT)
+    """Build the recipe's items into the residency's host tier ahead of its jobs (its own
+    modules, and each separately held part not held already; :func:`load_components` then
+    moves them to ``device``); False when nothing was staged (all held already, no host tier
+    or room)."""
+    r = process_residency()
+    staged = r.stage(component_key(recipe, device),
+                     lambda: build_host_components(recipe, device, CORE_PARTS),
+                     DIFFUSION_RESIDENT)
+    for name, part in part_keys(recipe, device).items():
+        staged = r.stage(part, _part_builder(recipe, name, "cpu", device),
+                         PART_RESIDENT) or staged
+    return staged
 
 
 def clear_component_cache() -> None:

@@ -31,6 +31,17 @@ class ComponentSpec(BaseModel):
     """Constructor / config kwargs."""
 
 
+class TextEncoderSpec(ComponentSpec):
+    """A text encoder: a transformers class, its config and, optionally, the seed of its random
+    weights. Two recipes whose encoder has the same class, config, seed and tokenizer build
+    bit-identical ones, which a worker holds once (``workers.diffusion.components``)."""
+
+    seed: int | None = Field(default=None, ge=0)
+    """Seed of its random weights; none: the recipe's ``seed`` + 2 + its slot (0, 1, 2 for
+    ``text_encoder``, ``_2``, ``_3``). Give the seed another recipe's encoder is built from to
+    share that encoder (Wan 2.2 reads its prompt with Wan 2.1's UMT5)."""
+
+
 class TokenizerSpec(BaseModel):
     """A tokenizer built in-process (nothing is downloaded): one token per character."""
 
@@ -109,13 +120,13 @@ class DiffusionRecipe(BaseModel):
     boundary_ratio: float | None = Field(default=None, gt=0, lt=1)
     """WanPipeline's ``boundary_ratio``: where a two-expert recipe switches transformers."""
     vae: ComponentSpec
-    text_encoder: ComponentSpec | None = None
+    text_encoder: TextEncoderSpec | None = None
     tokenizer: TokenizerSpec | None = None
-    text_encoder_2: ComponentSpec | None = None
+    text_encoder_2: TextEncoderSpec | None = None
     """A second text encoder (Stable Diffusion 3's second CLIP; Flux's T5 beside its CLIP),
     with ``tokenizer_2``."""
     tokenizer_2: TokenizerSpec | None = None
-    text_encoder_3: ComponentSpec | None = None
+    text_encoder_3: TextEncoderSpec | None = None
     """A third text encoder (Stable Diffusion 3's T5), with ``tokenizer_3``."""
     tokenizer_3: TokenizerSpec | None = None
     class_names: Literal["imagenet"] | None = None
