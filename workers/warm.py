@@ -13,7 +13,7 @@ from typing import Any
 
 from PIL import Image
 
-from workers.diffusion.inputs import FIRST_FRAME_FAMILIES, INPUT_BYTES
+from workers.diffusion.inputs import INPUT_BYTES, required_inputs
 from workers.diffusion.params import validate_params
 from workers.diffusion.recipes import DIFFUSION_KINDS, diffusion_recipe
 from workers.registry import ModelRegistry, default_registry
@@ -56,9 +56,12 @@ def warm_jobs(registry: ModelRegistry | None = None,
 
 
 def _inputs(name: str, kind: str, registry: ModelRegistry) -> dict[str, bytes]:
-    """A first frame (a small grey PNG) for an image-to-video recipe, which needs one."""
-    if kind not in DIFFUSION_KINDS or diffusion_recipe(name, registry).family not in \
-            FIRST_FRAME_FAMILIES:
+    """An input image (a small grey PNG) for a recipe that needs one: an image-to-video model's
+    first frame, an edit model's image."""
+    if kind not in DIFFUSION_KINDS:
+        return {}
+    recipe = diffusion_recipe(name, registry)
+    if "image" not in required_inputs(recipe.family, recipe.conditioning):
         return {}
     out = io.BytesIO()
     Image.new("RGB", (16, 16), (128, 128, 128)).save(out, format="PNG")
