@@ -56,6 +56,7 @@ def family_lines(root: Path = ROOT) -> dict[str, int]:
 
 def lines_table(counts: dict[str, int]) -> str:
     """``family  lines`` rows, the families first, ``shared`` last."""
-    rows = [f"{'family':10s} {'code lines':>10s}"]
-    rows += [f"{family:10s} {n:10d}" for family, n in counts.items()]
+    width = max(len("family"), *map(len, counts))
+    rows = [f"{'family':{width}s} {'code lines':>10s}"]
+    rows += [f"{family:{width}s} {n:10d}" for family, n in counts.items()]
     return "\n".join(rows)
