@@ -53,27 +53,31 @@ class RecordingSim(ClusterSim):
         self.charges.append(Charge(self.now, job.job_view().tenant, seconds))
 
 
-def backlog(tiers: dict[str, Tier], workers: int, seed: int) -> list[SimArrival]:
+def backlog(tiers: dict[str, Tier], workers: int, seed: int,
+            offsets_s: tuple[float, ...] = ()) -> list[SimArrival]:
     """Jobs enough that every tenant stays backlogged past the horizon, all due far later
-    (no deadline reorders the band), all submitted at once (they join the band together)."""
+    (no deadline reorders the band), each tenant's submitted at once at its offset (none:
+    0, they join the band together; a few ms apart, later ones join a busy band)."""
     rng = random.Random(seed)
     base_s = SHAPE.units_per_chunk * SHAPE.s_per_unit
     per_tenant = int(2 * HORIZON_S * workers / (SHAPE.chunks * base_s * 0.9)) + 2
     trace: list[SimArrival] = []
+    offset = dict(zip(tiers, offsets_s, strict=False))
     for _ in range(per_tenant):
         for tenant, tier in tiers.items():
             chunks = tuple(base_s * (1.0 + 0.1 * (2.0 * rng.random() - 1.0))
                            for _ in range(SHAPE.chunks))
-            at_s = 0.0
+            at_s = offset.get(tenant, 0.0)
             trace.append(SimArrival(len(trace), at_s, SHAPE, tier, chunks, at_s + 1e4,
                                     tenant=tenant))
     return trace
 
 
-def run(tiers: dict[str, Tier], workers: int, seed: int) -> tuple[RecordingSim, PolicyConfig]:
+def run(tiers: dict[str, Tier], workers: int, seed: int,
+        offsets_s: tuple[float, ...] = ()) -> tuple[RecordingSim, PolicyConfig]:
     config = SimConfig(workers=workers, duration_s=HORIZON_S, drain_s=0.0)
     policy = replace(sim_policy(config, "stepline"), fair_share=FAIR)
-    sim = RecordingSim(config, backlog(tiers, workers, seed), policy)
+    sim = RecordingSim(config, backlog(tiers, workers, seed, offsets_s), policy)
     sim.run()
     return sim, policy
 
@@ -92,6 +96,9 @@ def round_bound(tiers: dict[str, Tier], workers: int, policy: PolicyConfig) -> f
 
 tenant_tiers = st.dictionaries(st.sampled_from("abcdef"), st.sampled_from(list(Tier)),
                                min_size=2, max_size=5)
+staggers = st.lists(st.floats(0.0, 0.005), max_size=5).map(tuple)
+"""Each tenant's submission offset, in order (missing: 0): a few ms apart, so those after the
+first tick (at 0) join a band where the earlier ones' backlog is queued already."""
 
 
 @RUNS
@@ -118,11 +125,12 @@ def test_no_backlogged_tenant_waits_longer_than_the_others_take_to_catch_up(
 
 
 @RUNS
-@given(tiers=tenant_tiers, workers=st.integers(1, 4), seed=st.integers(0, 1 << 16))
+@given(tiers=tenant_tiers, workers=st.integers(1, 4), seed=st.integers(0, 1 << 16),
+       offsets_s=staggers)
 def test_backlogged_tenants_weighted_service_stays_within_one_round_of_placements(
-        tiers: dict[str, Tier], workers: int, seed: int) -> None:
-    # given tenants of either tier, every one backlogged, sharing a small pool
-    sim, policy = run(tiers, workers, seed)
+        tiers: dict[str, Tier], workers: int, seed: int, offsets_s: tuple[float, ...]) -> None:
+    # given tenants of either tier, every one backlogged from a few ms apart, sharing a pool
+    sim, policy = run(tiers, workers, seed, offsets_s)
     weight = weights(tiers)
     bound = round_bound(tiers, workers, policy)
     served = dict.fromkeys(tiers, 0.0)
