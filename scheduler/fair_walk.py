@@ -47,7 +47,7 @@ def fair_ranking(c: Columns, ranking: Ranking, tick: Tick, config: FairShareConf
                  service: ServiceLedger | None, now_s: float) -> tuple[Ranking, FairArrays]:
     """``ordering.fair_order`` without inheritance, over the columns: the chunk estimates,
     urgencies and charges as arrays; the join (``fairness.join`` itself) on the tenants of
-    the contending rows and the in-flight rows' charges; each (band, tenant)'s counter
+    the contending rows and the running rows' charges; each (band, tenant)'s counter
     looked up once; the start tags a sequential cumulative sum per tenant, in the order
     ``fairness.fair_keys`` walks (band, tenant, urgency, in flight first, key, index).
     Also the fair key of every job as four arrays (band, urgency, start tag, warm 0 / cold
@@ -67,7 +67,7 @@ def fair_ranking(c: Columns, ranking: Ranking, tick: Tick, config: FairShareConf
     ledger = service or ServiceLedger()
     virtual = _virtual(c, ledger, config)
     joined = join(ledger, _contending(c, tick, band, tenant), config,
-                  _in_flight(c, band, tenant, charge, in_flight), virtual)
+                  _in_flight(c, band, tenant, charge, tick.state == RUNNING), virtual)
     # one small integer for (band, tenant, urgency, in flight first): the sort is stable,
     # so the index needs no key of its own
     within = ((band * len(c.tenant_names) + tenant) * 3 + urgency) * 2 + ~in_flight

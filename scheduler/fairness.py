@@ -15,8 +15,11 @@ serves the least counter first:
   one pick at a time.
 - **No banked credit.** A tenant that becomes active in a band (it had no live job there at
   the last tick) joins at the least standing among the tenants active there before and still
-  (:func:`join`): a standing is the counter plus the charges of the tenant's chunks in flight,
-  so a joiner does not go ahead of work already placed. When none stayed, it joins at the
+  (:func:`join`): a standing is the counter plus the charges of the tenant's chunks running,
+  so a joiner does not go ahead of work already started. Queued chunks do not count: a job is
+  queued as it is submitted, so a tenant's whole backlog would lift one who joins a
+  millisecond later (by it, less the joiner's own over its weight: a gold joiner kept a
+  deficit for good). When none stayed, it joins at the
   least standing the band had when it was last busy. A tenant idle for an hour comes back
   level with the others, not an hour ahead.
 - **Deadlines still win.** A job whose slack (``scheduler.placement.slack_s``, the one slack

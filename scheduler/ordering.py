@@ -326,8 +326,12 @@ def fair_order(ranking: Ranking, ledger: ServiceLedger | None,
         jobs.append(FairJob(job.slo_class.rank, job.tenant, config.weight(job.tier.value),
                             urgent, job.state is queued or job.state is running, chunk_s,
                             job.load_s <= 0.0))
+    # a standing counts the chunks running, not those queued: submission queues a job at
+    # once, so a tenant's whole backlog would count and lift a joiner by it (minus its own)
+    running_jobs = [fair for fair, job in zip(jobs, survey.live, strict=True)
+                    if job.state is running]
     joined = join(ledger or ServiceLedger(), active_tenants(survey.live), config,
-                  in_flight_charges(jobs, BAND_NAMES))
+                  in_flight_charges(running_jobs, BAND_NAMES))
     counters = joined.ledger.virtual(config)
     keys = fair_keys(jobs, [(k[0], k[1]) for k in within], counters, BAND_NAMES)
     return replace(ranking, fair=tuple(keys), joined=joined)

@@ -61,3 +61,44 @@ def test_a_flooding_tenant_does_not_starve_a_light_one_of_its_tier(
     print(f"heavy jobs waiting at the light tenant's first start: {waiting}, started before "
           f"its last: {between}")
     assert waiting >= HEAVY_JOBS // 2 and between <= waiting // 3, (between, waiting)
+
+
+SLO_S = 5.0
+"""The interactive class's target (``scheduler.slo_classes.interactive``)."""
+
+
+def test_a_flooding_tenant_cannot_delay_a_light_tenants_interactive_job_past_its_slo(
+    processes: Processes, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given fair share on, one worker, and a tenant whose 40 on-time interactive jobs (about
+    # 8 s of work, due in 300 s) hold it
+    _fair_share_on(processes, monkeypatch)
+    processes.worker("w1")
+    processes.scheduler()
+    wait_for_workers(redis_client, ["w1", "scheduler"])
+    service = JobService(JobStore(redis_client), current_settings())
+    store = service.store
+    flood_job = FLOOD.model_copy(update={"params": {**FLOOD.params, "steps": 4}})
+    heavy = [service.submit(flood_job, tenant="flood", tier="standard")[0] for _ in range(40)]
+    wait_for(lambda: sum(done(store, j) for j in heavy) >= 2, 30, "the flood to be served")
+    # when a light tenant submits one interactive job due at its class's target
+    light, _ = service.submit(FLOOD.model_copy(update={"deadline_s": SLO_S}), tenant="light",
+                              tier="standard")
+    wait_for(lambda: done(store, light), 30, "the light tenant's job")
+    record = store.record(light)
+    assert record.started_at_s is not None and record.finished_at_s is not None
+    waited_s = record.started_at_s - record.submitted_at_s
+    latency_s = record.finished_at_s - record.submitted_at_s
+    behind = sum(not done(store, j) for j in heavy)
+    started = [store.record(j).started_at_s for j in heavy]
+    cut_in = sum(s is not None and record.submitted_at_s < s < record.started_at_s
+                 for s in started)
+    print(f"light job: started {waited_s:.3f}s, finished {latency_s:.3f}s after its submit; "
+          f"{cut_in} flood jobs started in between, {behind} still unfinished then")
+    # then it meets its SLO while most of the flood still waits
+    assert latency_s <= SLO_S, latency_s
+    assert behind >= 20, behind
+    # and it went ahead on its tenant's share, not on its deadline (which would have waited
+    # until its slack ran short, about 4.8 s, behind some 20 flood jobs): at most the flood's
+    # chunks already placed started before it
+    assert cut_in <= 2, cut_in
