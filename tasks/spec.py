@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from scheduler.lifecycle import SloClass
-from workers.diffusion.cache_params import StepCacheParams
 
 JobKindName = Literal["simulated", "image", "video", "text"]
 
@@ -104,11 +103,14 @@ class QualityFloor(BaseModel):
 
     min_steps: int = Field(ge=1, le=100_000,
                            description="The fewest steps the job accepts (1 to its own steps).")
-    step_cache: StepCacheParams | None = Field(
+    step_cache: Any = Field(
         default=None,
         description="A step cache the job accepts (e.g. {\"kind\": \"first_block\", "
                     "\"threshold\": 0.1}); image and video jobs of a model that takes one, "
                     "asked without a cache. Default: always uncached.")
+    """A ``workers.diffusion.cache_params.StepCacheParams`` or None, validated as one by
+    :meth:`_step_cache`: imported there, not at load, so a client that only lists jobs loads
+    no worker code (``tests/unit/test_cli_imports.py``)."""
     min_height: int | None = Field(
         default=None, ge=1, le=16_384,
         description="The smallest height the job accepts (a multiple of the model's size "
@@ -117,6 +119,14 @@ class QualityFloor(BaseModel):
         default=None, ge=1, le=16_384,
         description="The smallest width the job accepts (as min_height). Default: its own "
                     "width.")
+
+    @field_validator("step_cache", mode="before")
+    @classmethod
+    def _step_cache(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        from workers.diffusion.cache_params import StepCacheParams  # the package loads torch
+        return StepCacheParams.model_validate(value)
 
     def lowers_more_than_steps(self) -> bool:
         """Whether the floor allows a cache or a smaller size (image and video jobs only)."""
