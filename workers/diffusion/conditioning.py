@@ -23,7 +23,7 @@ An edit model (:data:`EDIT_FAMILIES`: Flux Kontext) takes its image as condition
 the job requires one, runs every step from pure noise, and its family encodes the image with
 the prompt (``workers.diffusion.flux_kontext``).
 
-Nothing here knows a family by name: a family takes images when it is in
+Nothing here knows a family by name: a family starts from images when it is in
 :data:`IMAGE_FAMILIES`, and the runner calls the family's ``image_latents``, or where it has
 none :func:`image_latents`, for a conditioned job's initial latents.
 """
@@ -41,7 +41,6 @@ from PIL import Image
 
 from workers.diffusion.components import DiffusionComponents
 from workers.diffusion.inputs import (
-    EDIT_FAMILIES,
     FLOW_IMAGE_FAMILIES,
     INPUT_BYTES,
     first_timestep,
@@ -54,7 +53,7 @@ def skipped(p: Mapping[str, Any], order: int, family: str) -> int:
     """Timesteps (model evaluations) of the scheduler a job of ``family`` skips:
     ``t_start * order`` for an image-conditioned job, 0 otherwise (an edit model's job too:
     its image conditions every step and is not noised, so it has no strength)."""
-    if not is_conditioned(p) or family in EDIT_FAMILIES:
+    if not is_conditioned(p):
         return 0
     return first_timestep(int(p["num_inference_steps"]), float(p["strength"]), family) * order
 

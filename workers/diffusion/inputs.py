@@ -12,10 +12,11 @@ from workers.errors import ParamsError
 DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
 """How a job names an input: the SHA-256 of its bytes (the artifact store keeps it by that)."""
 
-IMAGE_FAMILIES = frozenset({"pixart", "flux", "sd3", "flux_kontext"})
-"""Families whose jobs may start from an input image: PixArt (its VAE latents denoised as they
-are, ``StableDiffusionImg2ImgPipeline``'s arithmetic), the :data:`FLOW_IMAGE_FAMILIES`, and the
-:data:`EDIT_FAMILIES`."""
+IMAGE_FAMILIES = frozenset({"pixart", "flux", "sd3"})
+"""Families whose jobs may start from an input image (image-to-image): PixArt (its VAE latents
+denoised as they are, ``StableDiffusionImg2ImgPipeline``'s arithmetic) and the
+:data:`FLOW_IMAGE_FAMILIES`. An edit model (:data:`EDIT_FAMILIES`) and an image-to-video model
+(:data:`FIRST_FRAME_FAMILIES`) take an image too, as a condition rather than a start."""
 EDIT_FAMILIES = frozenset({"flux_kontext"})
 """Edit models (``FluxKontextPipeline``): every job requires an input image, which conditions
 each step (its latents beside the noise) rather than being noised; so no ``strength``."""
@@ -46,7 +47,7 @@ def accepted_inputs(family: str, conditioning: str) -> list[str]:
     """What a model of ``family`` takes: its condition (``text`` or ``class``), then ``image``
     and ``mask`` where it takes them (``/v1/models`` lists these; see :func:`required_inputs`)."""
     inputs = [conditioning]
-    if family in IMAGE_FAMILIES | FIRST_FRAME_FAMILIES:
+    if family in IMAGE_FAMILIES | EDIT_FAMILIES | FIRST_FRAME_FAMILIES:
         inputs.append("image")
     if family in MASK_FAMILIES:
         inputs.append("mask")
@@ -63,16 +64,13 @@ def required_inputs(family: str, conditioning: str) -> list[str]:
 
 def is_conditioned(p: Mapping[str, Any]) -> bool:
     """The job starts from an input image (image-to-image: it carries the ``strength`` it runs
-    at). An image-to-video job's image is its first frame, a condition beside pure noise: its
-    job starts from noise, as a text-to-video job does."""
+    at). An edit or image-to-video job's image is a condition beside pure noise (it has no
+    strength): its job starts from noise, as a text-to-image or text-to-video job does."""
     return p.get("image") is not None and p.get("strength") is not None
 
 
 def first_timestep(steps: int, strength: float, family: str) -> int:
-    """``t_start`` of the family's img2img strength rule: the scheduler steps a job skips
-    (none on an edit model)."""
-    if family in EDIT_FAMILIES:
-        return 0
+    """``t_start`` of the family's img2img strength rule: the scheduler steps a job skips."""
     if family in FLOW_IMAGE_FAMILIES:
         return int(max(steps - min(steps * strength, steps), 0))
     init = min(int(steps * strength), steps)
