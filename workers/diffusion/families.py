@@ -388,10 +388,15 @@ class WanFamily:
     ) -> torch.Tensor:
         h, w = _latent_hw(c, p)
         frames = (int(p["num_frames"]) - 1) // c.recipe.temporal_scale_factor + 1
-        shape = (1, c.transformer.config.in_channels, frames, h, w)
+        shape = (1, self.noise_channels(c), frames, h, w)
         noise: torch.Tensor = randn_tensor(shape, generator=gen, device=c.device,
                                            dtype=torch.float32)
         return noise
+
+    def noise_channels(self, c: DiffusionComponents) -> int:
+        """Channels of the noise (``prepare_latents``' ``num_channels_latents``): the
+        transformer's input, all of it noise in text-to-video."""
+        return int(c.transformer.config.in_channels)
 
     def passes(
         self, c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any, latents: torch.Tensor,

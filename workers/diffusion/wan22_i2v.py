@@ -19,7 +19,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from diffusers.utils.torch_utils import randn_tensor
 
 from workers.diffusion.components import DiffusionComponents
 from workers.diffusion.conditioning import image_pixels
@@ -62,15 +61,9 @@ class Wan22ImageToVideoFamily(Wan22Family):
         return [{**cond, CONDITION: first_frame_condition(c, p)}
                 for cond, p in zip(super().encode_many(c, ps), ps, strict=True)]
 
-    def init_latents(
-        self, c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any, gen: torch.Generator
-    ) -> torch.Tensor:
-        h, w = _latent_hw(c, p)
-        frames = (int(p["num_frames"]) - 1) // c.recipe.temporal_scale_factor + 1
-        shape = (1, c.vae.config.z_dim, frames, h, w)  # the noise alone, not the condition
-        noise: torch.Tensor = randn_tensor(shape, generator=gen, device=c.device,
-                                           dtype=torch.float32)
-        return noise
+    def noise_channels(self, c: DiffusionComponents) -> int:
+        """The VAE's latent channels: the noise alone, not the condition beside it."""
+        return int(c.vae.config.z_dim)
 
     def passes(
         self, c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any, latents: torch.Tensor,
