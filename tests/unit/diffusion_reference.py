@@ -145,55 +145,35 @@ def _wan_i2v(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
                  guidance_scale_2=p["guidance_scale_2"], **common)
 
 
-def _flux(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
-          common: dict[str, Any]) -> Reference:
-    pipe = _quiet(FluxPipeline(scheduler=scheduler, vae=c.vae, text_encoder=c.text_encoder,
-                               tokenizer=c.tokenizer, text_encoder_2=c.text_encoder_2,
-                               tokenizer_2=c.tokenizer_2, transformer=c.transformer))
-    return _kept(pipe, "images", true_cfg_scale=p["true_cfg_scale"], **_text(c, p), **common)
+def _flux_pipe(cls: Any, c: DiffusionComponents, scheduler: Any) -> Any:
+    """A Flux.1 pipeline of class ``cls`` (text-to-image, img2img, inpaint, Kontext: all take
+    the same modules) on the recipe's modules."""
+    return _quiet(cls(scheduler=scheduler, vae=c.vae, text_encoder=c.text_encoder,
+                      tokenizer=c.tokenizer, text_encoder_2=c.text_encoder_2,
+                      tokenizer_2=c.tokenizer_2, transformer=c.transformer))
 
 
-def _sd3(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
-         common: dict[str, Any]) -> Reference:
-    pipe = _quiet(StableDiffusion3Pipeline(
-        transformer=c.transformer, scheduler=scheduler, vae=c.vae, text_encoder=c.text_encoder,
-        tokenizer=c.tokenizer, text_encoder_2=c.text_encoder_2, tokenizer_2=c.tokenizer_2,
-        text_encoder_3=c.text_encoder_3, tokenizer_3=c.tokenizer_3))
-    return _kept(pipe, "images", **_text(c, p), **common)
+def _flux_call(cls: Any) -> Call:
+    """The reference call of the Flux.1 pipeline ``cls``: true CFG at the job's scale."""
+    def call(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
+             common: dict[str, Any]) -> Reference:
+        return _kept(_flux_pipe(cls, c, scheduler), "images",
+                     true_cfg_scale=p["true_cfg_scale"], **_text(c, p), **common)
+    return call
 
 
-def _flux_img2img(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
-                  common: dict[str, Any]) -> Reference:
-    pipe = _quiet(FluxImg2ImgPipeline(scheduler=scheduler, vae=c.vae, text_encoder=c.text_encoder,
-                                      tokenizer=c.tokenizer, text_encoder_2=c.text_encoder_2,
-                                      tokenizer_2=c.tokenizer_2, transformer=c.transformer))
-    return _kept(pipe, "images", true_cfg_scale=p["true_cfg_scale"], **_text(c, p), **common)
-
-
-def _sd3_img2img(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
-                 common: dict[str, Any]) -> Reference:
-    pipe = _quiet(StableDiffusion3Img2ImgPipeline(
-        transformer=c.transformer, scheduler=scheduler, vae=c.vae, text_encoder=c.text_encoder,
-        tokenizer=c.tokenizer, text_encoder_2=c.text_encoder_2, tokenizer_2=c.tokenizer_2,
-        text_encoder_3=c.text_encoder_3, tokenizer_3=c.tokenizer_3))
-    return _kept(pipe, "images", **_text(c, p), **common)
-
-
-def _flux_inpaint(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
-                  common: dict[str, Any]) -> Reference:
-    pipe = _quiet(FluxInpaintPipeline(scheduler=scheduler, vae=c.vae, text_encoder=c.text_encoder,
-                                      tokenizer=c.tokenizer, text_encoder_2=c.text_encoder_2,
-                                      tokenizer_2=c.tokenizer_2, transformer=c.transformer))
-    return _kept(pipe, "images", true_cfg_scale=p["true_cfg_scale"], **_text(c, p), **common)
-
-
-def _sd3_inpaint(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
-                 common: dict[str, Any]) -> Reference:
-    pipe = _quiet(StableDiffusion3InpaintPipeline(
-        transformer=c.transformer, scheduler=scheduler, vae=c.vae, text_encoder=c.text_encoder,
-        tokenizer=c.tokenizer, text_encoder_2=c.text_encoder_2, tokenizer_2=c.tokenizer_2,
-        text_encoder_3=c.text_encoder_3, tokenizer_3=c.tokenizer_3))
-    return _kept(pipe, "images", **_text(c, p), **common)
+def _sd3_call(cls: Any) -> Call:
+    """The reference call of the SD 3.5 pipeline ``cls`` (text-to-image, img2img and inpaint
+    take the same three encoders)."""
+    def call(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
+             common: dict[str, Any]) -> Reference:
+        pipe = _quiet(cls(
+            transformer=c.transformer, scheduler=scheduler, vae=c.vae,
+            text_encoder=c.text_encoder, tokenizer=c.tokenizer, text_encoder_2=c.text_encoder_2,
+            tokenizer_2=c.tokenizer_2, text_encoder_3=c.text_encoder_3,
+            tokenizer_3=c.tokenizer_3))
+        return _kept(pipe, "images", **_text(c, p), **common)
+    return call
 
 
 def _flux_kontext(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
@@ -201,9 +181,7 @@ def _flux_kontext(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
     """The edit pipeline on the image resized to the job's size (what Stepline encodes), with
     ``_auto_resize=False`` (its preferred resolutions are the full-size model's) and
     ``max_area`` the job's area (which keeps the job's size, not 1024²)."""
-    pipe = _quiet(FluxKontextPipeline(scheduler=scheduler, vae=c.vae, text_encoder=c.text_encoder,
-                                      tokenizer=c.tokenizer, text_encoder_2=c.text_encoder_2,
-                                      tokenizer_2=c.tokenizer_2, transformer=c.transformer))
+    pipe = _flux_pipe(FluxKontextPipeline, c, scheduler)
     common = {**common, "image": pipe.image_processor.resize(_input_image(p), p["height"],
                                                              p["width"])}
     return _kept(pipe, "images", true_cfg_scale=p["true_cfg_scale"], _auto_resize=False,
@@ -250,23 +228,23 @@ CALLS: dict[str, Call] = {
     "wan": _wan,
     "wan22": _wan,  # WanPipeline with transformer_2 and boundary_ratio
     "wan22_i2v": _wan_i2v,  # WanImageToVideoPipeline, the same, no image encoder
-    "flux": _flux,
+    "flux": _flux_call(FluxPipeline),
     "flux_kontext": _flux_kontext,  # an edit model: every job has an image
-    "sd3": _sd3,
+    "sd3": _sd3_call(StableDiffusion3Pipeline),
     "qwen_image": _qwen_image,
     "zimage": _zimage,
     "flux2_klein": _flux2_klein,
 }
 """Each family's pipeline ``__call__`` on the recipe's own modules."""
 IMAGE_CALLS: dict[str, Call] = {
-    "flux": _flux_img2img,
-    "sd3": _sd3_img2img,
+    "flux": _flux_call(FluxImg2ImgPipeline),
+    "sd3": _sd3_call(StableDiffusion3Img2ImgPipeline),
 }
 """Each family's img2img pipeline ``__call__``, for a job with an input image (PixArt has
 none in the library: its img2img reference is assembled in ``test_diffusion_img2img``)."""
 MASK_CALLS: dict[str, Call] = {
-    "flux": _flux_inpaint,
-    "sd3": _sd3_inpaint,
+    "flux": _flux_call(FluxInpaintPipeline),
+    "sd3": _sd3_call(StableDiffusion3InpaintPipeline),
 }
 """Each family's inpaint pipeline ``__call__``, for a job with an input image and a mask (an
 ``L`` mask, handed to the pipeline as the job's bytes decode)."""
