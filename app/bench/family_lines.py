@@ -2,7 +2,9 @@
 in ``workers/diffusion``. A family added as a module of its own (Flux, SD3, Qwen-Image, Z-Image,
 Wan 2.2) counts that whole module; the first three families live as classes in the shared
 modules (``families.py``, ``blockwise.py``) and count those classes. What is left of those two
-modules, and the runner around them, is shared by every family and counted apart.
+modules, with ``flow.py`` (the flow-matching timesteps, 2x2 packing and VAE shift of the Flux
+line, Qwen-Image and Z-Image), is shared and counted apart; the runner around them is not
+counted.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ MODULES = {"flux": "flux.py", "sd3": "sd3.py", "qwen_image": "qwen_image.py",
 CLASSES = {"dit": ("DiTFamily", "DiTBlockwise"), "pixart": ("PixArtFamily", "PixArtBlockwise"),
            "wan": ("WanFamily", "WanBlockwise")}
 """Families held as classes in ``families.py`` and ``blockwise.py``."""
-SHARED = ("families.py", "blockwise.py")
+SHARED = ("families.py", "blockwise.py",
+          "flow.py")
 
 
 def code_lines(lines: list[str]) -> int:

@@ -149,6 +149,38 @@ def _text_rows(ps: Sequence[Mapping[str, Any]],
     return {text: row for row, text in enumerate(dict.fromkeys(texts))}
 
 
+def cfg_prefixes(cfg: bool) -> list[str]:
+    """A two-pass CFG job's texts by key prefix: the prompt, and under CFG the negative one."""
+    return ["", "negative_"] if cfg else [""]
+
+
+def job_rows(embeds: Tensors, rows: Mapping[str, int], ps: Sequence[Mapping[str, Any]],
+             cfg: Callable[[Mapping[str, Any]], bool] = uses_cfg) -> list[Tensors]:
+    """Each job's rows of one text-encoder batch (``rows``: :func:`_text_rows`), laid out for two
+    passes: its prompt's row of every tensor, and under CFG its negative prompt's under the same
+    keys prefixed ``negative_``."""
+    return [{f"{n}{key}": tensor[[rows[str(p[f"{n}prompt"])]]] for n in cfg_prefixes(cfg(p))
+             for key, tensor in embeds.items()} for p in ps]
+
+
+def two_pass_cfg(outputs: Sequence[torch.Tensor], scale: float) -> torch.Tensor:
+    """CFG over a conditional and a negative pass, ``negative + scale · (cond − negative)`` (one
+    pass, without CFG, as it is): FluxPipeline's true CFG, WanPipeline's and Flux.2's CFG."""
+    if len(outputs) == 1:
+        return outputs[0]
+    noise, negative = outputs
+    return negative + scale * (noise - negative)
+
+
+def latent_noise(c: DiffusionComponents, p: Mapping[str, Any], gen: torch.Generator,
+                 dtype: torch.dtype) -> torch.Tensor:
+    """``prepare_latents``' noise of an unpacked image pipeline: (1, C, H/f, W/f) of the
+    transformer's input channels at the VAE's scale factor ``f``."""
+    shape = (1, c.transformer.config.in_channels, *_latent_hw(c, p))
+    noise: torch.Tensor = randn_tensor(shape, generator=gen, device=c.device, dtype=dtype)
+    return noise
+
+
 def _latent_hw(c: DiffusionComponents, p: Mapping[str, Any]) -> tuple[int, int]:
     f = c.recipe.vae_scale_factor
     return int(p["height"]) // f, int(p["width"]) // f

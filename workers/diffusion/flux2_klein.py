@@ -16,7 +16,9 @@ from diffusers.utils.torch_utils import randn_tensor
 
 from workers.diffusion.components import DiffusionComponents
 from workers.diffusion.families import Tensors, _text_rows, uses_cfg
-from workers.diffusion.flux import _PACK, FluxBlockwise, FluxFamily, _packed_hw
+from workers.diffusion.flow import PACK as _PACK
+from workers.diffusion.flow import packed_hw as _packed_hw
+from workers.diffusion.flux import FluxBlockwise, FluxFamily
 
 
 def _prefixes(p: Mapping[str, Any]) -> list[str]:

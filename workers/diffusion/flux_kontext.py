@@ -20,7 +20,9 @@ from diffusers import FluxKontextPipeline
 from workers.diffusion.components import DiffusionComponents
 from workers.diffusion.conditioning import shifted_image_latents
 from workers.diffusion.families import Tensors
-from workers.diffusion.flux import _PACK, FluxFamily, _packed_hw
+from workers.diffusion.flow import PACK as _PACK
+from workers.diffusion.flow import packed_hw as _packed_hw
+from workers.diffusion.flux import FluxFamily
 
 
 def _image_latents(c: DiffusionComponents, p: Mapping[str, Any]) -> torch.Tensor:

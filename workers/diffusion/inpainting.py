@@ -29,7 +29,7 @@ from diffusers.image_processor import VaeImageProcessor
 from PIL import Image, ImageOps
 
 from workers.diffusion.components import DiffusionComponents
-from workers.diffusion.conditioning import input_bytes
+from workers.diffusion.conditioning import image_pixels, input_bytes
 
 Inpaint = dict[str, torch.Tensor]
 """An inpainting job's blend inputs, laid out as its latents are (Flux: packed): the clean image
@@ -71,6 +71,15 @@ def encode_masked_image(c: DiffusionComponents, image: torch.Tensor, mask: torch
     does."""
     masked = (image * (mask < 0.5)).to(device=c.device, dtype=dtype)
     c.vae.encode(masked).latent_dist.sample(gen)
+
+
+def masked_condition(c: DiffusionComponents, p: Mapping[str, Any], multiple: int,
+                     gen: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
+    """``prepare_mask_latents``' first half in every inpaint pipeline: the :func:`mask_condition`
+    at a ``multiple`` of pixels, and the masked image encoded with the job's generator."""
+    condition = mask_condition(p, multiple)
+    encode_masked_image(c, image_pixels(c, p, multiple, torch.float32), condition, gen, dtype)
+    return condition
 
 
 def blend(scheduler: Any, inpaint: Inpaint, latents: torch.Tensor,

@@ -12,16 +12,12 @@ from typing import Any
 
 import torch
 from diffusers import ZImagePipeline
-from diffusers.pipelines.z_image.pipeline_z_image import (
-    calculate_shift,
-    get_default_z_image_sigmas,
-    retrieve_timesteps,
-)
-from diffusers.utils.torch_utils import randn_tensor
+from diffusers.pipelines.z_image.pipeline_z_image import get_default_z_image_sigmas
 
+from workers.diffusion import flow
 from workers.diffusion.blockwise import Tensors
-from workers.diffusion.components import DiffusionComponents
-from workers.diffusion.families import PixArtFamily, _latent_hw, _text_rows
+from workers.diffusion.components import DiffusionComponents, library_pipeline
+from workers.diffusion.families import _text_rows, latent_noise
 
 _PATCH = "2-1"
 """The transformer's patch and frame-patch size as ``ZImagePipeline`` calls it (its defaults)."""
@@ -34,9 +30,7 @@ def zimage_cfg(p: Mapping[str, Any]) -> bool:
 
 def _embeds(c: DiffusionComponents, texts: list[str]) -> list[torch.Tensor]:
     """The pipeline's ``encode_prompt`` of ``texts`` in one text-encoder call (~0.3 ms to build)."""
-    pipe: Any = ZImagePipeline(scheduler=None, vae=c.vae,  # type: ignore[no-untyped-call]
-                               text_encoder=c.text_encoder, tokenizer=c.tokenizer,
-                               transformer=c.transformer)
+    pipe = library_pipeline(ZImagePipeline, c)
     return list(pipe.encode_prompt(prompt=list(texts), device=c.device,
                                    do_classifier_free_guidance=False,
                                    max_sequence_length=c.recipe.text_max_length)[0])
@@ -50,8 +44,9 @@ def _padded(c: DiffusionComponents, embeds: Sequence[torch.Tensor]) -> Tensors:
     return {"cap_feats": torch.stack(rows), "cap_lens": torch.tensor([len(e) for e in embeds])}
 
 
-class ZImageFamily(PixArtFamily):
-    """``ZImagePipeline``; the scheduler step, VAE decode and postprocess are PixArt's."""
+class ZImageFamily(flow.FlowMatchFamily):
+    """``ZImagePipeline``: flow matching's timesteps (its own sigmas) and VAE input; the
+    scheduler step, VAE decode and postprocess are PixArt's."""
 
     def encode(self, c: DiffusionComponents, p: Mapping[str, Any]) -> Tensors:
         embeds = _embeds(c, [str(p["prompt"])])  # the pipeline encodes each side on its own
@@ -66,27 +61,14 @@ class ZImageFamily(PixArtFamily):
         return [_padded(c, [embeds[rows[str(p["prompt"])]]] + (
             [embeds[rows[str(p["negative_prompt"])]]] if zimage_cfg(p) else [])) for p in ps]
 
-    def set_timesteps(self, c: DiffusionComponents, scheduler: Any, steps: int) -> None:
-        size = {"height": c.recipe.default_height, "width": c.recipe.default_width}
-        self.set_job_timesteps(c, size, scheduler, steps)
-
-    def set_job_timesteps(self, c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
-                          steps: int) -> None:
-        """The pipeline's sigmas, and ``mu`` from the job's image tokens."""
-        h, w = _latent_hw(c, p)
-        keys = (("base_image_seq_len", 256), ("max_image_seq_len", 4096), ("base_shift", 0.5),
-                ("max_shift", 1.15))
-        mu = calculate_shift((h // 2) * (w // 2), *(scheduler.config.get(k, v) for k, v in keys))
-        retrieve_timesteps(scheduler, steps, c.device, sigmas=get_default_z_image_sigmas(steps),
-                           mu=mu)
-        scheduler.set_begin_index(0)
+    def sigmas(self, scheduler: Any, steps: int) -> Any:
+        """``get_default_z_image_sigmas``: linspace(1, 1/N, N) in float32, in flow mode too."""
+        return get_default_z_image_sigmas(steps)
 
     def init_latents(
         self, c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any, gen: torch.Generator
     ) -> torch.Tensor:
-        shape = (1, c.transformer.config.in_channels, *_latent_hw(c, p))
-        return randn_tensor(shape, generator=gen, device=c.device,  # type: ignore[no-any-return]
-                            dtype=torch.float32)
+        return latent_noise(c, p, gen, torch.float32)
 
     def passes(
         self, c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any, latents: torch.Tensor,
@@ -106,9 +88,7 @@ class ZImageFamily(PixArtFamily):
 
     def vae_input(self, c: DiffusionComponents, p: Mapping[str, Any], latents: torch.Tensor
                   ) -> torch.Tensor:
-        cfg = c.vae.config
-        shifted: torch.Tensor = (latents.to(c.vae.dtype) / cfg.scaling_factor) + cfg.shift_factor
-        return shifted
+        return flow.unshifted(c, latents.to(c.vae.dtype))
 
 
 def model_inputs(inputs: Tensors) -> dict[str, Any]:
