@@ -13,8 +13,10 @@ from diffusers import QwenImagePipeline
 from diffusers.utils.torch_utils import randn_tensor
 
 from workers.diffusion.components import DiffusionComponents
+from workers.diffusion.conditioning import image_pixels, noised_to_start
 from workers.diffusion.families import Tensors, WanFamily
 from workers.diffusion.flux import _PACK, FluxFamily, _packed_hw, true_cfg
+from workers.diffusion.inpainting import Inpaint, encode_masked_image, mask_condition
 
 _WAN = WanFamily()  # its VAE input (latents_std and latents_mean undone) is Qwen-Image's
 
@@ -36,6 +38,19 @@ def _embed(c: DiffusionComponents, text: str) -> torch.Tensor:
     return embeds  # type: ignore[no-any-return]
 
 
+def _dtype(c: DiffusionComponents) -> torch.dtype:
+    """The prompt embeddings' dtype, which the pipeline's latents take."""
+    assert c.text_encoder is not None
+    dtype: torch.dtype = c.text_encoder.dtype
+    return dtype
+
+
+def _pack(x: torch.Tensor) -> torch.Tensor:
+    """``_pack_latents`` of one job's (1, [1,] C, H, W) latents, noise or mask."""
+    packed: torch.Tensor = QwenImagePipeline._pack_latents(x, 1, *x.shape[-3:])
+    return packed
+
+
 class QwenImageFamily(FluxFamily):
     """Flux's timesteps (its sigmas passed even in flow mode), encode, scheduler step and pixels;
     its own prompt embeddings (each text encoded alone, as the pipeline encodes prompt and
@@ -50,16 +65,47 @@ class QwenImageFamily(FluxFamily):
         return [{f"{n}prompt_embeds": embeds[str(p[f"{n}prompt"])] for n in _prefixes(p)}
                 for p in ps]
 
+    def _noise(self, c: DiffusionComponents, p: Mapping[str, Any], gen: torch.Generator
+               ) -> torch.Tensor:
+        """The job's noise as ``prepare_latents`` draws it: one frame, (1, 1, C, H, W)."""
+        h, w = _packed_hw(c, p)
+        channels = c.transformer.config.in_channels // (_PACK * _PACK)
+        noise: torch.Tensor = randn_tensor((1, 1, channels, h, w), generator=gen,
+                                           device=c.device, dtype=_dtype(c))
+        return noise
+
     def init_latents(
         self, c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any, gen: torch.Generator
     ) -> torch.Tensor:
-        h, w = _packed_hw(c, p)
+        return _pack(self._noise(c, p, gen))
+
+    def _noised_parts(self, c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
+                      gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``QwenImageImg2ImgPipeline.prepare_latents`` (the inpaint pipeline's alike): the
+        image (at the packing's multiple, as one frame) encoded with the job's generator and
+        normalised by the VAE's ``latents_mean`` and ``latents_std``, noised by ``scale_noise``
+        with noise drawn next; the noised latents, image latents and noise, packed."""
+        pixels = image_pixels(c, p, c.recipe.vae_scale_factor * _PACK, _dtype(c))[:, :, None]
+        sample = c.vae.encode(pixels).latent_dist.sample(gen)
+        mean, std = (torch.tensor(getattr(c.vae.config, k)).view(1, -1, 1, 1, 1).to(
+            sample.device, sample.dtype) for k in ("latents_mean", "latents_std"))
+        image = ((sample - mean) * (1.0 / std)).transpose(1, 2)
+        noise = self._noise(c, p, gen)
+        noised = noised_to_start(scheduler, p, c.recipe.family, image, noise)
+        return _pack(noised), _pack(image), _pack(noise)
+
+    def inpaint_latents(self, c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
+                        gen: torch.Generator) -> tuple[torch.Tensor, Inpaint]:
+        """``QwenImageInpaintPipeline``: Flux's ``prepare_mask_latents``, the masked image
+        encoded as one frame."""
+        latents, image, noise = self._noised_parts(c, p, scheduler, gen)
+        condition = mask_condition(p, c.recipe.vae_scale_factor * _PACK)
+        pixels = image_pixels(c, p, c.recipe.vae_scale_factor * _PACK, torch.float32)
+        encode_masked_image(c, pixels[:, :, None], condition, gen, _dtype(c))
+        mask = torch.nn.functional.interpolate(condition, size=_packed_hw(c, p))
         channels = c.transformer.config.in_channels // (_PACK * _PACK)
-        assert c.text_encoder is not None  # the prompt embeddings' dtype
-        noise = randn_tensor((1, 1, channels, h, w), generator=gen, device=c.device,
-                             dtype=c.text_encoder.dtype)
-        return QwenImagePipeline._pack_latents(  # type: ignore[no-any-return]
-            noise, 1, channels, h, w)
+        mask = mask.to(c.device, _dtype(c)).repeat(1, channels, 1, 1)
+        return latents, {"image_latents": image, "noise": noise, "mask": _pack(mask)}
 
     def passes(
         self, c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any, latents: torch.Tensor,
