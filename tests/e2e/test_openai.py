@@ -388,7 +388,7 @@ def test_an_image_edit_with_a_mask_on_a_model_without_inpainting_is_a_400_naming
                            mask=("m.png", _png(32, "L"), "image/png"), model=IMAGE_MODEL)
 
 
-@pytest.mark.parametrize("model", ["flux-tiny", "sd35-tiny"])
+@pytest.mark.parametrize("model", ["flux-tiny", "sd35-tiny", "qwen-image-tiny"])
 def test_an_image_edit_with_a_mask_through_the_sdk_inpaints_the_stored_image(
         client: openai.OpenAI, api: str, model: str) -> None:
     # given an input image and a mask of its size by its alpha channel (OpenAI's convention)
@@ -447,6 +447,7 @@ def test_models_say_which_inputs_each_recipe_takes(client: openai.OpenAI) -> Non
     inputs = {m.id: (m.model_extra or {})["stepline"]["inputs"] for m in client.models.list()}
     assert inputs[IMAGE_MODEL] == ["text", "image"]
     assert inputs["flux-tiny"] == inputs["sd35-tiny"] == ["text", "image", "mask"]
+    assert inputs["qwen-image-tiny"] == ["text", "image", "mask"]
     # and an edit model says it cannot run without its image
     kontext = next(m for m in client.models.list() if m.id == "flux-kontext-tiny")
     assert (kontext.model_extra or {})["stepline"]["requires"] == ["text", "image"]

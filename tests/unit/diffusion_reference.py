@@ -23,6 +23,8 @@ from diffusers import (
     FluxKontextPipeline,
     FluxPipeline,
     PixArtSigmaPipeline,
+    QwenImageImg2ImgPipeline,
+    QwenImageInpaintPipeline,
     QwenImagePipeline,
     StableDiffusion3Img2ImgPipeline,
     StableDiffusion3InpaintPipeline,
@@ -188,11 +190,15 @@ def _flux_kontext(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
                  max_area=p["height"] * p["width"], **_text(c, p), **common)
 
 
-def _qwen_image(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
-                common: dict[str, Any]) -> Reference:
-    pipe = _quiet(QwenImagePipeline(scheduler=scheduler, vae=c.vae, text_encoder=c.text_encoder,
-                                    tokenizer=c.tokenizer, transformer=c.transformer))
-    return _kept(pipe, "images", true_cfg_scale=p["true_cfg_scale"], **_text(c, p), **common)
+def _qwen_call(cls: Any) -> Call:
+    """The reference call of the Qwen-Image pipeline ``cls`` (text-to-image, img2img and
+    inpaint take the same modules): true CFG at the job's scale."""
+    def call(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
+             common: dict[str, Any]) -> Reference:
+        pipe = _quiet(cls(scheduler=scheduler, vae=c.vae, text_encoder=c.text_encoder,
+                          tokenizer=c.tokenizer, transformer=c.transformer))
+        return _kept(pipe, "images", true_cfg_scale=p["true_cfg_scale"], **_text(c, p), **common)
+    return call
 
 
 def _zimage(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
@@ -231,7 +237,7 @@ CALLS: dict[str, Call] = {
     "flux": _flux_call(FluxPipeline),
     "flux_kontext": _flux_kontext,  # an edit model: every job has an image
     "sd3": _sd3_call(StableDiffusion3Pipeline),
-    "qwen_image": _qwen_image,
+    "qwen_image": _qwen_call(QwenImagePipeline),
     "zimage": _zimage,
     "flux2_klein": _flux2_klein,
 }
@@ -239,12 +245,14 @@ CALLS: dict[str, Call] = {
 IMAGE_CALLS: dict[str, Call] = {
     "flux": _flux_call(FluxImg2ImgPipeline),
     "sd3": _sd3_call(StableDiffusion3Img2ImgPipeline),
+    "qwen_image": _qwen_call(QwenImageImg2ImgPipeline),
 }
 """Each family's img2img pipeline ``__call__``, for a job with an input image (PixArt has
 none in the library: its img2img reference is assembled in ``test_diffusion_img2img``)."""
 MASK_CALLS: dict[str, Call] = {
     "flux": _flux_call(FluxInpaintPipeline),
     "sd3": _sd3_call(StableDiffusion3InpaintPipeline),
+    "qwen_image": _qwen_call(QwenImageInpaintPipeline),
 }
 """Each family's inpaint pipeline ``__call__``, for a job with an input image and a mask (an
 ``L`` mask, handed to the pipeline as the job's bytes decode)."""

@@ -106,7 +106,8 @@ def test_a_preempted_migrated_img2img_job_equals_the_librarys_img2img_arithmetic
 
 
 FLOW_CASES = [("flux-tiny", "flow_match_euler", 0.6, 4), ("flux-tiny", "flow_match_euler", 0.3, 2),
-              ("sd35-tiny", "flow_match_euler", 0.7, 5), ("sd35-tiny", "flow_match_heun", 0.5, 5)]
+              ("sd35-tiny", "flow_match_euler", 0.7, 5), ("sd35-tiny", "flow_match_heun", 0.5, 5),
+              ("qwen-image-tiny", "flow_match_euler", 0.6, 4)]
 """Model, sampler, strength and the model evaluations the pipeline runs: its strength rule,
 ``int(steps - steps * strength)`` steps skipped, is not PixArt's (0.6 of 6 steps: 4, not 3;
 Heun evaluates twice a step but the last)."""
@@ -172,6 +173,7 @@ def test_a_chunk_without_its_input_bytes_is_refused_by_name() -> None:
     ({"model": "flux-tiny", "prompt": "x", "scheduler": "unipc"},
      "'unipc' .* has no scale_noise.*use one of flow_match_euler, flow_match_lcm$"),
     ({"model": "sd35-tiny", "prompt": "x", "scheduler": "flow_match_euler_a"}, "no scale_noise"),
+    ({"model": "qwen-image-tiny", "prompt": "x", "scheduler": "unipc"}, "no scale_noise"),
     ({"model": "flux-kontext-tiny", "prompt": "x", "strength": 0.5}, "edit model.*no strength"),
     ({"model": "flux-kontext-tiny", "prompt": "x", "mask": True}, "edit model.*no mask"),
 ])

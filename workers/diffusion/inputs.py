@@ -12,7 +12,7 @@ from workers.errors import ParamsError
 DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
 """How a job names an input: the SHA-256 of its bytes (the artifact store keeps it by that)."""
 
-IMAGE_FAMILIES = frozenset({"pixart", "flux", "sd3"})
+IMAGE_FAMILIES = frozenset({"pixart", "flux", "sd3", "qwen_image"})
 """Families whose jobs may start from an input image (image-to-image): PixArt (its VAE latents
 denoised as they are, ``StableDiffusionImg2ImgPipeline``'s arithmetic) and the
 :data:`FLOW_IMAGE_FAMILIES`. An edit model (:data:`EDIT_FAMILIES`) and an image-to-video model
@@ -20,17 +20,18 @@ denoised as they are, ``StableDiffusionImg2ImgPipeline``'s arithmetic) and the
 EDIT_FAMILIES = frozenset({"flux_kontext"})
 """Edit models (``FluxKontextPipeline``): every job requires an input image, which conditions
 each step (its latents beside the noise) rather than being noised; so no ``strength``."""
-FLOW_IMAGE_FAMILIES = frozenset({"flux", "sd3"})
+FLOW_IMAGE_FAMILIES = frozenset({"flux", "sd3", "qwen_image"})
 """Families with a flow-matching img2img pipeline of their own (``FluxImg2ImgPipeline``,
-``StableDiffusion3Img2ImgPipeline``): the image latents shifted by the VAE's ``shift_factor``,
+``StableDiffusion3Img2ImgPipeline``, ``QwenImageImg2ImgPipeline``): the image latents shifted by
+the VAE's ``shift_factor`` (Qwen-Image's normalised by its ``latents_mean`` and ``latents_std``),
 noised by the scheduler's ``scale_noise`` (so only :data:`NOISE_SCALING_SCHEDULERS` run it),
 and the timesteps cut by ``int(steps - steps * strength)`` (the product not floored first)."""
 NOISE_SCALING_SCHEDULERS = frozenset({"FlowMatchEulerDiscreteScheduler",
                                       "FlowMatchHeunDiscreteScheduler", "FlowMatchLCMScheduler"})
 """Scheduler classes with the ``scale_noise`` a flow-matching img2img pipeline calls."""
-MASK_FAMILIES = frozenset({"flux", "sd3"})
+MASK_FAMILIES = frozenset({"flux", "sd3", "qwen_image"})
 """Families that inpaint with a ``mask`` of their input image, as their inpaint pipelines do
-(``FluxInpaintPipeline``, ``StableDiffusion3InpaintPipeline``; see
+(``FluxInpaintPipeline``, ``StableDiffusion3InpaintPipeline``, ``QwenImageInpaintPipeline``; see
 :mod:`workers.diffusion.inpainting`); a job with a mask on any other model is refused."""
 FIRST_FRAME_FAMILIES = frozenset({"wan22_i2v"})
 """Video families whose every job takes an input image as its first frame (image-to-video,

@@ -13,8 +13,11 @@ from diffusers import QwenImagePipeline
 from diffusers.utils.torch_utils import randn_tensor
 
 from workers.diffusion.components import DiffusionComponents
+from workers.diffusion.conditioning import image_pixels, noised_to_start
 from workers.diffusion.families import Tensors, WanFamily
-from workers.diffusion.flux import _PACK, FluxFamily, _packed_hw, true_cfg
+from workers.diffusion.flux import FluxFamily, true_cfg
+from workers.diffusion.inpainting import Inpaint
+from workers.diffusion.packing import PACK, latent_channels, pack, packed_hw, packed_mask
 
 _WAN = WanFamily()  # its VAE input (latents_std and latents_mean undone) is Qwen-Image's
 
@@ -36,6 +39,13 @@ def _embed(c: DiffusionComponents, text: str) -> torch.Tensor:
     return embeds  # type: ignore[no-any-return]
 
 
+def _dtype(c: DiffusionComponents) -> torch.dtype:
+    """The prompt embeddings' dtype, which the pipeline's latents take."""
+    assert c.text_encoder is not None
+    dtype: torch.dtype = c.text_encoder.dtype
+    return dtype
+
+
 class QwenImageFamily(FluxFamily):
     """Flux's timesteps (its sigmas passed even in flow mode), encode, scheduler step and pixels;
     its own prompt embeddings (each text encoded alone, as the pipeline encodes prompt and
@@ -50,23 +60,48 @@ class QwenImageFamily(FluxFamily):
         return [{f"{n}prompt_embeds": embeds[str(p[f"{n}prompt"])] for n in _prefixes(p)}
                 for p in ps]
 
+    def _noise(self, c: DiffusionComponents, p: Mapping[str, Any], gen: torch.Generator
+               ) -> torch.Tensor:
+        """The job's noise as ``prepare_latents`` draws it: one frame, (1, 1, C, H, W)."""
+        noise: torch.Tensor = randn_tensor((1, 1, latent_channels(c), *packed_hw(c, p)),
+                                           generator=gen, device=c.device, dtype=_dtype(c))
+        return noise
+
     def init_latents(
         self, c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any, gen: torch.Generator
     ) -> torch.Tensor:
-        h, w = _packed_hw(c, p)
-        channels = c.transformer.config.in_channels // (_PACK * _PACK)
-        assert c.text_encoder is not None  # the prompt embeddings' dtype
-        noise = randn_tensor((1, 1, channels, h, w), generator=gen, device=c.device,
-                             dtype=c.text_encoder.dtype)
-        return QwenImagePipeline._pack_latents(  # type: ignore[no-any-return]
-            noise, 1, channels, h, w)
+        return pack(self._noise(c, p, gen))
+
+    def _noised_parts(self, c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
+                      gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``QwenImageImg2ImgPipeline.prepare_latents`` (the inpaint pipeline's alike): the
+        image (at the packing's multiple, as one frame) encoded with the job's generator and
+        normalised by the VAE's ``latents_mean`` and ``latents_std``, noised by ``scale_noise``
+        with noise drawn next; the noised latents, image latents and noise, packed."""
+        pixels = image_pixels(c, p, c.recipe.vae_scale_factor * PACK, _dtype(c))[:, :, None]
+        sample = c.vae.encode(pixels).latent_dist.sample(gen)
+        mean, std = (torch.tensor(getattr(c.vae.config, k)).view(1, -1, 1, 1, 1).to(
+            sample.device, sample.dtype) for k in ("latents_mean", "latents_std"))
+        image = ((sample - mean) * (1.0 / std)).transpose(1, 2)
+        noise = self._noise(c, p, gen)
+        noised = noised_to_start(scheduler, p, c.recipe.family, image, noise)
+        return pack(noised), pack(image), pack(noise)
+
+    def inpaint_latents(self, c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
+                        gen: torch.Generator) -> tuple[torch.Tensor, Inpaint]:
+        """``QwenImageInpaintPipeline``: its img2img latents, and Flux's packed mask of the
+        masked image encoded as one frame."""
+        latents, image, noise = self._noised_parts(c, p, scheduler, gen)
+        pixels = image_pixels(c, p, c.recipe.vae_scale_factor * PACK, torch.float32)[:, :, None]
+        mask = packed_mask(c, p, pixels, gen, _dtype(c))
+        return latents, {"image_latents": image, "noise": noise, "mask": mask}
 
     def passes(
         self, c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any, latents: torch.Tensor,
         t: torch.Tensor, cond: Tensors,
     ) -> tuple[list[Tensors], torch.Tensor]:
         """``img_shapes`` (frames, rows, columns of tokens) as one tensor row per latent row."""
-        shape = torch.tensor([[1, *(n // _PACK for n in _packed_hw(c, p))]])
+        shape = torch.tensor([[1, *(n // PACK for n in packed_hw(c, p))]])
         shared = {"hidden_states": latents, "img_shapes": shape.expand(latents.shape[0], -1),
                   "timestep": t.expand(latents.shape[0]).to(latents.dtype) / 1000}
         return [{**shared, "encoder_hidden_states": cond[f"{n}prompt_embeds"]}
@@ -74,11 +109,11 @@ class QwenImageFamily(FluxFamily):
 
     def combine(self, c: DiffusionComponents, p: Mapping[str, Any], outputs: list[torch.Tensor]
                 ) -> torch.Tensor:
+        """Flux's true CFG, rescaled to the conditional prediction's norm."""
+        combined = super().combine(c, p, outputs)
         if not true_cfg(p):
-            return outputs[0]
-        noise, negative = outputs
-        combined = negative + float(p["true_cfg_scale"]) * (noise - negative)
-        cond_norm, norm = (torch.norm(x, dim=-1, keepdim=True) for x in (noise, combined))
+            return combined
+        cond_norm, norm = (torch.norm(x, dim=-1, keepdim=True) for x in (outputs[0], combined))
         rescaled: torch.Tensor = combined * (cond_norm / norm)
         return rescaled
 
