@@ -168,15 +168,18 @@ class Client:
         adapters: list[tuple[str, float]] | None = None,
         image: bytes | None = None,
         mask: bytes | None = None,
+        control_image: bytes | None = None,
     ) -> JobDetail:
         """Submit ``spec`` (or one built from the keywords); returns the job as stored.
         ``adapters``: (name, scale) LoRA adapters of an image or video job, in order;
         ``image``, ``mask``: its input image and inpainting mask (PNG, JPEG or WebP bytes,
         sent as base64 and stored by the API under their digest); ``image`` is also the first
-        frame of an image-to-video model's video job (which needs one)."""
+        frame of an image-to-video model's video job (which needs one); ``control_image``: a
+        ControlNet job's control image (``params.controlnet`` names the ControlNet)."""
         if spec is None:
             params = dict(params or {})
-            for role, data in (("image", image), ("mask", mask)):
+            for role, data in (("image", image), ("mask", mask),
+                               ("control_image", control_image)):
                 if data is not None:
                     params[role] = base64.b64encode(data).decode("ascii")
             if adapters:

@@ -1,5 +1,6 @@
-"""A job's input images (``image``, inpainting ``mask``): checked with Pillow, stored once in the
-artifact store by content digest, named in the job's params by that digest.
+"""A job's input images (``image``, inpainting ``mask``, ControlNet ``control_image``): checked
+with Pillow, stored once in the artifact store by content digest, named in the job's params by
+that digest.
 
 A client sends an input as base64 in the job's JSON (``params.image``), or uploads it first
 (``POST /v1/inputs``, multipart) and names the digest it got back (``sha256:<hex>``). Either
@@ -29,8 +30,8 @@ from tasks.spec import JobSpec
 PREFIX = "inputs"
 FORMATS = ("PNG", "JPEG", "WEBP")
 """What an input may be encoded as (Pillow's names)."""
-ROLES = ("image", "mask")
-"""The params that name inputs."""
+ROLES = ("image", "mask", "control_image")
+"""The params that name inputs (``control_image``: a ControlNet job's)."""
 MASK_MODES = ("1", "L", "LA", "RGBA")
 """Masks of one channel (or with an alpha channel: the alpha is the mask, as OpenAI's)."""
 _DIGEST = re.compile(r"^sha256:([0-9a-f]{64})$")

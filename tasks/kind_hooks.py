@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from scheduler.model import JobKind
 from tasks.context import WorkerContext
-from tasks.inputs import InputStore, read_inputs
+from tasks.inputs import ROLES, InputStore, read_inputs
 from tasks.record import JobRecord
 from workers.diffusion.inputs import INPUT_BYTES
 
@@ -56,7 +56,8 @@ class PlainKind:
 
 @dataclass(frozen=True, slots=True)
 class DiffusionKind:
-    """Image and video: the encode chunk of a job with input images (``image``, ``mask``) runs
+    """Image and video: the encode chunk of a job with input images (``image``, ``mask``,
+    ``control_image``) runs
     with their bytes, read from the artifact store by the digests its params name (checked
     against them): the same bytes on whichever worker runs it, first or after a crash."""
 
@@ -65,7 +66,7 @@ class DiffusionKind:
 
     def prepare(self, job: JobRecord, params: dict[str, Any],
                 state: Checkpoint | None) -> dict[str, Any]:
-        if job.next_chunk != 0 or not any(params.get(role) for role in ("image", "mask")):
+        if job.next_chunk != 0 or not any(params.get(role) for role in ROLES):
             return params  # later chunks carry the image in their latents
         return {**params, INPUT_BYTES: read_inputs(InputStore(self.ctx.artifacts), params)}
 

@@ -144,7 +144,7 @@ _IMAGE_FIELDS = {"prompt": "prompt", "model": "model", "height": "size", "width"
 def _card(ctx: ApiContext, recipe: RecipeFile) -> ModelCard:
     """The recipe's card: what it takes (``inputs``) and what every job of it must carry
     (``requires``: its condition, and an edit or image-to-video model's input image); a
-    diffusion recipe's lists the adapters that fit it."""
+    diffusion recipe's lists the adapters that fit it, and its ControlNets."""
     description = recipe.spec.get("description")
     extra: dict[str, Any] = {"description": description} if description else {}
     extra["inputs"] = extra["requires"] = ["text"]
@@ -153,10 +153,21 @@ def _card(ctx: ApiContext, recipe: RecipeFile) -> ModelCard:
             recipe.name)
         family = str(recipe.spec.get("family"))
         conditioning = "class" if family == "dit" else "text"
-        extra["inputs"] = accepted_inputs(family, conditioning)
+        controlnets = _controlnets(recipe)
+        extra["inputs"] = accepted_inputs(family, conditioning, bool(controlnets))
         extra["requires"] = required_inputs(family, conditioning)
+        if controlnets:
+            extra["controlnets"] = controlnets
     return ModelCard(id=recipe.name, created=int(recipe.path.stat().st_mtime),
                      stepline={"kind": recipe.kind, **extra})
+
+
+def _controlnets(recipe: RecipeFile) -> list[dict[str, Any]]:
+    """The ControlNets a diffusion recipe declares: each one's name, description and what a
+    job naming it (``params.controlnet``) must carry."""
+    declared = recipe.spec.get("controlnets") or {}
+    return [{"name": name, "description": str((spec or {}).get("description", "")),
+             "requires": ["control_image"]} for name, spec in sorted(declared.items())]
 
 
 @router.get("/models", response_model=ModelList, responses=ERRORS,

@@ -33,6 +33,10 @@ def submit(
                                                   exists=True, dir_okay=False)] = None,
     mask: Annotated[Optional[Path], typer.Option(help="Inpainting mask of --image.", exists=True,
                                                  dir_okay=False)] = None,
+    control_image: Annotated[Optional[Path], typer.Option(
+        help="Control image of a ControlNet job (PNG, JPEG, WebP); name the ControlNet with "
+             "-p controlnet=NAME (stepline's /v1/models lists each model's).", exists=True,
+        dir_okay=False)] = None,
     shed_if_late: Annotated[bool, typer.Option(
         help="Under overload, end the job once it cannot meet its deadline (default: finish "
              "late, behind work that still can).")] = False,
@@ -64,7 +68,7 @@ def submit(
     params.update(_parse_params(param or []))
     if adapter:
         params["adapters"] = _parse_adapters(adapter)
-    for role, path in (("image", image), ("mask", mask)):
+    for role, path in (("image", image), ("mask", mask), ("control_image", control_image)):
         if path is not None:  # base64 in the JSON; the API stores it by digest
             params[role] = base64.b64encode(path.read_bytes()).decode("ascii")
 

@@ -446,8 +446,12 @@ def test_models_say_which_inputs_each_recipe_takes(client: openai.OpenAI) -> Non
     # when the models are listed, then each says what it takes
     inputs = {m.id: (m.model_extra or {})["stepline"]["inputs"] for m in client.models.list()}
     assert inputs[IMAGE_MODEL] == ["text", "image"]
-    assert inputs["flux-tiny"] == inputs["sd35-tiny"] == ["text", "image", "mask"]
     assert inputs["qwen-image-tiny"] == ["text", "image", "mask"]
+    assert inputs["flux-tiny"] == ["text", "image", "mask"]
+    assert inputs["sd35-tiny"] == ["text", "image", "mask", "control_image"]  # its ControlNets
+    sd35 = next(m for m in client.models.list() if m.id == "sd35-tiny")
+    assert [c["name"] for c in (sd35.model_extra or {})["stepline"]["controlnets"]] == \
+        ["tiny-edges"]
     # and an edit model says it cannot run without its image
     kontext = next(m for m in client.models.list() if m.id == "flux-kontext-tiny")
     assert (kontext.model_extra or {})["stepline"]["requires"] == ["text", "image"]

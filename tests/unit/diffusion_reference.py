@@ -26,6 +26,7 @@ from diffusers import (
     QwenImageImg2ImgPipeline,
     QwenImageInpaintPipeline,
     QwenImagePipeline,
+    StableDiffusion3ControlNetPipeline,
     StableDiffusion3Img2ImgPipeline,
     StableDiffusion3InpaintPipeline,
     StableDiffusion3Pipeline,
@@ -37,6 +38,7 @@ from PIL import Image
 
 from workers.diffusion.components import DiffusionComponents
 from workers.diffusion.inputs import INPUT_BYTES, is_conditioned
+from workers.diffusion.sd3_controlnet import CONTROL_SEED_OFFSET, load_controlnet
 
 
 def _random_png(width: int, height: int, seed: int) -> bytes:
@@ -49,13 +51,18 @@ def _random_png(width: int, height: int, seed: int) -> bytes:
 INPUT_IMAGE = _random_png(40, 24, seed=5)
 """An edit or image-to-video job's input: random RGB (not flat), of another size than the job's."""
 INPUT_IMAGE_DIGEST = "sha256:" + hashlib.sha256(INPUT_IMAGE).hexdigest()
+CONTROL_IMAGE = _random_png(56, 40, seed=6)
+"""A ControlNet job's control image: random RGB, of another size than the job's."""
+CONTROL_IMAGE_DIGEST = "sha256:" + hashlib.sha256(CONTROL_IMAGE).hexdigest()
 
 
 def with_inputs(p: Mapping[str, Any]) -> dict[str, Any]:
-    """Validated params ``p`` with the bytes of :data:`INPUT_IMAGE` where they name it."""
-    if p.get("image") != INPUT_IMAGE_DIGEST:
-        return dict(p)
-    return {**p, INPUT_BYTES: {"image": INPUT_IMAGE}}
+    """Validated params ``p`` with the bytes of :data:`INPUT_IMAGE` and
+    :data:`CONTROL_IMAGE` where they name them."""
+    held = {role: data for role, data, digest in (
+        ("image", INPUT_IMAGE, INPUT_IMAGE_DIGEST),
+        ("control_image", CONTROL_IMAGE, CONTROL_IMAGE_DIGEST)) if p.get(role) == digest}
+    return {**p, INPUT_BYTES: held} if held else dict(p)
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +185,26 @@ def _sd3_call(cls: Any) -> Call:
     return call
 
 
+def _sd3_controlnet(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
+                    common: dict[str, Any]) -> Reference:
+    """``StableDiffusion3ControlNetPipeline`` with the job's ControlNet (the worker's module),
+    torch's RNG seeded as Stepline seeds the control latents' sample (the pipeline draws it
+    from the process-wide RNG)."""
+    pipe = _quiet(StableDiffusion3ControlNetPipeline(
+        transformer=c.transformer, scheduler=scheduler, vae=c.vae,
+        text_encoder=c.text_encoder, tokenizer=c.tokenizer, text_encoder_2=c.text_encoder_2,
+        tokenizer_2=c.tokenizer_2, text_encoder_3=c.text_encoder_3, tokenizer_3=c.tokenizer_3,
+        controlnet=load_controlnet(c, str(p["controlnet"]))))
+    with Image.open(io.BytesIO(p[INPUT_BYTES]["control_image"])) as opened:
+        control = opened.convert("RGB")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(p["seed"]) + CONTROL_SEED_OFFSET)
+        return _kept(pipe, "images", control_image=control,
+                     controlnet_conditioning_scale=p["controlnet_conditioning_scale"],
+                     control_guidance_start=p["control_guidance_start"],
+                     control_guidance_end=p["control_guidance_end"], **_text(c, p), **common)
+
+
 def _flux_kontext(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
                   common: dict[str, Any]) -> Reference:
     """The edit pipeline on the image resized to the job's size (what Stepline encodes), with
@@ -256,6 +283,10 @@ MASK_CALLS: dict[str, Call] = {
 }
 """Each family's inpaint pipeline ``__call__``, for a job with an input image and a mask (an
 ``L`` mask, handed to the pipeline as the job's bytes decode)."""
+CONTROL_CALLS: dict[str, Call] = {
+    "sd3": _sd3_controlnet,
+}
+"""Each family's ControlNet pipeline ``__call__``, for a job that names a ControlNet."""
 
 
 def _as_built(scheduler: Any, _gen: torch.Generator) -> Any:
@@ -271,6 +302,8 @@ def reference_run(c: DiffusionComponents, p: Mapping[str, Any],
     scheduler = prepare(c.scheduler(str(p["scheduler"]), int(p["seed"])), gen)
     common = {"num_inference_steps": p["num_inference_steps"],
               "guidance_scale": p["guidance_scale"], "generator": gen}
+    if p.get("controlnet") is not None:
+        return CONTROL_CALLS[c.recipe.family](c, p, scheduler, common)
     if not is_conditioned(p):
         return CALLS[c.recipe.family](c, p, scheduler, common)
     with Image.open(io.BytesIO(p[INPUT_BYTES]["image"])) as opened:

@@ -40,18 +40,25 @@ FIRST_FRAME_FAMILIES = frozenset({"wan22_i2v"})
 INPUT_BYTES = "input_bytes"
 """The parameter under which a worker hands a job's chunk the bytes of its inputs (role →
 bytes), read from the artifact store by digest; never stored with the job."""
+CONTROL_FIELDS = frozenset({"controlnet", "control_image", "controlnet_conditioning_scale",
+                            "control_guidance_start", "control_guidance_end"})
+"""A ControlNet job's parameters (:mod:`workers.diffusion.sd3_controlnet`); a job without a
+ControlNet carries none of them."""
 DEFAULT_STRENGTH = 0.8
 """``StableDiffusionImg2ImgPipeline``'s default strength."""
 
 
-def accepted_inputs(family: str, conditioning: str) -> list[str]:
+def accepted_inputs(family: str, conditioning: str, controlnets: bool = False) -> list[str]:
     """What a model of ``family`` takes: its condition (``text`` or ``class``), then ``image``
-    and ``mask`` where it takes them (``/v1/models`` lists these; see :func:`required_inputs`)."""
+    and ``mask`` where it takes them, and ``control_image`` where its recipe declares
+    ControlNets (``/v1/models`` lists these; see :func:`required_inputs`)."""
     inputs = [conditioning]
     if family in IMAGE_FAMILIES | EDIT_FAMILIES | FIRST_FRAME_FAMILIES:
         inputs.append("image")
     if family in MASK_FAMILIES:
         inputs.append("mask")
+    if controlnets:
+        inputs.append("control_image")
     return inputs
 
 
@@ -97,3 +104,38 @@ def check_image_sampler(family: str, scheduler: str, offered: Mapping[str, str])
     raise ParamsError(f"scheduler {scheduler!r} ({offered[scheduler]}) has no scale_noise, which "
                       f"image-to-image on {family} noises the input image with; use one of "
                       f"{', '.join(fitting)}")
+
+
+def check_control(p: Mapping[str, Any], model: str, accepted: Mapping[str, Any],
+                  other_inputs: bool) -> dict[str, Any]:
+    """A job's ControlNet parameters (:data:`CONTROL_FIELDS` of ``p``) with their defaults, on
+    a model whose recipe declares the ControlNets ``accepted`` (by name); none for a job
+    without one. Refused: a control image on a model without ControlNets, a name not
+    ``accepted``, a ControlNet without its image or the other way round, an empty guidance
+    window, and one beside an input image or a step cache (``other_inputs``: the ControlNet
+    pipeline has neither)."""
+    given = {key: value for key, value in p.items() if value is not None}
+    if not given:
+        return {}
+    names = ", ".join(sorted(accepted))
+    if not accepted:
+        raise ParamsError(f"model {model!r} has no ControlNets, so it takes no "
+                          f"{' or '.join(sorted(given))}; leave them out, or use a model whose "
+                          "/v1/models card lists controlnets")
+    name, image = given.get("controlnet"), given.get("control_image")
+    if name is None or image is None:
+        raise ParamsError(f"a ControlNet job names its controlnet (one of {names}) and its "
+                          "control_image; pass both")
+    if name not in accepted:
+        raise ParamsError(f"model {model!r} has no controlnet {name!r}; use one of {names}")
+    start = float(given.get("control_guidance_start", 0.0))
+    end = float(given.get("control_guidance_end", 1.0))
+    if start >= end:
+        raise ParamsError(f"control_guidance_start={start:g} is not before "
+                          f"control_guidance_end={end:g}; the ControlNet would act on no step")
+    if other_inputs:
+        raise ParamsError("a ControlNet job starts from noise: it takes no image, mask, "
+                          "strength or step_cache (StableDiffusion3ControlNetPipeline has none)")
+    return {"controlnet": name, "control_image": image, "control_guidance_start": start,
+            "control_guidance_end": end, "controlnet_conditioning_scale":
+            float(given.get("controlnet_conditioning_scale", 1.0))}

@@ -20,12 +20,14 @@ from workers.diffusion.adapters import (
 )
 from workers.diffusion.cache_params import REFUSED_FAMILIES, StepCacheParams
 from workers.diffusion.inputs import (
+    CONTROL_FIELDS,
     DEFAULT_STRENGTH,
     DIGEST_PATTERN,
     EDIT_FAMILIES,
     FIRST_FRAME_FAMILIES,
     IMAGE_FAMILIES,
     MASK_FAMILIES,
+    check_control,
     check_image_sampler,
     check_strength,
 )
@@ -94,6 +96,18 @@ class DiffusionParams(BaseModel):
     strength: float | None = Field(default=None, gt=0, le=1)
     """How far from the image the job may go: the share of its steps it runs (img2img's
     rule); default 0.8. Only with ``image``."""
+    controlnet: str | None = Field(default=None, min_length=1, max_length=128)
+    """A ControlNet the model's recipe declares (``/v1/models`` lists them); with
+    ``control_image``."""
+    control_image: str | None = Field(default=None, pattern=DIGEST_PATTERN)
+    """The ControlNet's control image (PNG, JPEG or WebP; resized to the job's size), by
+    digest."""
+    controlnet_conditioning_scale: float | None = Field(default=None, ge=0, le=10)
+    """Multiplies the ControlNet's residuals; default 1.0 (the pipeline's)."""
+    control_guidance_start: float | None = Field(default=None, ge=0, lt=1)
+    """The share of the steps before the ControlNet acts; default 0."""
+    control_guidance_end: float | None = Field(default=None, gt=0, le=1)
+    """The share of the steps after which it stops; default 1 (every step)."""
 
 
 def _describe(exc: ValidationError) -> str:
@@ -265,15 +279,18 @@ def validate_params(
     guidance = r.default_guidance_scale if p.guidance_scale is None else p.guidance_scale
     chosen = check_adapters(p.adapters, r.name, adapters or adapter_registry())
     inputs = _check_inputs(p, r, steps, scheduler)
+    control = check_control(p.model_dump(include=set(CONTROL_FIELDS)), r.name, r.controlnets,
+                            bool(inputs) or p.step_cache is not None)
     normal = p.model_copy(update={
         "model": r.name, "height": height, "width": width, "num_frames": frames,
         "num_inference_steps": steps, "scheduler": scheduler, "output_format": fmt,
         "guidance_scale": float(guidance), **_second_guidance(p, r, float(guidance)),
-        **_true_cfg(p, r), **inputs,
+        **_true_cfg(p, r), **inputs, **control,
     }).model_dump(exclude={"adapters"} | (set() if r.two_experts else {"guidance_scale_2"})
                   | (set() if p.step_cache else {"step_cache"})
                   | (set() if r.family in _TRUE_CFG_FAMILIES else {"true_cfg_scale"})
-                  | ({"image", "mask", "strength"} - set(inputs)))
+                  | ({"image", "mask", "strength"} - set(inputs))
+                  | (CONTROL_FIELDS - set(control)))
     return {**normal, "adapters": chosen} if chosen else normal
 
 

@@ -54,6 +54,28 @@ class TokenizerSpec(BaseModel):
     ``apply_chat_template`` (Z-Image's Qwen3); none: the tokenizer has no template."""
 
 
+class ControlNetSpec(BaseModel):
+    """A ControlNet a recipe accepts (``SD3ControlNetModel``): its small config and seed, or a
+    local ``save_pretrained`` folder (``weights``, relative to the recipe). A worker holds it
+    as a residency item of its own, keyed by its content (:mod:`workers.diffusion.controlnet`).
+    """
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    class_name: Literal["SD3ControlNetModel"] = Field(default="SD3ControlNetModel", alias="class")
+    config: dict[str, Any] = Field(default_factory=dict)
+    """Constructor kwargs of its seeded random build (ignored with ``weights``)."""
+    seed: int = Field(default=0, ge=0)
+    """Seed of its random weights."""
+    weights: str | None = None
+    """A local folder written by ``SD3ControlNetModel.save_pretrained`` to load instead."""
+    description: str = ""
+
+
+CONTROLNET_FAMILIES = frozenset({"sd3"})
+"""Families whose recipes may declare ControlNets (``StableDiffusion3ControlNetPipeline``)."""
+
+
 class CostUnits(BaseModel):
     """Relative cost of each chunk, a denoising step being about 1."""
 
@@ -135,6 +157,8 @@ class DiffusionRecipe(BaseModel):
     unavailable_schedulers: dict[str, str] = Field(default_factory=dict)
     """Samplers of the recipe this machine cannot build (a missing optional package), with the
     reason; set by the loader, which leaves them out of ``schedulers``."""
+    controlnets: dict[str, ControlNetSpec] = Field(default_factory=dict)
+    """ControlNets a job of the recipe may name (``params.controlnet``), by name."""
     cost_units: CostUnits = Field(default_factory=CostUnits)
     source_dir: Path = Path(".")
     """Folder of the recipe file, for a relative ``weights`` path (set by the loader)."""
@@ -186,6 +210,10 @@ def parse_recipe(recipe: RecipeFile) -> DiffusionRecipe:
     _check_dit_sizes(parsed, recipe.path)
     _check_experts(parsed, recipe.path)
     _check_text_parts(parsed, recipe.path)
+    if parsed.controlnets and parsed.family not in CONTROLNET_FAMILIES:
+        raise ModelConfigError(f"model recipe {recipe.path}: family {parsed.family!r} takes no "
+                               "controlnets; only the families "
+                               f"{', '.join(sorted(CONTROLNET_FAMILIES))} do")
     return _without_unbuildable(parsed, recipe.path)
 
 

@@ -226,8 +226,9 @@ class DiffusionRunner:
         return result
 
     def batch_key(self, params: Mapping[str, Any], index: int) -> str | None:
-        """Model, adapter set (names and scales) and shape for a denoise chunk: jobs that agree on
-        them share a forward whatever their prompt, seed, guidance, scheduler or step. An encode
+        """Model, adapter set (names and scales), ControlNet and shape for a denoise chunk: jobs
+        that agree on them share a forward whatever their prompt, seed, guidance, scheduler,
+        step or ControlNet scale (each job's residuals are its own inputs). An encode
         or decode chunk adds its name, so it batches only with its own kind. None for an index
         out of range, and for a denoise chunk of a job with a step cache (whether a forward skips
         blocks is each job's own decision, on its own rows)."""
@@ -237,7 +238,8 @@ class DiffusionRunner:
         if 1 <= index <= evaluations and step_cache_of(params) is not None:
             return None
         shape = f"{params['height']}x{params['width']}x{params['num_frames']}"
-        key = f"{self.recipe(params).name}{adapter_set_key(adapter_set(params))}:{shape}"
+        control = f"+controlnet:{params['controlnet']}" if params.get("controlnet") else ""
+        key = f"{self.recipe(params).name}{adapter_set_key(adapter_set(params))}{control}:{shape}"
         if index == 0:
             return f"{key}:encode"
         if index == evaluations + 1:

@@ -15,6 +15,14 @@ from workers.diffusion.components import DiffusionComponents
 from workers.diffusion.conditioning import image_pixels, noised_to_start, shifted_image_latents
 from workers.diffusion.families import PixArtFamily, _latent_hw, _text_rows, uses_cfg
 from workers.diffusion.inpainting import Inpaint, encode_masked_image, is_masked, mask_condition
+from workers.diffusion.sd3_controlnet import (
+    CONTROL_KEY,
+    SAMPLE_PREFIX,
+    add_control,
+    control_latents,
+    control_samples,
+    has_controlnet,
+)
 
 
 def _encode_prompt(c: DiffusionComponents, prompts: list[str], negatives: list[str] | None
@@ -30,6 +38,11 @@ def _encode_prompt(c: DiffusionComponents, prompts: list[str], negatives: list[s
         max_sequence_length=c.recipe.text_max_length))
 
 
+def _with_control(c: DiffusionComponents, p: Mapping[str, Any], cond: Tensors) -> Tensors:
+    """A ControlNet job's conditioning carries its encoded control image too."""
+    return {**cond, CONTROL_KEY: control_latents(c, p)} if has_controlnet(p) else cond
+
+
 class SD3Family(PixArtFamily):
     """PixArt's timesteps, guidance (no learned sigma), scheduler step (no flow sampler takes
     ``eta``), VAE decode and pixels; its own prompts, unscaled noise and input, VAE shift."""
@@ -40,7 +53,7 @@ class SD3Family(PixArtFamily):
             c, [str(p["prompt"])], [str(p["negative_prompt"])] if cfg else None)
         if cfg:
             embeds, pooled = torch.cat([neg, embeds], dim=0), torch.cat([neg_pooled, pooled], 0)
-        return {"prompt_embeds": embeds, "pooled_prompt_embeds": pooled}
+        return _with_control(c, p, {"prompt_embeds": embeds, "pooled_prompt_embeds": pooled})
 
     def encode_many(self, c: DiffusionComponents, ps: Sequence[Mapping[str, Any]]
                     ) -> list[Tensors]:
@@ -48,7 +61,8 @@ class SD3Family(PixArtFamily):
         embeds, _, pooled, _ = _encode_prompt(c, list(rows), None)
         own = [[rows[str(p["negative_prompt"])], rows[str(p["prompt"])]] if uses_cfg(p)
                else [rows[str(p["prompt"])]] for p in ps]  # as encode() orders them
-        return [{"prompt_embeds": embeds[r], "pooled_prompt_embeds": pooled[r]} for r in own]
+        return [_with_control(c, p, {"prompt_embeds": embeds[r], "pooled_prompt_embeds": pooled[r]})
+                for p, r in zip(ps, own, strict=True)]
 
     def init_latents(
         self, c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any, gen: torch.Generator
@@ -90,9 +104,12 @@ class SD3Family(PixArtFamily):
         t: torch.Tensor, cond: Tensors,
     ) -> tuple[list[Tensors], torch.Tensor]:
         x = torch.cat([latents] * 2) if uses_cfg(p) else latents
-        return [{"hidden_states": x, "timestep": t.expand(x.shape[0]),
-                 "encoder_hidden_states": cond["prompt_embeds"],
-                 "pooled_projections": cond["pooled_prompt_embeds"]}], latents
+        inputs = {"hidden_states": x, "timestep": t.expand(x.shape[0]),
+                  "encoder_hidden_states": cond["prompt_embeds"],
+                  "pooled_projections": cond["pooled_prompt_embeds"]}
+        if has_controlnet(p):  # StableDiffusion3ControlNetPipeline: the controlnet first
+            inputs.update(control_samples(c, p, scheduler, inputs, cond))
+        return [inputs], latents
 
     def vae_input(self, c: DiffusionComponents, p: Mapping[str, Any], latents: torch.Tensor
                   ) -> torch.Tensor:
@@ -109,7 +126,8 @@ class SD3Family(PixArtFamily):
 class SD3Blockwise:
     """``SD3Transformer2DModel.forward``: each joint block updates the image stream (``hidden``)
     and the text stream, which rides in ``ctx`` (so a checkpoint inside a step holds it); the
-    last block (``context_pre_only``) returns no text stream."""
+    last block (``context_pre_only``) returns no text stream. A ControlNet job's block samples
+    ride in ``ctx`` too, each added after its blocks (:func:`add_control`)."""
 
     def num_blocks(self, model: Any) -> int:
         return len(model.transformer_blocks)
@@ -118,9 +136,10 @@ class SD3Blockwise:
         x = inputs["hidden_states"]
         hidden = model.pos_embed(x).contiguous()
         temb = model.time_text_embed(inputs["timestep"], inputs["pooled_projections"])
+        control = {k: v for k, v in inputs.items() if k.startswith(SAMPLE_PREFIX)}
         return hidden, {"temb": temb, "grid": torch.tensor(x.shape[-2:], dtype=torch.int64),
                         "encoder_hidden_states": model.context_embedder(
-                            inputs["encoder_hidden_states"])}
+                            inputs["encoder_hidden_states"]), **control}
 
     def block(self, model: Any, index: int, hidden: torch.Tensor, ctx: Tensors) -> torch.Tensor:
         text, out = model.transformer_blocks[index](
@@ -128,7 +147,7 @@ class SD3Blockwise:
             temb=ctx["temb"], joint_attention_kwargs=None)
         if text is not None:
             ctx["encoder_hidden_states"] = text
-        return out  # type: ignore[no-any-return]
+        return add_control(model, index, out, ctx)
 
     def epilogue(self, model: Any, hidden: torch.Tensor, ctx: Tensors) -> torch.Tensor:
         hidden = model.proj_out(model.norm_out(hidden, ctx["temb"]))
