@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DIFFUSION = Path("workers/diffusion")
 MODULES = {"flux": "flux.py", "sd3": "sd3.py", "qwen_image": "qwen_image.py",
            "zimage": "zimage.py", "wan22": "wan22.py", "flux_kontext": "flux_kontext.py",
-           "wan22_i2v": "wan22_i2v.py", "flux2_klein": "flux2_klein.py"}
+           "wan22_i2v": "wan22_i2v.py", "flux2_klein": "flux2_klein.py",
+           "hunyuan_video15": "hunyuan_video15.py"}
 """Families in a module of their own."""
 CLASSES = {"dit": ("DiTFamily", "DiTBlockwise"), "pixart": ("PixArtFamily", "PixArtBlockwise"),
            "wan": ("WanFamily", "WanBlockwise")}

@@ -16,12 +16,14 @@ from typing import Any
 import numpy as np
 import torch
 from diffusers import (
+    ClassifierFreeGuidance,
     DiTPipeline,
     Flux2KleinPipeline,
     FluxImg2ImgPipeline,
     FluxInpaintPipeline,
     FluxKontextPipeline,
     FluxPipeline,
+    HunyuanVideo15Pipeline,
     PixArtSigmaPipeline,
     QwenImageImg2ImgPipeline,
     QwenImageInpaintPipeline,
@@ -247,6 +249,21 @@ def _flux2_klein(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
     return _kept(pipe, "images", negative_prompt_embeds=negative, **call, **common)
 
 
+def _hunyuan_video15(c: DiffusionComponents, p: Mapping[str, Any], scheduler: Any,
+                     common: dict[str, Any]) -> Reference:
+    """The guidance scale is the pipeline's guider's; the pipeline takes no step callback, so
+    only its frames are compared (bit for bit, as the other families' pixels)."""
+    common = dict(common)
+    guider = ClassifierFreeGuidance(guidance_scale=common.pop("guidance_scale"))
+    pipe = _quiet(HunyuanVideo15Pipeline(
+        text_encoder=c.text_encoder, tokenizer=c.tokenizer, transformer=c.transformer, vae=c.vae,
+        scheduler=scheduler, text_encoder_2=c.text_encoder_2, tokenizer_2=c.tokenizer_2,
+        guider=guider))
+    return Reference(None, pipe(prompt=p["prompt"], negative_prompt=p["negative_prompt"],
+                                height=p["height"], width=p["width"],
+                                num_frames=p["num_frames"], output_type="pt", **common).frames)
+
+
 def _kept(pipe: Any, output: str, **call: Any) -> Reference:
     """``pipe(**call)`` keeping its last step's latents, with its ``output`` (images, frames)."""
     keep = _Keep()
@@ -267,6 +284,7 @@ CALLS: dict[str, Call] = {
     "qwen_image": _qwen_call(QwenImagePipeline),
     "zimage": _zimage,
     "flux2_klein": _flux2_klein,
+    "hunyuan_video15": _hunyuan_video15,
 }
 """Each family's pipeline ``__call__`` on the recipe's own modules."""
 IMAGE_CALLS: dict[str, Call] = {

@@ -80,6 +80,9 @@ MIXED_JOBS: dict[str, tuple[str, list[dict[str, Any]]]] = {
         {"prompt": "a cat"}, {"prompt": "a dog", "negative_prompt": "fog", "guidance_scale": 1.0},
         {"prompt": "a red car", "scheduler": "unipc", "guidance_scale": 5.0},
         {"prompt": "sky", "negative_prompt": "sea"})]),
+    "hunyuan-video15-tiny": ("video", [{"model": "hunyuan-video15-tiny", **raw} for raw in (
+        {"prompt": "a cat"}, {"prompt": "a dog", "guidance_scale": 1.0},
+        {"prompt": 'a sign "open"', "negative_prompt": "fog"}, {"prompt": "sky"})]),
 }
 
 
@@ -180,7 +183,8 @@ def test_given_integer_or_float_timesteps_when_run_then_the_forward_is_identical
 
 @pytest.mark.parametrize("model", ["dit-tiny", "pixart-tiny", "wan-tiny", "sd35-tiny",
                                    "flux-tiny", "zimage-tiny", "qwen-image-tiny",
-                                   "flux-kontext-tiny", "flux2-klein-tiny"])
+                                   "flux-kontext-tiny", "flux2-klein-tiny",
+                                   "hunyuan-video15-tiny"])
 def test_given_mixed_jobs_when_batched_then_each_stays_close_to_its_alone_run(model: str) -> None:
     # given four jobs: CFG on and off, three schedulers, one a step ahead of the others
     kind, raws = MIXED_JOBS[model]
@@ -294,7 +298,8 @@ def test_given_more_jobs_than_max_batch_when_batched_then_they_split_in_order() 
 
 @pytest.mark.parametrize("model", ["dit-tiny", "pixart-tiny", "wan-tiny", "sd35-tiny",
                                    "flux-tiny", "zimage-tiny", "qwen-image-tiny",
-                                   "flux-kontext-tiny", "flux2-klein-tiny"])
+                                   "flux-kontext-tiny", "flux2-klein-tiny",
+                                   "hunyuan-video15-tiny"])
 def test_given_jobs_encoded_together_then_conditioning_is_close_and_noise_is_their_own(
         model: str) -> None:
     # given four jobs of one model: CFG on and off, several prompts and schedulers
@@ -318,7 +323,8 @@ def test_given_jobs_encoded_together_then_conditioning_is_close_and_noise_is_the
 
 @pytest.mark.parametrize("model", ["dit-tiny", "pixart-tiny", "wan-tiny", "sd35-tiny",
                                    "flux-tiny", "zimage-tiny", "qwen-image-tiny",
-                                   "flux-kontext-tiny", "flux2-klein-tiny"])
+                                   "flux-kontext-tiny", "flux2-klein-tiny",
+                                   "hunyuan-video15-tiny"])
 def test_given_final_latents_decoded_together_then_each_job_gets_its_lone_pixels(
         model: str) -> None:
     # given four denoised jobs of one model, CFG on and off

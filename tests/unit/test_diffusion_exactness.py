@@ -59,6 +59,9 @@ JOBS: dict[str, tuple[str, dict[str, Any], tuple[str, ...]]] = {
     "flux2-klein-tiny": ("image", {"prompt": "a lighthouse at dawn", "negative_prompt": "fog",
                                    "height": 32, "width": 48, "guidance_scale": 3.0},
                          ("flow_match_euler", "unipc")),
+    "hunyuan-video15-tiny": ("video", {"prompt": 'a sign that reads "open"', "num_frames": 5,
+                                       "negative_prompt": "static", "height": 32, "width": 48,
+                                       "guidance_scale": 6.0}, ("flow_match_euler",)),
 }
 """Per recipe: its kind, the job, and the samplers it is checked with; a new family is one
 entry here and one in ``diffusion_reference.CALLS``."""

@@ -15,7 +15,7 @@ import diffusers
 import pytest
 import torch
 import yaml
-from diffusers import StableDiffusion3Pipeline
+from diffusers import ClassifierFreeGuidance, StableDiffusion3Pipeline
 
 from tests.unit.diffusion_reference import INPUT_IMAGE_DIGEST, with_inputs
 from workers.checkpoint import Checkpoint
@@ -50,7 +50,8 @@ def test_every_diffusion_recipe_parses_with_image_and_video_kinds() -> None:
     assert names == {"dit-tiny": "image", "pixart-tiny": "image", "wan-tiny": "video",
                      "wan22-tiny": "video", "wan22-i2v-tiny": "video", "sd35-tiny": "image",
                      "flux-tiny": "image", "qwen-image-tiny": "image", "zimage-tiny": "image",
-                     "flux-kontext-tiny": "image", "flux2-klein-tiny": "image"}
+                     "flux-kontext-tiny": "image", "flux2-klein-tiny": "image",
+                     "hunyuan-video15-tiny": "video"}
 
 
 def test_given_two_processes_when_they_build_a_recipe_then_the_weights_are_identical() -> None:
@@ -112,6 +113,7 @@ JOBS: dict[str, dict[str, Any]] = {
     "qwen-image-tiny": {"prompt": "a lighthouse", "negative_prompt": "fog",
                         "true_cfg_scale": 2.0},
     "flux-kontext-tiny": {"prompt": "make it dusk", "image": INPUT_IMAGE_DIGEST},
+    "hunyuan-video15-tiny": {"prompt": 'a sign "open"', "num_frames": 5},
 }
 """A job per recipe (default: a prompt, two steps); Wan 2.2's four steps cross its boundary;
 an edit model's and the image-to-video model's with their input image (``with_inputs`` hands
@@ -126,6 +128,8 @@ def save_pipeline(c: DiffusionComponents, folder: Path) -> None:
              if name != "scheduler" and getattr(c, name, None) is not None}
     if "boundary_ratio" in wanted and c.recipe.boundary_ratio is not None:
         parts["boundary_ratio"] = c.recipe.boundary_ratio
+    if "guider" in wanted:  # HunyuanVideo 1.5's CFG module (the scale is each job's)
+        parts["guider"] = ClassifierFreeGuidance(guidance_scale=c.recipe.default_guidance_scale)
     cls(**parts, scheduler=c.scheduler(c.recipe.default_scheduler)).save_pretrained(folder)
 
 

@@ -68,6 +68,9 @@ JOBS: dict[str, tuple[str, dict[str, Any]]] = {
                                     "true_cfg_scale": 1.5, "image": INPUT_IMAGE_DIGEST}),
     "flux2-klein-tiny": ("image", {"prompt": "a lighthouse at dawn", "negative_prompt": "fog",
                                    "guidance_scale": 2.0}),
+    "hunyuan-video15-tiny": ("video", {"prompt": 'a sign that reads "open"',
+                                       "negative_prompt": "static", "num_frames": 5,
+                                       "height": 16, "width": 32}),
 }
 
 
@@ -135,7 +138,7 @@ def _passing_generator(scheduler: Any, gen: torch.Generator) -> Any:
 
 def pipeline_output(c: DiffusionComponents, params: Mapping[str, Any]) -> torch.Tensor:
     """The library pipeline, uninterrupted: final latents, or pixels where it hands out no
-    latents (DiT)."""
+    latents (DiT, HunyuanVideo 1.5)."""
     ref = reference_run(c, params, _passing_generator)
     return ref.pixels if ref.latents is None else ref.latents
 
@@ -143,7 +146,9 @@ def pipeline_output(c: DiffusionComponents, params: Mapping[str, Any]) -> torch.
 def assert_equals_pipeline(params: Mapping[str, Any], seed: str) -> None:
     state, runner = run_preempted(params, random.Random(seed))
     ref = pipeline_output(runner.components(params), params)
-    ours = (runner.decode_pixels(params, state) if runner.recipe(params).family == "dit"
+    # DiT and HunyuanVideo 1.5 hand out no latents: their pixels are compared
+    ours = (runner.decode_pixels(params, state)
+            if runner.recipe(params).family in ("dit", "hunyuan_video15")
             else state.tensors["latents"])
     assert ours.shape == ref.shape
     assert torch.equal(ours, ref)
@@ -194,7 +199,9 @@ def test_every_offered_sampler_resumed_from_its_live_state_equals_the_pipeline(
     state, runner = run_hot(params, random.Random(f"hot/{model}/{scheduler}"))
     # then its output is bit-identical to the pipeline's, as the resume from bytes is
     ref = pipeline_output(runner.components(params), params)
-    ours = (runner.decode_pixels(params, state) if runner.recipe(params).family == "dit"
+    # DiT and HunyuanVideo 1.5 hand out no latents: their pixels are compared
+    ours = (runner.decode_pixels(params, state)
+            if runner.recipe(params).family in ("dit", "hunyuan_video15")
             else state.tensors["latents"])
     assert torch.equal(ours, ref) and ours.std() > 0
 
@@ -256,6 +263,13 @@ def test_dit_refuses_sigma_space_samplers_because_its_pipeline_never_scales_the_
 def test_wan_refuses_a_ddpm_sampler_and_names_the_flow_ones() -> None:
     with pytest.raises(ParamsError, match=r"flow-matching model.*flow_match_euler"):
         validate_params("video", {"prompt": "x", "scheduler": "euler_a"})
+
+
+def test_hunyuan_video15_offers_its_pipelines_own_euler_and_refuses_another_sampler() -> None:
+    assert set(diffusion_recipe("hunyuan-video15-tiny").schedulers) == {"flow_match_euler"}
+    with pytest.raises(ParamsError, match="HunyuanVideo15Pipeline ships FlowMatchEuler"):
+        validate_params("video", {"model": "hunyuan-video15-tiny", "prompt": "x",
+                                  "scheduler": "unipc"})
 
 
 def test_a_second_order_sampler_plans_one_chunk_per_model_evaluation() -> None:

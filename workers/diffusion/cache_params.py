@@ -26,6 +26,9 @@ REFUSED_FAMILIES = {
                    "single-stream block's tensor is subtracted from the head double-stream "
                    "block's pair: TypeError), so a cached job would have no library output to "
                    "equal",
+    "hunyuan_video15": "diffusers' First Block Cache cannot hook HunyuanVideo15Transformer3DModel "
+                       "(ValueError: its HunyuanVideo15TransformerBlock is not in the hook's "
+                       "block registry), so a cached job would have no library output to equal",
 }
 """Families whose jobs may not ask for a step cache, and why."""
 

@@ -38,7 +38,8 @@ PIPELINES = {"dit": "DiTPipeline", "pixart": "PixArtSigmaPipeline", "wan": "WanP
              "sd3": "StableDiffusion3Pipeline",
              "flux": "FluxPipeline", "flux_kontext": "FluxKontextPipeline",
              "qwen_image": "QwenImagePipeline",
-             "zimage": "ZImagePipeline", "flux2_klein": "Flux2KleinPipeline"}
+             "zimage": "ZImagePipeline", "flux2_klein": "Flux2KleinPipeline",
+             "hunyuan_video15": "HunyuanVideo15Pipeline"}
 """The diffusers pipeline of each family, whose LoRA loader (if it has one) loads adapters."""
 DEFAULT_TARGET_MODULES = ("to_q", "to_k", "to_v", "to_out.0")
 """The attention projections every family's transformer names alike."""

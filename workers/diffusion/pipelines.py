@@ -17,6 +17,7 @@ from workers.diffusion.families import DiTFamily, PipelineFamily, PixArtFamily, 
 from workers.diffusion.flux import FluxBlockwise, FluxFamily
 from workers.diffusion.flux2_klein import Flux2KleinBlockwise, Flux2KleinFamily
 from workers.diffusion.flux_kontext import FluxKontextFamily
+from workers.diffusion.hunyuan_video15 import HunyuanVideo15Blockwise, HunyuanVideo15Family
 from workers.diffusion.qwen_image import QwenImageBlockwise, QwenImageFamily
 from workers.diffusion.sd3 import SD3Blockwise, SD3Family
 from workers.diffusion.wan22 import Wan22Family
@@ -35,6 +36,7 @@ FAMILIES: dict[str, PipelineFamily] = {
     "qwen_image": QwenImageFamily(),
     "zimage": ZImageFamily(),
     "flux2_klein": Flux2KleinFamily(),
+    "hunyuan_video15": HunyuanVideo15Family(),
 }
 """The step arithmetic of each family (``DiffusionRecipe.family``)."""
 
@@ -50,5 +52,6 @@ ADAPTERS: dict[str, BlockwiseForward] = {
     "qwen_image": QwenImageBlockwise(),
     "zimage": ZImageBlockwise(),
     "flux2_klein": Flux2KleinBlockwise(),
+    "hunyuan_video15": HunyuanVideo15Blockwise(),
 }
 """The transformer forward of each family, replayed as prologue, blocks and epilogue."""

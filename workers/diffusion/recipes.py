@@ -98,13 +98,15 @@ class DiffusionRecipe(BaseModel):
     kind: Literal["image", "video"]
     family: Literal["dit", "pixart", "wan", "wan22", "wan22_i2v", "sd3", "flux", "flux_kontext",
                     "qwen_image", "zimage",
-                    "flux2_klein"]
+                    "flux2_klein",
+                    "hunyuan_video15"]
     """Which pipeline's arithmetic the runner reproduces (DiTPipeline, PixArt, WanPipeline;
     ``wan22``: WanPipeline with two expert transformers; ``wan22_i2v``: Wan 2.2's
     WanImageToVideoPipeline, two experts and no image encoder; ``sd3``: StableDiffusion3Pipeline;
     ``flux``: FluxPipeline; ``flux_kontext``: FluxKontextPipeline; ``qwen_image``:
     QwenImagePipeline; ``zimage``: ZImagePipeline;
-    ``flux2_klein``: Flux2KleinPipeline)."""
+    ``flux2_klein``: Flux2KleinPipeline;
+    ``hunyuan_video15``: HunyuanVideo15Pipeline)."""
     description: str = ""
     default: bool = False
     """The default recipe of its kind for its conditioning (class label or prompt)."""

@@ -239,6 +239,14 @@ FAMILY_RULES["flux_kontext"] = FamilyRule(Space.FLOW, unit_init_noise=False, ref
 """FluxKontextPipeline hands its sigmas to every scheduler, as QwenImagePipeline does (not
 FluxPipeline, which leaves them out in flow mode): the same classes are refused."""
 
+FAMILY_RULES["hunyuan_video15"] = FamilyRule(Space.FLOW, unit_init_noise=False, refused={
+    name: ("HunyuanVideo15Pipeline ships FlowMatchEulerDiscreteScheduler and hands its "
+           f"set_timesteps linspace(1, 0) sigmas; {name} is not the pipeline's sampler, so a job "
+           "would have no library output to equal")
+    for name, support in SCHEDULERS.items()
+    if isinstance(support, Exact) and name != "FlowMatchEulerDiscreteScheduler"})
+"""HunyuanVideo 1.5 runs its pipeline's own flow-matching Euler scheduler only."""
+
 FLOW_CONFIG: dict[str, Any] = {"use_flow_sigmas": True, "prediction_type": "flow_prediction"}
 """What makes a DDPM-schedule solver step a flow-matching model."""
 _SPACE_WORDS = {Space.DDPM: "a DDPM noise-prediction model", Space.FLOW: "a flow-matching model"}
