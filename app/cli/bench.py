@@ -37,7 +37,10 @@ def bench(
     scale_scheduler: Annotated[bool, typer.Option(
         help="Trace mode: the scheduler's quanta and aging bound scaled to the window's median "
              "job (else the defaults, set for second-long jobs).")] = True,
-    live: Annotated[bool, typer.Option(help="Trace mode: also run the live stack.")] = True,
+    live: Annotated[Optional[bool], typer.Option(
+        help="Trace mode: also run the live stack (default on). Fairness mode: also run the "
+             "same traces, scaled, on live stacks beside the simulator; writes "
+             "fairness_live.json (default off, a few minutes).")] = None,
     live_windows: Annotated[int, typer.Option(min=1, max=20)] = 1,
     held_out: Annotated[bool, typer.Option(
         help="Trace mode: evaluate on the held-out requests (from 2024-12-01).")] = False,
@@ -84,7 +87,8 @@ def bench(
     if fairness:
         from app.bench.fairness_cli import fairness_bench  # deferred: the bench
 
-        fairness_bench(out, tenants=tenants, seeds=seeds, print_=console().print)
+        fairness_bench(out, tenants=tenants, seeds=seeds, print_=console().print,
+                       live=bool(live))
         return
     from app.bench.run import check_policies as check_bench_policies  # deferred: heavy
     from app.bench.run import run_bench, summary_table  # deferred: heavy
@@ -93,7 +97,8 @@ def bench(
     if gentd26 is not None:
         _trace_bench(gentd26, out, windows=windows, jobs=window_jobs, sim_workers=sim_workers,
                      jobs_per_worker=jobs_per_worker, scale_scheduler=scale_scheduler,
-                     load=0.8 if load is None else load, live=live, live_workers=workers,
+                     load=0.8 if load is None else load, live=live is not False,
+                     live_workers=workers,
                      live_windows=live_windows, held_out=held_out)
         return
 
