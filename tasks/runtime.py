@@ -3,7 +3,10 @@ the Celery app the composition root (``app.celery``) configured for this process
 
 from __future__ import annotations
 
+import os
 import socket
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -37,6 +40,24 @@ def current_settings() -> Settings:
         return load_settings()
     except SettingsError as exc:
         raise SystemExit(f"stepline: {exc}") from None
+
+
+@contextmanager
+def settings_environment(env: Mapping[str, str]) -> Iterator[None]:
+    """``env`` in this process's environment (a stack started inside inherits it) with
+    :func:`current_settings` reloaded from it; the environment and settings as they were after."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    current_settings.cache_clear()
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        current_settings.cache_clear()
 
 
 def redis_url(settings: Settings) -> str:

@@ -25,8 +25,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,7 +41,7 @@ from app.stack import Stack
 from scheduler import JobKind, PolicyConfig, Tier
 from scheduler.lifecycle import JobState
 from tasks import keys
-from tasks.runtime import current_settings, store_client
+from tasks.runtime import current_settings, settings_environment, store_client
 from tasks.store import JobStore
 from tasks.submit import JobService
 
@@ -129,23 +128,6 @@ def live_arrivals(trace: Sequence[SimArrival]) -> list[Arrival]:
     ]
 
 
-@contextmanager
-def _environment(env: dict[str, str]) -> Iterator[None]:
-    """``env`` in this process's environment (the stack's children inherit it), then back."""
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    current_settings.cache_clear()
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        current_settings.cache_clear()
-
-
 def stack_env(setup: LiveFairness, fair: bool, run_dir: Path) -> dict[str, str]:
     return {
         "STEPLINE_SCHEDULER__FAIR_SHARE__ENABLED": "true" if fair else "false",
@@ -195,7 +177,7 @@ def run_live_arm(
     the run's own counters (when the service was read, the counters at the end, the records'
     service, wall time)."""
     began = time.monotonic()
-    with _environment(stack_env(setup, fair, run_dir)):
+    with settings_environment(stack_env(setup, fair, run_dir)):
         settings = current_settings()
         configure_celery(settings)
         with Stack(

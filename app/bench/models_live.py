@@ -18,7 +18,6 @@ load from the same distributions); the live worker pays the draws of the job tha
 
 from __future__ import annotations
 
-import os
 import random
 import statistics
 import tempfile
@@ -54,7 +53,7 @@ from app.stack import Stack
 from scheduler import JobKind, PolicyConfig, Tier
 from scheduler.lifecycle import JobState, SloClass
 from tasks.routing import affinity_worker
-from tasks.runtime import current_settings, store_client
+from tasks.runtime import current_settings, settings_environment, store_client
 from tasks.store import JobStore
 from tasks.submit import JobService
 
@@ -185,11 +184,8 @@ def run_live(setup: LiveSetup, placement: str, jobs: Sequence[ModelJob], catalog
            for name, value in setup.scheduler.items()},
     }
     root = run_dir or Path(tempfile.mkdtemp(prefix="stepline-models-live-"))
-    saved = {k: os.environ.get(k) for k in (*env, "STEPLINE_RUN_DIR")}
-    os.environ.update(env)
-    os.environ["STEPLINE_RUN_DIR"] = str((root / placement).resolve())
-    current_settings.cache_clear()
-    try:
+    env["STEPLINE_RUN_DIR"] = str((root / placement).resolve())
+    with settings_environment(env):
         settings = current_settings()
         configure_celery(settings)
         with Stack(settings=settings, run_dir=root / placement,
@@ -211,13 +207,6 @@ def run_live(setup: LiveSetup, placement: str, jobs: Sequence[ModelJob], catalog
             beats = service.store.heartbeats().values()
             tick_ms, intervals_ms = tick_figures(service.store, since)
             residency = [b.residency for b in beats if b.residency]
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        current_settings.cache_clear()
     loads = sum(int(r.get("loads", {}).get(t, 0)) for r in residency for t in ("disk", "host"))
     load_s = sum(float(r.get("load_s", {}).get(t, 0.0)) for r in residency
                  for t in ("disk", "host")) + sum(float(r.get("adapter_load_s", 0.0))
