@@ -16,7 +16,7 @@ from diffusers import HunyuanVideo15Pipeline as Hy
 
 from workers.diffusion.blockwise import WanBlockwise
 from workers.diffusion.components import DiffusionComponents
-from workers.diffusion.families import Tensors, WanFamily, _text_rows
+from workers.diffusion.families import Tensors, WanFamily, _text_rows, cfg_prefixes, job_rows
 
 _KEYS = ("prompt_embeds", "prompt_embeds_mask", "prompt_embeds_2", "prompt_embeds_mask_2")
 _ARGS = ("encoder_hidden_states", "encoder_attention_mask", "encoder_hidden_states_2",
@@ -30,10 +30,6 @@ def _cfg(p: Mapping[str, Any]) -> bool:
     return not math.isclose(float(p["guidance_scale"]), 1.0)
 
 
-def _prefixes(p: Mapping[str, Any]) -> tuple[str, ...]:
-    return ("", "negative_") if _cfg(p) else ("",)
-
-
 def _embeds(c: DiffusionComponents, texts: list[str]) -> list[torch.Tensor]:
     """``encode_prompt``'s four tensors of ``texts`` (the pipeline's lengths, 1000 and 256)."""
     mllm = Hy._get_mllm_prompt_embeds(c.text_encoder, c.tokenizer, texts, c.device)
@@ -45,15 +41,14 @@ class HunyuanVideo15Family(WanFamily):
     """Wan's noise, scheduler step and decode loop; its own text, timesteps, passes, VAE input."""
 
     def encode(self, c: DiffusionComponents, p: Mapping[str, Any]) -> Tensors:
-        return {f"{n}{k}": e for n in _prefixes(p)  # the pipeline encodes each text alone
+        return {f"{n}{k}": e for n in cfg_prefixes(_cfg(p))  # the pipeline encodes each text alone
                 for k, e in zip(_KEYS, _embeds(c, [str(p[f"{n}prompt"])]), strict=True)}
 
     def encode_many(self, c: DiffusionComponents, ps: Sequence[Mapping[str, Any]]
                     ) -> list[Tensors]:
         rows = _text_rows(ps, _cfg)
         embeds = _embeds(c, list(rows))
-        return [{f"{n}{k}": e[[rows[str(p[f"{n}prompt"])]]] for n in _prefixes(p)
-                 for k, e in zip(_KEYS, embeds, strict=True)} for p in ps]
+        return job_rows(dict(zip(_KEYS, embeds, strict=True)), rows, ps, _cfg)
 
     def set_timesteps(self, c: DiffusionComponents, scheduler: Any, steps: int) -> None:
         scheduler.set_timesteps(sigmas=np.linspace(1.0, 0.0, steps + 1)[:-1], device=c.device)
@@ -71,7 +66,7 @@ class HunyuanVideo15Family(WanFamily):
         shared = {"hidden_states": x, "timestep": t.expand(b).to(x.dtype), "image_embeds":
                   x.new_zeros(b, _IMAGE_TOKENS, c.transformer.config.image_embed_dim)}
         return [{**shared, **{arg: cond[n + k] for arg, k in zip(_ARGS, _KEYS, strict=True)}}
-                for n in _prefixes(p)], latents
+                for n in cfg_prefixes(_cfg(p))], latents
 
     def combine(self, c: DiffusionComponents, p: Mapping[str, Any], outputs: list[torch.Tensor]
                 ) -> torch.Tensor:
