@@ -17,8 +17,8 @@ from workers.diffusion.conditioning import shifted_image_latents
 from workers.diffusion.families import Tensors, _text_rows, cfg_prefixes, job_rows, two_pass_cfg
 from workers.diffusion.inpainting import Inpaint, masked_condition
 
-_PACK, _packed_hw, true_cfg = flow.PACK, flow.packed_hw, flow.true_cfg
-"""Flow matching's packing and true CFG, where Qwen-Image imports them."""
+_PACK, true_cfg = flow.PACK, flow.true_cfg
+"""Flow matching's packing and true CFG (``flow.py``), by the names this module uses."""
 
 
 def _dtype(c: DiffusionComponents) -> torch.dtype:

@@ -15,7 +15,8 @@ from diffusers.utils.torch_utils import randn_tensor
 from workers.diffusion.components import DiffusionComponents
 from workers.diffusion.conditioning import image_pixels, noised_to_start
 from workers.diffusion.families import Tensors, WanFamily
-from workers.diffusion.flux import FluxFamily, true_cfg
+from workers.diffusion.flow import true_cfg
+from workers.diffusion.flux import FluxFamily
 from workers.diffusion.inpainting import Inpaint
 from workers.diffusion.packing import PACK, latent_channels, pack, packed_hw, packed_mask
 
